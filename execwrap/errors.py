@@ -1,0 +1,47 @@
+"""The execwrap error hierarchy.
+
+Bad user input raises ``ValueError`` / ``TypeError`` (messages name the module
+FQN and say how to fix it); failures of execwrap's own checks raise these.
+Capture failures raise :class:`tracing.TracingError`.
+"""
+
+from __future__ import annotations
+
+from tracing.errors import TracingError
+
+__all__ = ["ExecwrapError", "OrderDivergenceError", "PlanError", "TracingError"]
+
+
+class ExecwrapError(RuntimeError):
+    """Base class of execwrap's own errors."""
+
+
+class PlanError(ExecwrapError):
+    """A wrap plan failed its own checks (a parameter in no unit or in two,
+    an FQN that does not exist in the model, tied parameters split)."""
+
+
+class OrderDivergenceError(ExecwrapError):
+    """Ranks (or iterations) executed modules in different orders.
+
+    Attributes:
+        ranks: the two ranks compared (``(a, b)``), or ``None``.
+        index: first divergent call index in ``module_forward_order``.
+        expected: module FQN on the first side (``None`` if that order ended).
+        found: module FQN on the second side (``None`` if that order ended).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: tuple[int, int] | None = None,
+        index: int | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.index = index
+        self.expected = expected
+        self.found = found

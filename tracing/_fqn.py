@@ -1,0 +1,38 @@
+"""FQN helpers shared by the capture paths."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
+
+# Prefixes that wrappers insert into module/parameter names: FSDP1's
+# FullyShardedDataParallel, activation checkpointing's CheckpointWrapper,
+# torch.compile's OptimizedModule, DDP/DataParallel.
+_WRAPPER_PREFIXES = (
+    "_fsdp_wrapped_module.",
+    "_checkpoint_wrapped_module.",
+    "_orig_mod.",
+    "_offload_wrapped_module.",
+)
+_WRAPPER_NAMES = tuple(p[:-1] for p in _WRAPPER_PREFIXES)
+
+
+def clean_fqn(fqn: str) -> str:
+    """Remove wrapper components from an FQN, giving the original model's name.
+
+    >>> clean_fqn("_fsdp_wrapped_module.layers.0._fsdp_wrapped_module.attn.weight")
+    'layers.0.attn.weight'
+    """
+    if not fqn:
+        return fqn
+    parts = [p for p in fqn.split(".") if p not in _WRAPPER_NAMES]
+    return ".".join(parts)
+
+
+def join_fqn(prefix: str, name: str) -> str:
+    """Join a module FQN and a child/parameter name (root prefix is ``""``)."""
+    return f"{prefix}.{name}" if prefix else name
+
+
+def owner_fqn(param_fqn: str) -> str:
+    """The FQN of the module that owns ``param_fqn`` (``""`` for the root)."""
+    return param_fqn.rpartition(".")[0]

@@ -1,0 +1,26 @@
+"""Errors raised by order capture."""
+
+from __future__ import annotations
+
+__all__ = ["TracingError"]
+
+
+class TracingError(RuntimeError):
+    """Capturing the execution order failed.
+
+    Attributes:
+        module_fqn: FQN of the innermost module being traced or run when the
+            failure happened (``""`` is the root), or ``None`` if unknown.
+        module_class: that module's class name, or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        module_fqn: str | None = None,
+        module_class: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.module_fqn = module_fqn
+        self.module_class = module_class

@@ -1,0 +1,370 @@
+"""The execution-order record: plain, serialisable data keyed by FQN.
+
+An :class:`ExecutionOrder` says in which order a model really calls its
+modules and uses its parameters. It is keyed by fully qualified names (FQNs,
+as ``named_modules()`` / ``named_parameters()`` give them), never by object
+identity, so an order can be saved, compared across ranks and iterations, and
+loaded without the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CaptureMethod",
+    "atomic_write_text",
+    "ExecutionOrder",
+    "ParamInfo",
+    "ParamUse",
+    "param_infos",
+    "shared_param_map",
+]
+
+#: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
+SCHEMA_VERSION = 1
+
+CaptureMethod = Literal["symbolic", "runtime"]
+_METHODS: tuple[str, ...] = ("symbolic", "runtime")
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """Static facts about one parameter (by its canonical FQN).
+
+    Attributes:
+        numel: number of elements (not bytes).
+        dtype: dtype name without the ``torch.`` prefix, e.g. ``"float32"``.
+        requires_grad: whether the parameter is trainable.
+        shape: the parameter's shape.
+    """
+
+    numel: int
+    dtype: str
+    requires_grad: bool
+    shape: tuple[int, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        """Size in bytes (``numel * element size``)."""
+        return self.numel * _dtype_itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class ParamUse:
+    """One group of parameters used together during one module call.
+
+    Attributes:
+        module_fqn: FQN of the module whose forward was running (the innermost
+            one); ``""`` is the root.
+        call_index: index into :attr:`ExecutionOrder.module_forward_order` of
+            that call.
+        param_fqns: canonical FQNs used together: a leaf module's own
+            parameters, or the parameter arguments of one functional op.
+        op: ``"call_module"`` for a leaf module call, else the op's name
+            (e.g. ``"linear"``, ``"cat"``, ``"t"``).
+    """
+
+    module_fqn: str
+    call_index: int
+    param_fqns: tuple[str, ...]
+    op: str = "call_module"
+
+
+@dataclass
+class ExecutionOrder:
+    """The order in which a model really uses its modules and parameters.
+
+    All names are canonical FQNs of the *original* (unwrapped) model. A tied
+    (shared) parameter appears under its canonical FQN, the first in
+    ``named_parameters()`` order; its other names are in :attr:`shared_params`.
+
+    Attributes:
+        module_forward_order: every forward call of a module, in order, repeats
+            kept (a module called twice appears twice); the root is ``""``.
+            Recomputation under activation checkpointing is not included.
+        param_forward_order: each parameter's first use in forward, in order.
+        param_uses: groups of parameters used together, per module call, in
+            execution order.
+        param_backward_order: order in which gradients became ready (runtime
+            capture only; empty for symbolic capture). Frozen parameters never
+            appear here.
+        module_backward_order: order in which modules finished their backward
+            (runtime capture only).
+        recompute_order: module calls re-run during backward by activation
+            checkpointing (runtime capture only).
+        shared_params: canonical FQN -> every other FQN of the same tensor.
+        params: canonical FQN -> :class:`ParamInfo`, for every parameter of the
+            model (used or not), in ``named_parameters()`` order.
+        module_classes: module FQN -> class name, for every module of the model
+            in ``named_modules()`` order.
+        method: ``"symbolic"`` or ``"runtime"``.
+        fallback_reason: why symbolic capture failed when runtime capture was
+            used instead, else ``None``.
+        torch_version: ``torch.__version__`` at capture time.
+        schema_version: layout version, :data:`SCHEMA_VERSION`.
+
+    Example:
+        >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")
+        >>> ExecutionOrder.from_dict(order.to_dict()) == order
+        True
+    """
+
+    module_forward_order: list[str] = field(default_factory=list)
+    param_forward_order: list[str] = field(default_factory=list)
+    param_uses: list[ParamUse] = field(default_factory=list)
+    param_backward_order: list[str] = field(default_factory=list)
+    module_backward_order: list[str] = field(default_factory=list)
+    recompute_order: list[str] = field(default_factory=list)
+    shared_params: dict[str, list[str]] = field(default_factory=dict)
+    params: dict[str, ParamInfo] = field(default_factory=dict)
+    module_classes: dict[str, str] = field(default_factory=dict)
+    method: CaptureMethod = "symbolic"
+    fallback_reason: str | None = None
+    torch_version: str = field(default_factory=lambda: str(torch.__version__))
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.method not in _METHODS:
+            raise ValueError(
+                f"ExecutionOrder.method must be one of {_METHODS}, got {self.method!r}"
+            )
+
+    # ------------------------------------------------------------------ helpers
+    def alias_to_canonical(self) -> dict[str, str]:
+        """Map every parameter FQN (canonical and alias) to its canonical FQN."""
+        mapping = {fqn: fqn for fqn in self.params}
+        for canonical, aliases in self.shared_params.items():
+            mapping[canonical] = canonical
+            for alias in aliases:
+                mapping[alias] = canonical
+        return mapping
+
+    def first_call_index(self) -> dict[str, int]:
+        """Module FQN -> index of its first call in :attr:`module_forward_order`."""
+        first: dict[str, int] = {}
+        for i, fqn in enumerate(self.module_forward_order):
+            first.setdefault(fqn, i)
+        return first
+
+    def param_first_use_index(self) -> dict[str, int]:
+        """Canonical parameter FQN -> ``call_index`` of its first use in forward."""
+        first: dict[str, int] = {}
+        for use in self.param_uses:
+            for fqn in use.param_fqns:
+                first.setdefault(fqn, use.call_index)
+        return first
+
+    def param_last_use_index(self) -> dict[str, int]:
+        """Canonical parameter FQN -> ``call_index`` of its last use in forward."""
+        last: dict[str, int] = {}
+        for use in self.param_uses:
+            for fqn in use.param_fqns:
+                last[fqn] = use.call_index
+        return last
+
+    def total_numel(self) -> int:
+        """Number of elements over all (canonical) parameters."""
+        return sum(info.numel for info in self.params.values())
+
+    # ------------------------------------------------------------ serialising
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict (see the README's JSON schema)."""
+        return {
+            "schema_version": self.schema_version,
+            "method": self.method,
+            "fallback_reason": self.fallback_reason,
+            "torch_version": self.torch_version,
+            "module_forward_order": list(self.module_forward_order),
+            "param_forward_order": list(self.param_forward_order),
+            "param_uses": [
+                {
+                    "module_fqn": u.module_fqn,
+                    "call_index": u.call_index,
+                    "param_fqns": list(u.param_fqns),
+                    "op": u.op,
+                }
+                for u in self.param_uses
+            ],
+            "param_backward_order": list(self.param_backward_order),
+            "module_backward_order": list(self.module_backward_order),
+            "recompute_order": list(self.recompute_order),
+            "shared_params": {k: list(v) for k, v in self.shared_params.items()},
+            "params": {
+                k: {
+                    "numel": v.numel,
+                    "dtype": v.dtype,
+                    "requires_grad": v.requires_grad,
+                    "shape": list(v.shape),
+                }
+                for k, v in self.params.items()
+            },
+            "module_classes": dict(self.module_classes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<dict>") -> ExecutionOrder:
+        """Build an order from :meth:`to_dict` output.
+
+        Args:
+            data: the dict.
+            source: where the dict came from, used in error messages.
+
+        Raises:
+            ValueError: if ``data`` is of another schema version or malformed;
+                the message names ``source`` and the problem.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{source}: expected a JSON object for an ExecutionOrder, got {type(data).__name__}"
+            )
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"{source}: unsupported ExecutionOrder schema_version {version!r} "
+                f"(this execwrap reads version {SCHEMA_VERSION}); capture the order again "
+                "with this version"
+            )
+        try:
+            order = cls(
+                module_forward_order=_str_list(data["module_forward_order"]),
+                param_forward_order=_str_list(data["param_forward_order"]),
+                param_uses=[
+                    ParamUse(
+                        module_fqn=str(u["module_fqn"]),
+                        call_index=int(u["call_index"]),
+                        param_fqns=tuple(_str_list(u["param_fqns"])),
+                        op=str(u.get("op", "call_module")),
+                    )
+                    for u in data["param_uses"]
+                ],
+                param_backward_order=_str_list(data.get("param_backward_order", [])),
+                module_backward_order=_str_list(data.get("module_backward_order", [])),
+                recompute_order=_str_list(data.get("recompute_order", [])),
+                shared_params={
+                    str(k): _str_list(v) for k, v in dict(data.get("shared_params", {})).items()
+                },
+                params={
+                    str(k): ParamInfo(
+                        numel=int(v["numel"]),
+                        dtype=str(v["dtype"]),
+                        requires_grad=bool(v["requires_grad"]),
+                        shape=tuple(int(s) for s in v.get("shape", [])),
+                    )
+                    for k, v in dict(data.get("params", {})).items()
+                },
+                module_classes={
+                    str(k): str(v) for k, v in dict(data.get("module_classes", {})).items()
+                },
+                method=data["method"],
+                fallback_reason=data.get("fallback_reason"),
+                torch_version=str(data.get("torch_version", "")),
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: malformed ExecutionOrder: missing field {e}") from e
+        except (TypeError, AttributeError) as e:
+            raise ValueError(f"{source}: malformed ExecutionOrder: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"{source}: malformed ExecutionOrder: {e}") from e
+        return order
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the order as JSON to ``path`` atomically (temp file + rename).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=1)
+        atomic_write_text(path, text)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ExecutionOrder:
+        """Read an order written by :meth:`save` (or an execwrap JSON report).
+
+        A JSON report (with ``"order"`` and ``"plan"`` keys) is accepted too:
+        its ``"order"`` entry is read.
+
+        Raises:
+            ValueError: the file is not JSON, is of another schema version, or
+                is malformed; the message names the file.
+            FileNotFoundError: the file does not exist.
+        """
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
+            data = data["order"]
+        return cls.from_dict(data, source=str(path))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _str_list(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list of strings, got {type(value).__name__}")
+    return [str(v) for v in value]
+
+
+def _dtype_itemsize(dtype: str) -> int:
+    dt = getattr(torch, dtype, None)
+    if isinstance(dt, torch.dtype):
+        return dt.itemsize
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def shared_param_map(model: nn.Module) -> tuple[dict[int, str], dict[str, list[str]]]:
+    """Find tied (shared) parameters by tensor identity.
+
+    Returns:
+        ``(id_to_canonical, shared)``: ``id(param)`` -> canonical FQN (the
+        first name in ``named_parameters()`` order), and canonical FQN -> the
+        other FQNs of the same tensor (only for tensors with several names).
+    """
+    id_to_canonical: dict[int, str] = {}
+    shared: dict[str, list[str]] = {}
+    for fqn, p in model.named_parameters(remove_duplicate=False):
+        canonical = id_to_canonical.setdefault(id(p), fqn)
+        if canonical != fqn:
+            shared.setdefault(canonical, []).append(fqn)
+    return id_to_canonical, shared
+
+
+def param_infos(model: nn.Module) -> dict[str, ParamInfo]:
+    """Canonical FQN -> :class:`ParamInfo` for every parameter of ``model``."""
+    return {
+        fqn: ParamInfo(
+            numel=p.numel(),
+            dtype=str(p.dtype).removeprefix("torch."),
+            requires_grad=p.requires_grad,
+            shape=tuple(p.shape),
+        )
+        for fqn, p in model.named_parameters()
+    }
