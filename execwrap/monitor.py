@@ -205,14 +205,20 @@ class OrderMonitor:
         self._hash = (0 * _BASE + self._fqn_to_id[""]) % _MOD
         self._pos = 1
         self._diverged = False
-        if self._ref is not None and (len(self._ref.prefix) < 2 or self._ref.prefix[1] != self._hash):
+        if self._ref is not None and (
+            len(self._ref.prefix) < 2 or self._ref.prefix[1] != self._hash
+        ):
             self._diverge(0, self._ref.fqns[0] if self._ref.fqns else None, "")
 
     def _root_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._eval_calls is not None:
             # First forward of this phase: it becomes the phase's reference.
             self._refs[self._phase] = self._reference(["", *self._eval_calls])
-            logger.debug("OrderMonitor: %s reference has %d calls", self._phase.value, len(self._eval_calls) + 1)
+            logger.debug(
+                "OrderMonitor: %s reference has %d calls",
+                self._phase.value,
+                len(self._eval_calls) + 1,
+            )
             self._eval_calls = None
         elif self._ref is not None and not self._diverged:
             if self._pos < len(self._ref.fqns):

@@ -26,6 +26,7 @@ __all__ = [
     "ExecutionOrder",
     "ParamInfo",
     "ParamUse",
+    "param_info",
     "param_infos",
     "shared_param_map",
 ]
@@ -357,14 +358,16 @@ def shared_param_map(model: nn.Module) -> tuple[dict[int, str], dict[str, list[s
     return id_to_canonical, shared
 
 
+def param_info(param: torch.Tensor) -> ParamInfo:
+    """The :class:`ParamInfo` of one parameter (works on the meta device)."""
+    return ParamInfo(
+        numel=param.numel(),
+        dtype=str(param.dtype).removeprefix("torch."),
+        requires_grad=param.requires_grad,
+        shape=tuple(param.shape),
+    )
+
+
 def param_infos(model: nn.Module) -> dict[str, ParamInfo]:
     """Canonical FQN -> :class:`ParamInfo` for every parameter of ``model``."""
-    return {
-        fqn: ParamInfo(
-            numel=p.numel(),
-            dtype=str(p.dtype).removeprefix("torch."),
-            requires_grad=p.requires_grad,
-            shape=tuple(p.shape),
-        )
-        for fqn, p in model.named_parameters()
-    }
+    return {fqn: param_info(p) for fqn, p in model.named_parameters()}

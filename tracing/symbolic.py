@@ -1,14 +1,402 @@
-"""Symbolic execution-order capture with torch.fx (STUB: being written)."""
+"""Symbolic execution-order capture with ``torch.fx``.
+
+:func:`trace_execution_order` runs one ``torch.fx`` symbolic trace of a model
+(no inputs, no real compute, so a model on the meta device works) and records,
+while the tracer builds its graph, which modules are called and which
+parameters each operation uses.
+
+How it works: for the duration of exactly one ``tracer.trace()`` call the
+tracer *instance*'s ``call_module`` and ``create_proxy`` are wrapped:
+
+* ``call_module`` is called by fx for every submodule call (the root's
+  ``forward`` is traced directly). The wrapper appends the module's FQN to the
+  forward order and keeps a stack of the modules being traced, so every later
+  event knows its innermost module.
+* ``create_proxy`` is called for every graph node. For ``call_function``,
+  ``call_method`` and ``call_module`` nodes, the wrapper looks at the node's
+  input nodes: each ``get_attr`` of a parameter is a use. Looking at the node
+  (rather than at the Python arguments) sees parameters at any nesting depth:
+  positional, keyword, inside lists/tuples/dicts, and ``nn.Parameter`` objects
+  that fx turned into ``get_attr`` nodes itself. Because fx caches one proxy
+  per parameter, a use can only be found at the op that consumes it, never at
+  the attribute access. A leaf module's ``call_module`` node uses all of that
+  module's parameters (recursively), since fx does not trace inside it.
+
+Source: the approach follows torch's 2022 ``ParamExecOrderWrapPolicy`` tracer
+(``torch/distributed/fsdp/_trace_utils.py``, ``_ExecOrderTracer``), which
+patched the same two methods; this version keys everything by FQN, finds
+parameters inside containers and keyword arguments, restores the tracer
+exactly, and names the failing module when tracing fails.
+"""
 
 from __future__ import annotations
 
+import builtins
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx
 import torch.nn as nn
+from torch.fx.node import Node, Target
 
 from tracing.config import TracingConfig
-from tracing.order import ExecutionOrder
+from tracing.errors import TracingError
+from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 
 __all__ = ["trace_execution_order"]
 
+logger = logging.getLogger(__name__)
+
+#: How the root module is written in messages (its FQN is ``""``).
+ROOT_NAME = "<root>"
+
+_PATCHED_METHODS = ("call_module", "create_proxy")
+_USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
+
+# Reading a parameter's metadata is not a use of its data: FSDP need not
+# all-gather a parameter to answer ``w.shape`` or ``w.size(0)``.
+_METADATA_METHODS = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "element_size",
+        "get_device",
+        "is_floating_point",
+        "is_complex",
+        "is_contiguous",
+    }
+)
+_METADATA_ATTRS = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "layout",
+        "requires_grad",
+        "is_cuda",
+        "is_meta",
+        "is_sparse",
+        "is_quantized",
+    }
+)
+
 
 def trace_execution_order(model: nn.Module, config: TracingConfig | None = None) -> ExecutionOrder:
-    raise NotImplementedError
+    """Capture a model's execution order by symbolic tracing (no inputs needed).
+
+    Traces ``model.forward`` once with ``config.tracer`` and records every
+    module call (repeats kept) and every group of parameters used together:
+    a leaf module's parameters (leaf as the tracer's ``is_leaf_module``
+    decides; a custom tracer that makes a whole block a leaf gives all of that
+    block's parameters at that point), and the parameter arguments of each
+    functional op or tensor method at any depth, positional, by keyword or
+    inside lists/tuples/dicts (``F.linear(x, self.w)``,
+    ``F.linear(x, weight=self.w)``, ``torch.cat([self.a, self.b])``,
+    ``self.w.t()``, ``self.w * 2``). Reading only a parameter's metadata
+    (``w.shape``, ``w.size(0)``, ``w.dtype``) is not a use. Buffers are not
+    parameters.
+
+    The model is never changed: no hooks, attributes, dtype, device,
+    ``requires_grad`` or training-mode changes; a model on the meta device
+    works (no memory for weights is needed). The tracer's ``call_module`` and
+    ``create_proxy`` are wrapped for this one trace only and restored
+    afterwards, also when tracing fails. The cost is one ``tracer.trace()``
+    plus O(1) work per graph node.
+
+    Args:
+        model: the root module. Its ``forward`` must be symbolically
+            traceable by ``config.tracer`` given ``config.concrete_args``.
+        config: the tracer and concrete arguments; ``TracingConfig()`` (a
+            fresh plain ``torch.fx.Tracer``, no concrete arguments) if
+            ``None``.
+
+    Returns:
+        An :class:`~tracing.order.ExecutionOrder` with ``method="symbolic"``:
+        ``module_forward_order`` starts with the root ``""``;
+        ``param_uses[i].call_index`` indexes ``module_forward_order`` (the
+        innermost module being traced when the op ran); parameter names are
+        canonical FQNs (a tied tensor's first name in ``named_parameters()``
+        order, other names in ``shared_params``); ``param_backward_order`` is
+        empty (symbolic capture cannot see backward).
+
+    Raises:
+        TracingError: the tracer raised (e.g. a data-dependent ``if``, or
+            a tensor factory given a traced size such as
+            ``torch.zeros(x.size(0), 4)``). The message names the innermost
+            module being traced (FQN, ``<root>`` for the root, and class), the
+            original error's type and text, and what to do; ``module_fqn`` and
+            ``module_class`` are set; the original error is chained as
+            ``__cause__``.
+        TypeError: ``config`` is not a :class:`~tracing.config.TracingConfig`.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> order = trace_execution_order(model)
+        >>> order.module_forward_order
+        ['', '0', '1', '2']
+        >>> order.param_forward_order
+        ['0.weight', '0.bias', '2.weight', '2.bias']
+    """
+    if config is None:
+        config = TracingConfig()
+    elif not isinstance(config, TracingConfig):
+        raise TypeError(
+            f"trace_execution_order: config must be a TracingConfig or None, "
+            f"got {type(config).__name__}"
+        )
+    tracer = config.tracer
+    recorder = _SymbolicRecorder(model)
+    saved = {name: vars(tracer)[name] for name in _PATCHED_METHODS if name in vars(tracer)}
+    recorder.patch(tracer)
+    try:
+        tracer.trace(model, concrete_args=config.concrete_args)
+    except Exception as e:
+        raise recorder.tracing_error(e) from e
+    finally:
+        for name in _PATCHED_METHODS:
+            if name in saved:
+                setattr(tracer, name, saved[name])
+            else:
+                delattr(tracer, name)
+    order = recorder.result()
+    logger.debug(
+        "traced %s: %d module calls, %d parameter uses, %d of %d parameters used",
+        type(model).__name__,
+        len(order.module_forward_order),
+        len(order.param_uses),
+        len(order.param_forward_order),
+        len(order.params),
+    )
+    return order
+
+
+class _SymbolicRecorder:
+    """Records module calls and parameter uses during one fx trace.
+
+    All lookups are precomputed dicts keyed by ``id()`` or FQN, so each event
+    costs O(1) plus the size of the node's inputs.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        # One walk over the module tree, in the order named_parameters() and
+        # named_modules() use (remove_duplicate=False reaches every alias):
+        # id(module) -> FQN (its first name), FQN (every name) -> module,
+        # every parameter FQN (aliases too, i.e. every get_attr target) ->
+        # canonical FQN, canonical FQN -> aliases (tied parameters), and the
+        # ExecutionOrder's params and module_classes (first names, in order).
+        self.module_fqns: dict[int, str] = {}
+        self.module_classes: dict[str, str] = {}
+        self.params: dict[str, ParamInfo] = {}
+        self.modules_by_fqn: dict[str, nn.Module] = {}
+        self.id_to_canonical: dict[int, str] = {}
+        self.param_targets: dict[str, str] = {}
+        self.shared: dict[str, list[str]] = {}
+        for module_fqn, module in model.named_modules(remove_duplicate=False):
+            if self.module_fqns.setdefault(id(module), module_fqn) == module_fqn:
+                self.module_classes[module_fqn] = type(module).__name__
+            self.modules_by_fqn.setdefault(module_fqn, module)
+            prefix = f"{module_fqn}." if module_fqn else ""
+            for name, p in module._parameters.items():
+                if p is None:
+                    continue
+                fqn = prefix + name
+                canonical = self.id_to_canonical.setdefault(id(p), fqn)
+                self.param_targets[fqn] = canonical
+                if canonical == fqn:
+                    self.params[fqn] = param_info(p)
+                else:
+                    self.shared.setdefault(canonical, []).append(fqn)
+        self.leaf_params: dict[str, tuple[str, ...]] = {}
+
+        self.module_forward_order: list[str] = [""]
+        self.stack: list[tuple[str, int]] = [("", 0)]
+        self.param_uses: list[ParamUse] = []
+        self.param_forward_order: list[str] = []
+        self.seen_params: set[str] = set()
+        # The innermost module when an exception first passed through a
+        # module call, keyed by the exception object.
+        self.failed_exc: BaseException | None = None
+        self.failed_fqn = ""
+        self.debug = logger.isEnabledFor(logging.DEBUG)
+
+    # ------------------------------------------------------------- patching
+    def patch(self, tracer: torch.fx.Tracer) -> None:
+        """Set wrapping ``call_module``/``create_proxy`` as instance attributes."""
+        orig_call_module = tracer.call_module
+        orig_create_proxy = tracer.create_proxy
+        module_fqns = self.module_fqns
+        module_forward_order = self.module_forward_order
+        stack = self.stack
+        record = self.record_op
+        param_targets = self.param_targets
+        use_kinds = _USE_KINDS
+        debug = self.debug
+
+        def call_module(
+            m: nn.Module,
+            forward: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
+            fqn = module_fqns.get(id(m))
+            if fqn is None:  # not a submodule of the model: fx reports it
+                return orig_call_module(m, forward, args, kwargs)
+            call_index = len(module_forward_order)
+            module_forward_order.append(fqn)
+            stack.append((fqn, call_index))
+            if debug:
+                logger.debug("call %d: %s (%s)", call_index, fqn, type(m).__name__)
+            try:
+                return orig_call_module(m, forward, args, kwargs)
+            except BaseException as e:
+                if self.failed_exc is not e:  # the innermost call sees it first
+                    self.failed_exc = e
+                    self.failed_fqn = fqn
+                raise
+            finally:
+                stack.pop()
+
+        def create_proxy(
+            kind: str,
+            target: Target,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            name: str | None = None,
+            type_expr: Any | None = None,
+            proxy_factory_fn: Callable[[Node], torch.fx.Proxy] | None = None,
+        ) -> torch.fx.Proxy:
+            if proxy_factory_fn is None:
+                proxy = orig_create_proxy(kind, target, args, kwargs, name, type_expr)
+            else:
+                proxy = orig_create_proxy(
+                    kind, target, args, kwargs, name, type_expr, proxy_factory_fn
+                )
+            if kind in use_kinds:
+                node = getattr(proxy, "node", None)
+                if isinstance(node, Node):
+                    if kind == "call_module":
+                        record(kind, target, node)
+                    else:
+                        for n in node.all_input_nodes:
+                            if n.op == "get_attr" and n.target in param_targets:
+                                record(kind, target, node)
+                                break
+            return proxy
+
+        tracer.call_module = call_module  # type: ignore[method-assign]
+        tracer.create_proxy = create_proxy  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------ recording
+    def record_op(self, kind: str, target: Target, node: Node) -> None:
+        """Record the parameters that ``node`` (an op or leaf-module call) uses."""
+        if kind != "call_module" and _is_metadata_access(kind, target, node):
+            return
+        param_targets = self.param_targets
+        direct = [
+            param_targets[n.target]  # type: ignore[index]
+            for n in node.all_input_nodes
+            if n.op == "get_attr" and n.target in param_targets
+        ]
+        if kind == "call_module":
+            group = self._leaf_params(target)
+            if direct:
+                group = tuple(dict.fromkeys(group + tuple(direct)))
+        else:
+            group = tuple(dict.fromkeys(direct))
+        if not group:
+            return
+        module_fqn, call_index = self.stack[-1]
+        op = "call_module" if kind == "call_module" else _op_name(target)
+        self.param_uses.append(ParamUse(module_fqn, call_index, group, op))
+        seen = self.seen_params
+        for fqn in group:
+            if fqn not in seen:
+                seen.add(fqn)
+                self.param_forward_order.append(fqn)
+        if self.debug:
+            logger.debug("call %d (%s): %s uses %s", call_index, module_fqn, op, group)
+
+    def _leaf_params(self, target: Target) -> tuple[str, ...]:
+        """Canonical FQNs of all parameters (recursively) of a leaf module.
+
+        ``target`` is the node's module path; a tracer whose ``path_of_module``
+        gives other names falls back to the module on top of the call stack.
+        """
+        key = target if isinstance(target, str) else None
+        cached = self.leaf_params.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        module = self.modules_by_fqn.get(key) if key is not None else None
+        if module is None:
+            module = self.modules_by_fqn[self.stack[-1][0]]
+        params = module.parameters() if module._modules else module._parameters.values()
+        result = tuple(dict.fromkeys(self.id_to_canonical[id(p)] for p in params if p is not None))
+        if key is not None:
+            self.leaf_params[key] = result
+        return result
+
+    # -------------------------------------------------------------- results
+    def result(self) -> ExecutionOrder:
+        """The recorded order (call after a successful trace)."""
+        return ExecutionOrder(
+            module_forward_order=list(self.module_forward_order),
+            param_forward_order=list(self.param_forward_order),
+            param_uses=list(self.param_uses),
+            param_backward_order=[],
+            shared_params={k: list(v) for k, v in self.shared.items()},
+            params=self.params,
+            module_classes=self.module_classes,
+            method="symbolic",
+        )
+
+    def tracing_error(self, error: Exception) -> TracingError:
+        """A :class:`TracingError` for ``error`` naming the innermost module."""
+        fqn = ""
+        cause: BaseException | None = error
+        while cause is not None:  # the tracer may have wrapped our exception
+            if cause is self.failed_exc:
+                fqn = self.failed_fqn
+                break
+            cause = cause.__cause__ or cause.__context__
+        module = self.modules_by_fqn.get(fqn, self.model)
+        cls = type(module).__name__
+        where = f"the root module {ROOT_NAME}" if fqn == "" else f"module {fqn!r}"
+        leaf_hint = (
+            ""
+            if fqn == ""
+            else f"use a tracer whose is_leaf_module() returns True for {fqn!r} (or a "
+            "module above it) so that fx does not trace inside it; "
+        )
+        message = (
+            f"symbolic tracing failed in {where} ({cls}): "
+            f"{type(error).__name__}: {error}\n"
+            "To fix it, do one of: pass concrete_args in TracingConfig for the "
+            "forward arguments that the failing code depends on (e.g. flags that "
+            f"select a branch); {leaf_hint}or capture the order at run time with "
+            "example inputs: capture_execution_order(model, example_inputs=...)."
+        )
+        logger.debug("symbolic tracing failed in %s (%s): %r", fqn or ROOT_NAME, cls, error)
+        return TracingError(message, module_fqn=fqn, module_class=cls)
+
+
+def _op_name(target: Target) -> str:
+    """Short op name: ``"linear"`` for ``F.linear``, ``"mul"`` for ``operator.mul``."""
+    if isinstance(target, str):
+        return target
+    return str(getattr(target, "__name__", target))
+
+
+def _is_metadata_access(kind: str, target: Target, node: Node) -> bool:
+    """Whether the node only reads metadata (``w.shape``, ``w.size()``)."""
+    if kind == "call_method":
+        return target in _METADATA_METHODS
+    if target is builtins.getattr and len(node.args) >= 2:
+        return node.args[1] in _METADATA_ATTRS
+    return False

@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side comparisons reported as ratios (``python -m benchmarks.<name>``)."""

@@ -1,0 +1,133 @@
+"""Overhead of runtime order capture: one forward+backward recorded vs plain.
+
+Runs ``execwrap.models.GPT`` (24 blocks by default) on CPU, alternating a plain
+step (forward, sum loss, backward) and the same step under a
+:class:`tracing.RuntimeRecorder` (A/B interleaved so drift hits both alike),
+and reports the medians and their ratio. Target: ratio <= 1.15.
+
+Usage::
+
+    python -m benchmarks.runtime_overhead            # full run
+    python -m benchmarks.runtime_overhead --quick    # < 30 s
+    python benchmarks/runtime_overhead.py --blocks 24 --dim 256 --seq 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks._common import machine_info, markdown_table, median, write_result
+from execwrap.models import GPT, GPTConfig
+from tracing import RuntimeRecorder
+
+__all__ = ["main", "run"]
+
+TARGET_RATIO = 1.15
+
+
+def _step(model: torch.nn.Module, idx: torch.Tensor) -> None:
+    model(idx).sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _timed(model: torch.nn.Module, idx: torch.Tensor, record: bool) -> float:
+    start = time.perf_counter()
+    if record:
+        with RuntimeRecorder(model):
+            _step(model, idx)
+    else:
+        _step(model, idx)
+    return time.perf_counter() - start
+
+
+def run(
+    *, blocks: int, dim: int, heads: int, batch: int, seq: int, repeats: int, warmup: int
+) -> dict[str, float]:
+    """Time plain vs recorded steps, interleaved; return medians (s) and ratio."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_blocks=blocks, dim=dim, n_heads=heads, max_seq_len=seq))
+    idx = torch.randint(0, model.config.vocab_size, (batch, seq))
+    for _ in range(warmup):
+        _timed(model, idx, False)
+        _timed(model, idx, True)
+    plain: list[float] = []
+    recorded: list[float] = []
+    for i in range(repeats):
+        # alternate which goes first so neither always runs on a warmer cache
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for record in order:
+            (recorded if record else plain).append(_timed(model, idx, record))
+    p, r = median(plain), median(recorded)
+    return {"plain_s": p, "recorded_s": r, "ratio": r / p}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; prints a table and writes a dated result."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (< 30 s)")
+    parser.add_argument("--blocks", type=int, default=24)
+    parser.add_argument("--dim", type=int, default=None, help="hidden size (256; --quick: 128)")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=None, help="batch size (4; --quick: 2)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (128; --quick: 64)")
+    parser.add_argument("--repeats", type=int, default=None, help="A/B pairs (15; --quick: 5)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--no-write", action="store_true", help="do not write a result file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.dim = args.dim or (128 if args.quick else 256)
+    args.batch = args.batch or (2 if args.quick else 4)
+    args.seq = args.seq or (64 if args.quick else 128)
+    repeats = args.repeats or (5 if args.quick else 15)
+    warmup = 1 if args.quick else 2
+    res = run(
+        blocks=args.blocks,
+        dim=args.dim,
+        heads=args.heads,
+        batch=args.batch,
+        seq=args.seq,
+        repeats=repeats,
+        warmup=warmup,
+    )
+    shape = f"GPT {args.blocks} blocks, dim {args.dim}, batch {args.batch}x{args.seq}"
+    table = markdown_table(
+        ["model", "repeats", "plain fwd+bwd (ms)", "recorded fwd+bwd (ms)", "ratio", "target"],
+        [
+            [
+                shape,
+                repeats,
+                f"{res['plain_s'] * 1e3:.1f}",
+                f"{res['recorded_s'] * 1e3:.1f}",
+                f"{res['ratio']:.3f}x",
+                f"<= {TARGET_RATIO}x",
+            ]
+        ],
+    )
+    info = machine_info()
+    print(
+        f"torch {info['torch']} | {info['cpu']} | {info['cores']} cores, "
+        f"{info['torch_threads']} torch threads"
+    )
+    print(table)
+    if not args.no_write:
+        note = (
+            "One forward+backward (sum loss) of `execwrap.models.GPT` on CPU, plain vs under "
+            "`tracing.RuntimeRecorder` (hooks + TorchFunctionMode + grad hooks, including "
+            "install/remove), interleaved A/B, medians.\n"
+        )
+        path = write_result("runtime_overhead", note + "\n" + table)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Report charts drawn with matplotlib, returned as inline SVG strings.
+
+Private to :mod:`execwrap.report`. Importing this module raises
+``ImportError`` when matplotlib is not installed (``execwrap[report]``), which
+the report turns into one line instead of charts.
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (no
+``pyplot``: no global figure state, nothing ever shown) and rendered by the
+SVG backend. The SVG is made fit for inlining into HTML: no XML prolog, no
+DOCTYPE, no namespace URLs, no metadata, and element ids prefixed per chart so
+two charts on one page never share an id.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+from matplotlib.figure import Figure
+
+__all__ = ["memory_svg", "units_timeline_svg"]
+
+_FORWARD_COLOR = "#4c72b0"
+_BACKWARD_COLOR = "#dd8452"
+_LINE_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+
+
+def _mib(n: float) -> float:
+    return n / 2**20
+
+
+def _to_inline_svg(fig: Figure, prefix: str) -> str:
+    """Render ``fig`` as SVG markup ready to paste into an HTML page."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": prefix, "svg.fonttype": "path"}):
+        fig.savefig(
+            buf,
+            format="svg",
+            bbox_inches="tight",
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg") :]
+    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg, count=2)
+    svg = re.sub(r'\bid="', f'id="{prefix}-', svg)
+    svg = re.sub(r'href="#', f'href="#{prefix}-', svg)
+    svg = re.sub(r"url\(#", f"url(#{prefix}-", svg)
+    return svg.strip()
+
+
+def units_timeline_svg(plan: Any) -> str:
+    """Bars per unit over one step: forward span, then the mirrored backward span.
+
+    The x axis is the module-call index of ``plan.order.module_forward_order``
+    (``0 .. N-1`` forward, ``N .. 2N-1`` backward, mirrored); a unit's span
+    covers every call of its modules and their descendants.
+    """
+    calls = plan.order.module_forward_order
+    n = len(calls)
+    by_module: dict[str, int | None] = {}
+    spans: dict[int, list[int]] = {}
+    for t, fqn in enumerate(calls):
+        anc = fqn
+        while True:  # the called module's unit and every enclosing unit are running
+            if anc not in by_module:
+                by_module[anc] = plan.unit_of_module(anc)
+            unit = by_module[anc]
+            if unit is not None:
+                span = spans.setdefault(unit, [t, t])
+                span[0] = min(span[0], t)
+                span[1] = max(span[1], t)
+            if not anc:
+                break
+            anc = anc.rpartition(".")[0]
+    units = list(plan.units)
+    height = min(1.5 + 0.25 * len(units), 24.0)
+    fig = Figure(figsize=(10, height), layout="constrained")
+    ax = fig.subplots()
+    for i in range(len(units)):
+        if i not in spans:
+            continue
+        lo, hi = spans[i]
+        ax.broken_barh([(lo, hi - lo + 1)], (i - 0.4, 0.8), facecolors=_FORWARD_COLOR, label=None)
+        ax.broken_barh([(2 * n - hi - 1, hi - lo + 1)], (i - 0.4, 0.8), facecolors=_BACKWARD_COLOR)
+    ax.axvline(n, color="#888", linestyle="--", linewidth=1)
+    ax.set_xlim(0, max(2 * n, 1))
+    ax.set_ylim(len(units) - 0.5, -0.5)
+    if len(units) <= 60:
+        ax.set_yticks(range(len(units)))
+        ax.set_yticklabels([_unit_label(i, u) for i, u in enumerate(units)], fontsize=7)
+    ax.set_ylabel("unit (execution order)")
+    ax.set_xlabel("module call index (forward | backward, mirrored)")
+    ax.set_title("Units over one training step: forward (blue) | backward (orange)")
+    ax.grid(axis="x", alpha=0.3)
+    return _to_inline_svg(fig, "timeline")
+
+
+def _unit_label(i: int, unit: Any) -> str:
+    names = [m if m else "<root>" for m in unit.module_fqns]
+    label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
+    if len(label) > 40:
+        label = "…" + label[-39:]
+    return f"#{i} {label}"
+
+
+def memory_svg(
+    timelines: Mapping[str, Sequence[int]],
+    peaks: Mapping[str, int],
+    *,
+    prefetch: int,
+) -> str:
+    """Unsharded parameter memory over one step, one panel per plan, side by side.
+
+    Args:
+        timelines: plan name -> unsharded bytes per unit step, forward then
+            backward (``2 * num_units`` entries), from
+            :func:`execwrap.report.unsharded_timeline`.
+        peaks: plan name -> the peak its stats predict (drawn dashed).
+        prefetch: prefetch depth, for the title.
+    """
+    names = list(timelines)
+    fig = Figure(figsize=(min(4.2 * len(names), 14), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(names), sharey=True, squeeze=False)[0]
+    for k, (ax, name) in enumerate(zip(axes, names, strict=True)):
+        values = [_mib(v) for v in timelines[name]]
+        color = _LINE_COLORS[k % len(_LINE_COLORS)]
+        xs = range(len(values) + 1)  # one more edge so the last step has a width
+        ys = values + values[-1:]
+        ax.step(xs, ys, where="post", color=color, linewidth=1.2)
+        ax.fill_between(xs, ys, step="post", alpha=0.15, color=color)
+        peak = peaks.get(name)
+        if peak is not None:
+            ax.axhline(_mib(peak), color="#c44e52", linestyle="--", linewidth=1)
+        if values:
+            ax.axvline(len(values) / 2, color="#888", linestyle=":", linewidth=1)
+        title = f"{name}\n{len(values) // 2} units, peak {_mib(peak or 0):.2f} MiB"
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("unit step (forward | backward)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("unsharded parameters (MiB)")
+    fig.suptitle(f"Unsharded parameter memory, prefetch {prefetch}", fontsize=10)
+    return _to_inline_svg(fig, "memory")

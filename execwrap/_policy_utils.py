@@ -1,0 +1,213 @@
+"""Private helpers: evaluate an FSDP auto-wrap policy exactly as FSDP1 does.
+
+FSDP1 (``FullyShardedDataParallel(model, auto_wrap_policy=...)``) decides its
+units in ``torch/distributed/fsdp/_wrap_utils.py::_auto_wrap``:
+
+* a ``_Policy`` instance (``ModuleWrapPolicy``, ``CustomPolicy``) is asked once,
+  ``policy._run_policy(root, ignored_modules, root_kwargs)``, and the keys of the
+  returned ``{module: kwargs}`` are the units;
+* a callable goes through ``torch/distributed/fsdp/wrap.py::_recursive_wrap``:
+  ``policy(module=m, recurse=True, nonwrapped_numel=n)`` decides whether to
+  descend into ``m``'s children, then ``policy(module=m, recurse=False,
+  nonwrapped_numel=remainder)`` whether to wrap ``m`` itself, where
+  ``remainder`` is ``m``'s numel minus what its children wrapped. The root is
+  visited with ``only_wrap_children=True`` (FSDP wraps the root itself).
+
+:func:`policy_unit_modules` replays both paths without wrapping anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch.nn as nn
+from torch.distributed.fsdp.wrap import _Policy
+
+__all__ = ["expand_ignored_modules", "policy_name", "policy_unit_modules"]
+
+logger = logging.getLogger(__name__)
+
+_NEW_NUMEL_ARG = "nonwrapped_numel"
+_OLD_NUMEL_ARG = "unwrapped_params"  # torch 1.12 / 1.13, the original API
+
+
+def expand_ignored_modules(
+    model: nn.Module, ignored_modules: Iterable[nn.Module] | None
+) -> set[nn.Module]:
+    """Every module in the subtrees of ``ignored_modules``, as FSDP1's
+    ``_get_ignored_modules`` expands them.
+
+    Raises:
+        TypeError: an entry is not an ``nn.Module``.
+        ValueError: an entry is not part of ``model``, or is ``model`` itself.
+    """
+    if ignored_modules is None:
+        return set()
+    if isinstance(ignored_modules, nn.Module):
+        raise TypeError(
+            "ignored_modules must be an iterable of nn.Module (e.g. [model.lm_head]), "
+            f"got a single {type(ignored_modules).__name__}; wrap it in a list"
+        )
+    in_model = {id(m) for m in model.modules()}
+    out: set[nn.Module] = set()
+    for m in ignored_modules:
+        if not isinstance(m, nn.Module):
+            raise TypeError(
+                f"ignored_modules must hold nn.Module objects, got {type(m).__name__}: {m!r}"
+            )
+        if m is model:
+            raise ValueError(
+                "ignored_modules must not contain the root module itself; "
+                "ignore submodules instead (FSDP raises the same way)"
+            )
+        if id(m) not in in_model:
+            raise ValueError(
+                f"ignored_modules holds a {type(m).__name__} that is not a submodule of "
+                f"the model ({type(model).__name__}); pass modules of this model"
+            )
+        out.update(m.modules())
+    return out
+
+
+def _numel_arg_name(policy: Callable[..., Any]) -> str:
+    """Which keyword carries the non-wrapped numel for this policy callable."""
+    try:
+        params = inspect.signature(policy).parameters
+    except (TypeError, ValueError):  # builtins, some C callables
+        return _NEW_NUMEL_ARG
+    if _NEW_NUMEL_ARG in params:
+        return _NEW_NUMEL_ARG
+    if _OLD_NUMEL_ARG in params:
+        return _OLD_NUMEL_ARG
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return _NEW_NUMEL_ARG
+    raise TypeError(
+        f"init_policy {policy_name(policy)} takes ({', '.join(params)}); an auto-wrap "
+        "policy callable must accept the keywords (module, recurse, nonwrapped_numel) "
+        "(or unwrapped_params, as in torch 1.12), or be a ModuleWrapPolicy / CustomPolicy"
+    )
+
+
+def policy_unit_modules(
+    model: nn.Module,
+    policy: Any,
+    ignored_modules: set[nn.Module],
+) -> list[nn.Module]:
+    """The modules FSDP1 would wrap for ``policy``, in definition order.
+
+    Args:
+        model: the root module (not wrapped yet).
+        policy: ``None`` (no auto wrapping), a ``_Policy`` instance, or a policy
+            callable with the signature ``(module, recurse, nonwrapped_numel)``
+            or ``(module, recurse, unwrapped_params)``; numel counts elements.
+        ignored_modules: the expanded ignored set (:func:`expand_ignored_modules`).
+
+    Returns:
+        ``[model, *wrapped]``: the root always comes first (FSDP wraps it
+        itself); each shared module appears at most once.
+
+    Raises:
+        TypeError: ``policy`` is neither a ``_Policy`` nor a callable.
+    """
+    chosen: list[nn.Module] = [model]
+    seen: set[int] = {id(model)}
+    if policy is None:
+        return chosen
+    if isinstance(policy, _Policy):
+        target = policy._run_policy(model, ignored_modules, {})
+        # FSDP applies the targets in post-order (_post_order_apply); report
+        # them in definition (named_modules) order for determinism.
+        for m in model.modules():
+            if m in target and id(m) not in seen:
+                seen.add(id(m))
+                chosen.append(m)
+        return chosen
+    if not callable(policy):
+        raise TypeError(
+            f"init_policy must be a policy callable (e.g. always_wrap_policy, "
+            f"functools.partial(size_based_auto_wrap_policy, min_num_params=...)) or a "
+            f"ModuleWrapPolicy / CustomPolicy instance, got {type(policy).__name__}"
+        )
+    numel_arg = _numel_arg_name(policy)
+    ignored_param_ids = {id(p) for m in ignored_modules for p in m.parameters(recurse=False)}
+    wrapped_numel_of: dict[int, int] = {}
+
+    def ask(module: nn.Module, recurse: bool, numel: int) -> bool:
+        return bool(policy(module=module, recurse=recurse, **{numel_arg: numel}))
+
+    # Parameters inside a module already wrapped. FSDP1 shards them at once,
+    # so when a tied weight is met again under a later module, torch counts
+    # only its local shard (which depends on world size and rank); it is
+    # counted as 0 here, which agrees whenever that shard is below the
+    # policy's threshold.
+    wrapped_param_ids: set[int] = set()
+
+    def recursive_wrap(module: nn.Module, only_wrap_children: bool) -> int:
+        # Mirrors torch.distributed.fsdp.wrap._recursive_wrap line by line.
+        nonwrapped_numel = sum(
+            p.numel()
+            for p in module.parameters()
+            if id(p) not in ignored_param_ids and id(p) not in wrapped_param_ids
+        )
+        if not ask(module, True, nonwrapped_numel):
+            return 0
+        total_wrapped_numel = 0
+        for _, child in module.named_children():
+            if child in ignored_modules:
+                continue
+            if id(child) in wrapped_numel_of:
+                # A shared module is visited once (as _post_order_apply and
+                # named_modules do); later parents count what it wrapped.
+                total_wrapped_numel += wrapped_numel_of[id(child)]
+                continue
+            wrapped_numel_of[id(child)] = 0
+            n = recursive_wrap(child, False)
+            wrapped_numel_of[id(child)] = n
+            total_wrapped_numel += n
+        remainder = nonwrapped_numel - total_wrapped_numel
+        if not only_wrap_children and ask(module, False, remainder):
+            if id(module) not in seen:
+                seen.add(id(module))
+                chosen.append(module)
+            wrapped_param_ids.update(id(p) for p in module.parameters())
+            return nonwrapped_numel
+        return total_wrapped_numel
+
+    recursive_wrap(model, True)
+    position = {id(m): i for i, m in enumerate(model.modules())}
+    return sorted(chosen, key=lambda m: position[id(m)])
+
+
+def policy_name(policy: Any) -> str:
+    """A deterministic, readable name for a policy (used in reports).
+
+    >>> from torch.distributed.fsdp.wrap import always_wrap_policy
+    >>> policy_name(always_wrap_policy)
+    'always_wrap_policy'
+    """
+    if policy is None:
+        return "None"
+    if isinstance(policy, functools.partial):
+        args = [repr(a) for a in policy.args]
+        args += [f"{k}={_short(v)}" for k, v in sorted(policy.keywords.items())]
+        return f"{policy_name(policy.func)}({', '.join(args)})"
+    classes = getattr(policy, "_module_classes", None)
+    if isinstance(policy, _Policy) and isinstance(classes, (set, frozenset)):
+        names = sorted(c.__name__ for c in classes)
+        return f"{type(policy).__name__}({{{', '.join(names)}}})"
+    if isinstance(policy, _Policy):
+        return type(policy).__name__
+    name = getattr(policy, "__qualname__", None) or getattr(policy, "__name__", None)
+    return str(name) if name else type(policy).__name__
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(getattr(v, "__name__", repr(v)) for v in value)) + "}"
+    if isinstance(value, type):
+        return value.__name__
+    return getattr(value, "__name__", None) or repr(value)

@@ -1,0 +1,944 @@
+"""The ``execwrap`` command line: ``report``, ``diff`` and ``show``.
+
+``execwrap report`` captures a model's execution order (symbolic first,
+falling back to one real forward/backward with example inputs), plans FSDP
+units with a wrap policy, compares the plan with baseline policies, and writes
+the report files (:func:`execwrap.report.write_report`). With no arguments it
+reports on the built-in GPT-style demo model into ``./execwrap-report/``.
+
+``execwrap diff A.json B.json`` names the first call where two saved orders
+part; ``execwrap show ORDER.json`` prints a saved order and its plan.
+
+Exit status: 0 success, 1 a finding (``diff``: the orders differ), 2 bad
+usage or bad input (one ``execwrap: error: ...`` line on stderr, never a
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["main", "parse_input_spec", "parse_numel", "parse_policy"]
+
+logger = logging.getLogger(__name__)
+
+PROG = "execwrap"
+DEFAULT_MODEL = "execwrap.models:build_demo_model"
+DEFAULT_OUT = "execwrap-report"
+DEFAULT_DEMO_POLICY = "transformer:Block"
+DEFAULT_DEMO_BUCKET = "100K"
+
+EXIT_OK = 0
+EXIT_FINDING = 1
+EXIT_USAGE = 2
+
+INPUT_SPEC_HELP = """\
+input SPEC: the example inputs for one forward, items separated by ';'
+(quote SPEC in the shell when it has several items):
+  DTYPE:SHAPE[:HIGH]   a random tensor, e.g. long:2x16, float:2x3x32, bool:4.
+                       DTYPE is a torch dtype name (long, int, float, half,
+                       bfloat16, float64, bool, ...); SHAPE is sizes joined by
+                       'x'. Integer tensors draw from [0, HIGH); without HIGH,
+                       from [0, model.config.vocab_size) when the model has
+                       one, else [0, 2). Floats are standard normal. Seeded.
+  NAME=ITEM            pass ITEM as keyword argument NAME of forward,
+                       e.g. input_ids=long:2x16;attention_mask=long:2x16:2
+  @FILE.pt             torch.load(FILE.pt, weights_only=True): a tensor (one
+                       positional input), a list/tuple (positional inputs) or
+                       a dict (keyword inputs); NAME=@FILE.pt for one tensor.
+  Default: token ids long:2x16 for the built-in model; none for other models
+  (symbolic capture only)."""
+
+POLICY_HELP = """\
+policy: which modules become FSDP units (decided as FSDP decides it):
+  always                  every module (always_wrap_policy)
+  transformer:CLASS[,..]  modules of these classes (transformer_auto_wrap_policy)
+  module:CLASS[,..]       modules of these classes (ModuleWrapPolicy)
+  size:N                  size_based_auto_wrap_policy, min_num_params N (K/M/G ok)
+  none                    only the root module
+  CLASS is a class name found among the model's modules (e.g. Block,
+  GPT2Block) or a PKG.MODULE:CLASS path. Default: transformer:Block for the
+  built-in model, always for other models."""
+
+
+# ----------------------------------------------------------------- errors
+class CLIError(Exception):
+    """Bad usage or input: printed as one ``execwrap: error: ...`` line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see '{self.prog} --help')"
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}{hint}\n")
+
+
+# ------------------------------------------------------------ value parsers
+_NUMEL_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)\s*$")
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_numel(text: str) -> int:
+    """Parse an element count with an optional decimal suffix.
+
+    ``"25M"`` -> ``25_000_000``; ``"1.5K"`` -> ``1500``; ``"4096"`` -> ``4096``.
+    Suffixes K, M, G, T (case-insensitive) are powers of 1000 (elements, not
+    bytes).
+
+    Raises:
+        ValueError: not a non-negative number with an optional suffix.
+    """
+    match = _NUMEL_RE.match(text)
+    if not match:
+        raise ValueError(
+            f"invalid element count {text!r}: expected a number with an optional "
+            "K/M/G suffix, e.g. 25M"
+        )
+    value = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    if value != int(value):
+        raise ValueError(f"invalid element count {text!r}: not a whole number of elements")
+    return int(value)
+
+
+@dataclass
+class InputItem:
+    """One parsed item of an input SPEC (see :data:`INPUT_SPEC_HELP`)."""
+
+    name: str | None
+    dtype: Any = None
+    shape: tuple[int, ...] = ()
+    high: int | None = None
+    path: str | None = None
+
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DTYPE_ALIASES = {
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+}
+
+
+def _parse_dtype(name: str, item: str) -> Any:
+    import torch
+
+    resolved = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(
+            f"input item {item!r}: unknown dtype {name!r} (use a torch dtype such as "
+            "long, int, float, half, bfloat16, bool)"
+        )
+    return resolved
+
+
+def parse_input_spec(spec: str) -> list[InputItem]:
+    """Parse an input SPEC (see :data:`INPUT_SPEC_HELP`) into items.
+
+    Example:
+        >>> [(i.name, str(i.dtype), i.shape) for i in parse_input_spec("long:2x16")]
+        [(None, 'torch.int64', (2, 16))]
+
+    Raises:
+        ValueError: the spec is empty or an item is malformed; the message
+            names the item and what was expected.
+    """
+    items: list[InputItem] = []
+    for raw in spec.split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        name: str | None = None
+        head, eq, rest = item.partition("=")
+        if eq:
+            if not _NAME_RE.match(head.strip()):
+                raise ValueError(f"input item {item!r}: {head!r} is not an argument name")
+            name, item_body = head.strip(), rest.strip()
+        else:
+            item_body = item
+        if item_body.startswith("@"):
+            if not item_body[1:]:
+                raise ValueError(f"input item {item!r}: '@' needs a file name")
+            items.append(InputItem(name=name, path=item_body[1:]))
+            continue
+        parts = item_body.split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+            raise ValueError(
+                f"input item {item!r}: expected DTYPE:SHAPE[:HIGH] (e.g. long:2x16), "
+                "NAME=DTYPE:SHAPE or @FILE.pt"
+            )
+        dtype = _parse_dtype(parts[0].strip(), item)
+        try:
+            shape = tuple(int(s) for s in parts[1].lower().split("x"))
+        except ValueError:
+            raise ValueError(
+                f"input item {item!r}: shape {parts[1]!r} must be sizes joined by 'x', e.g. 2x16"
+            ) from None
+        if any(s < 0 for s in shape):
+            raise ValueError(f"input item {item!r}: negative size in shape {parts[1]!r}")
+        high = None
+        if len(parts) == 3:
+            try:
+                high = int(parts[2])
+            except ValueError:
+                raise ValueError(
+                    f"input item {item!r}: HIGH {parts[2]!r} must be an integer"
+                ) from None
+            if high <= 0:
+                raise ValueError(f"input item {item!r}: HIGH must be > 0, got {high}")
+        items.append(InputItem(name=name, dtype=dtype, shape=shape, high=high))
+    if not items:
+        raise ValueError(f"input spec {spec!r} has no items (e.g. long:2x16)")
+    return items
+
+
+def _int_high(model: Any) -> int:
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else 2
+
+
+def build_inputs(
+    items: Sequence[InputItem], model: Any, device: str, *, seed: int = 0
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Materialise parsed input items into ``(args, kwargs)`` on ``device``.
+
+    Raises:
+        ValueError: a file cannot be loaded or holds something other than a
+            tensor, list/tuple or dict.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        if item.path is not None:
+            value = _load_input_file(item.path)
+            if item.name is not None:
+                kwargs[item.name] = _to_device(value, device)
+            elif isinstance(value, dict):
+                kwargs.update({str(k): _to_device(v, device) for k, v in value.items()})
+            elif isinstance(value, (list, tuple)):
+                args.extend(_to_device(v, device) for v in value)
+            else:
+                args.append(_to_device(value, device))
+            continue
+        dtype = item.dtype
+        if device == "meta":
+            tensor = torch.empty(item.shape, dtype=dtype, device="meta")
+        elif dtype == torch.bool:
+            tensor = torch.randint(0, 2, item.shape, generator=gen).bool()
+        elif dtype.is_floating_point or dtype.is_complex:
+            tensor = torch.randn(item.shape, generator=gen).to(dtype)
+        else:
+            high = item.high or _int_high(model)
+            tensor = torch.randint(0, high, item.shape, generator=gen).to(dtype)
+        tensor = tensor.to(device)
+        if item.name is None:
+            args.append(tensor)
+        else:
+            kwargs[item.name] = tensor
+    return tuple(args), kwargs
+
+
+def _load_input_file(path: str) -> Any:
+    import torch
+
+    if not Path(path).is_file():
+        raise ValueError(f"input file {path!r} does not exist")
+    try:
+        value = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise ValueError(f"cannot load input file {path!r}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(value, (torch.Tensor, list, tuple, dict)):
+        raise ValueError(
+            f"input file {path!r} holds a {type(value).__name__}; expected a tensor, "
+            "a list/tuple of inputs or a dict of keyword inputs"
+        )
+    return value
+
+
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to("meta" if device == "meta" else device)
+    return value
+
+
+# ----------------------------------------------------------- object paths
+def import_object(path: str, what: str) -> Any:
+    """Import ``PKG.MODULE:NAME`` (``NAME`` may be dotted: ``Outer.inner``).
+
+    Args:
+        path: the object path.
+        what: the option it came from, for messages (e.g. ``"--model"``).
+
+    Raises:
+        CLIError: malformed path, module not importable, or no such name.
+    """
+    module_name, colon, attr = path.partition(":")
+    if not colon or not module_name or not attr:
+        raise CLIError(f"{what} {path!r}: expected PKG.MODULE:NAME, e.g. mypkg.factories:build")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # as `python -m` would: modules in the current folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CLIError(f"{what} {path!r}: cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        raise CLIError(
+            f"{what} {path!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CLIError(
+                f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from None
+    return obj
+
+
+def load_model(path: str, device: str) -> Any:
+    """Build the model from ``PKG.MODULE:FACTORY`` (called with no arguments).
+
+    On ``device="meta"`` the factory runs under ``torch.device("meta")``, so
+    no memory is allocated for weights.
+
+    Raises:
+        CLIError: the factory cannot be imported, raises, or returns no module.
+    """
+    import torch
+    import torch.nn as nn
+
+    factory = import_object(path, "--model")
+    if not callable(factory):
+        raise CLIError(f"--model {path!r} is a {type(factory).__name__}, not a callable factory")
+    try:
+        if device == "meta":
+            with torch.device("meta"):
+                model = factory()
+        else:
+            model = factory()
+    except Exception as exc:
+        raise CLIError(f"--model {path!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise CLIError(
+            f"--model {path!r}: the factory returned a {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    return model.to(device) if device != "meta" else model
+
+
+# ------------------------------------------------------------------ policies
+def _resolve_classes(names: str, model: Any, what: str) -> set[type]:
+    found: dict[str, set[type]] = {}
+    for module in model.modules():
+        found.setdefault(type(module).__name__, set()).add(type(module))
+    classes: set[type] = set()
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        if ":" in name:
+            cls = import_object(name, what)
+            if not isinstance(cls, type):
+                raise CLIError(f"{what}: {name!r} is not a class")
+            classes.add(cls)
+            continue
+        candidates = found.get(name)
+        if not candidates:
+            known = ", ".join(sorted(found)[:30])
+            raise CLIError(
+                f"{what}: no module of class {name!r} in the model; classes present: {known}"
+            )
+        if len(candidates) > 1:
+            paths = ", ".join(sorted(f"{c.__module__}:{c.__qualname__}" for c in candidates))
+            raise CLIError(
+                f"{what}: class name {name!r} is ambiguous ({paths}); pass PKG.MODULE:CLASS"
+            )
+        classes |= candidates
+    if not classes:
+        raise CLIError(f"{what}: no class given")
+    return classes
+
+
+def _root_only_policy(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
+    """Wrap nothing below the root (every parameter in the root unit)."""
+    return recurse
+
+
+def parse_policy(text: str, model: Any) -> Any:
+    """Turn a ``--policy`` value into an FSDP init policy (see :data:`POLICY_HELP`).
+
+    Raises:
+        CLIError: an unknown kind, a class not in the model, a bad size.
+    """
+    from torch.distributed.fsdp.wrap import (
+        ModuleWrapPolicy,
+        always_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    kind, _, arg = text.partition(":")
+    kind = kind.strip().lower()
+    what = f"--policy {text!r}"
+    if kind == "always" and not arg:
+        return always_wrap_policy
+    if kind == "none" and not arg:
+        return _root_only_policy
+    if kind == "transformer":
+        classes = _resolve_classes(arg, model, what)
+        return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    if kind == "module":
+        return ModuleWrapPolicy(_resolve_classes(arg, model, what))
+    if kind == "size":
+        try:
+            min_num_params = parse_numel(arg)
+        except ValueError as exc:
+            raise CLIError(f"{what}: {exc}") from None
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+    raise CLIError(
+        f"{what}: unknown policy; use always, none, transformer:CLASS, module:CLASS,... or size:N"
+    )
+
+
+# ---------------------------------------------------------------- commands
+def _cmd_report(args: argparse.Namespace) -> int:
+    import torch
+    import torch.fx
+
+    from execwrap.plan import plan_wrap
+    from execwrap.report import format_bytes, format_numel, write_report
+    from tracing import TracingConfig, TracingError, capture_execution_order
+
+    is_demo = args.model is None
+    model_path = args.model or DEFAULT_MODEL
+    formats = [f.strip().lower() for f in args.format.split(",") if f.strip()]
+    from execwrap.report import REPORT_FORMATS
+
+    bad = [f for f in formats if f not in REPORT_FORMATS]
+    if bad or not formats:
+        raise CLIError(
+            f"--format {args.format!r}: unknown format {', '.join(bad) or '(none)'}; "
+            f"choose from {','.join(REPORT_FORMATS)}"
+        )
+    if args.prefetch < 0:
+        raise CLIError(f"--prefetch must be >= 0, got {args.prefetch}")
+    try:
+        bucket_numel = None
+        bucket_text = args.bucket_size or (DEFAULT_DEMO_BUCKET if is_demo else None)
+        if bucket_text is not None and bucket_text.lower() != "none":
+            bucket_numel = parse_numel(bucket_text)
+    except ValueError as exc:
+        raise CLIError(f"--bucket-size: {exc}") from None
+    items = None
+    input_text = args.input
+    if input_text is not None:
+        try:
+            items = parse_input_spec(input_text)
+        except ValueError as exc:
+            raise CLIError(f"--input: {exc}") from None
+    concrete_args: dict[str, Any] = {}
+    for pair in args.concrete_arg or []:
+        name, eq, value = pair.partition("=")
+        if not eq or not _NAME_RE.match(name.strip()):
+            raise CLIError(f"--concrete-arg {pair!r}: expected NAME=VALUE, e.g. use_cache=False")
+        try:
+            concrete_args[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise CLIError(
+                f"--concrete-arg {pair!r}: VALUE must be a Python literal "
+                "(True, None, 3, 'text', ...)"
+            ) from None
+    out_dir = Path(args.out)
+    _check_out_dir(out_dir)
+
+    model = load_model(model_path, args.device)
+    if items is None and is_demo:
+        input_text = "long:2x16"
+        items = parse_input_spec(input_text)
+    try:
+        example = build_inputs(items, model, args.device) if items is not None else None
+    except ValueError as exc:
+        raise CLIError(f"--input: {exc}") from None
+
+    tracer: torch.fx.Tracer
+    if args.tracer:
+        tracer_cls = import_object(args.tracer, "--tracer")
+        if not (isinstance(tracer_cls, type) and issubclass(tracer_cls, torch.fx.Tracer)):
+            raise CLIError(f"--tracer {args.tracer!r} is not a torch.fx.Tracer subclass")
+        try:
+            tracer = tracer_cls()
+        except Exception as exc:
+            raise CLIError(
+                f"--tracer {args.tracer!r}: creating it raised {type(exc).__name__}: {exc}"
+            ) from exc
+    else:
+        tracer = torch.fx.Tracer()
+    config = TracingConfig(tracer=tracer, concrete_args=concrete_args or None)
+
+    policy_text = args.policy or (DEFAULT_DEMO_POLICY if is_demo else "always")
+    init_policy = parse_policy(policy_text, model)
+
+    t0 = time.perf_counter()
+    try:
+        order = capture_execution_order(
+            model,
+            tracing_config=config,
+            example_inputs=example[0] if example else None,
+            example_kwargs=example[1] if example else None,
+        )
+    except TracingError as exc:
+        hint = "" if example else " (pass --input SPEC to capture at run time instead)"
+        raise CLIError(f"capture failed: {_one_line(exc)}{hint}") from exc
+    except Exception as exc:  # the model itself failed on these inputs
+        raise CLIError(
+            f"capture failed: running {type(model).__name__} on --input {input_text!r} raised "
+            f"{type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+    t_capture = time.perf_counter() - t0
+
+    try:
+        plan = plan_wrap(model, order, init_policy, bucket_numel=bucket_numel)
+        baselines = _baselines(model, order, plan_wrap, policy_text, init_policy, bucket_numel)
+    except (TypeError, ValueError) as exc:
+        raise CLIError(f"planning failed: {_one_line(exc)}") from exc
+    title = f"execwrap report: {type(model).__name__} ({model_path})"
+    try:
+        paths = write_report(
+            plan, out_dir, formats, prefetch=args.prefetch, baselines=baselines, title=title
+        )
+    except OSError as exc:
+        raise CLIError(f"--out {str(out_dir)!r}: cannot write the report: {exc}") from exc
+
+    stats = plan.stats(args.prefetch)
+    rows = [
+        ("model", f"{type(model).__name__} ({model_path})"),
+        ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
+        ("input", input_text or "-"),
+        ("capture", f"{order.method} ({t_capture:.2f} s)"),
+        ("fallback reason", _shorten(order.fallback_reason) if order.fallback_reason else "-"),
+        ("policy", policy_text),
+        ("bucket size", "-" if bucket_numel is None else f"{format_numel(bucket_numel)} elements"),
+        ("units", str(stats.num_units)),
+        ("all-gathers/step", str(stats.all_gathers_per_step)),
+        (f"peak unsharded (prefetch {args.prefetch})", format_bytes(stats.peak_unsharded_bytes)),
+    ]
+    for name, base in baselines.items():
+        bst = base.stats(args.prefetch)
+        rows.append(
+            (
+                f"baseline {name}",
+                f"{bst.num_units} units, {bst.all_gathers_per_step} all-gathers/step, "
+                f"peak {format_bytes(bst.peak_unsharded_bytes)}",
+            )
+        )
+    for key, path in paths.items():
+        rows.append((key, str(path)))
+    _print_table(rows)
+    if "html" in paths:
+        print(f"open {paths['html']} in a browser to see the charts and tables")
+    return EXIT_OK
+
+
+def _baselines(
+    model: Any,
+    order: Any,
+    plan_wrap: Callable[..., Any],
+    policy_text: str,
+    init_policy: Any,
+    bucket_numel: int | None,
+) -> dict[str, Any]:
+    """Plans of the same order to compare with: always_wrap_policy, and the
+    chosen policy without buckets (or the root alone when the plan is always)."""
+    from torch.distributed.fsdp.wrap import always_wrap_policy
+
+    baselines: dict[str, Any] = {}
+    if bucket_numel is not None:
+        base = plan_wrap(model, order, init_policy)
+        baselines[f"{policy_text} (no buckets)"] = base
+    if policy_text != "always" or bucket_numel is not None:
+        base = plan_wrap(model, order, always_wrap_policy)
+        baselines["always"] = base
+    if policy_text == "always" and bucket_numel is None:
+        base = plan_wrap(model, order, _root_only_policy)
+        baselines["none (root only)"] = base
+    return baselines
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Fail early, before capture, when ``out_dir`` cannot be a writable folder."""
+    probe = out_dir
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise CLIError(f"--out {str(out_dir)!r}: {str(probe)!r} exists and is not a folder")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise CLIError(f"--out {str(out_dir)!r}: folder {str(probe)!r} is not writable")
+
+
+def _load_report_json(path_text: str) -> tuple[Any, Any, dict[str, Any]]:
+    """Read a saved report or a bare order.
+
+    Returns:
+        ``(order, plan, plan_data)``: the :class:`~tracing.ExecutionOrder`, the
+        :class:`~execwrap.plan.WrapPlan` (``None`` for a bare order) and the
+        report's ``"plan"`` dict (``{}`` for a bare order).
+
+    Raises:
+        CLIError: the file is missing, not JSON, or not an order/report; the
+            message names the file and what is wrong.
+    """
+    from execwrap.plan import WrapPlan
+    from tracing import ExecutionOrder
+
+    path = Path(path_text)
+    if not path.exists():
+        raise CLIError(f"{path_text}: no such file")
+    if path.is_dir():
+        if not (path / "report.json").is_file():
+            raise CLIError(f"{path_text}: is a folder without report.json")
+        path = path / "report.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"{path}: cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"{path}: not valid JSON ({exc})") from exc
+    plan_data: Any = None
+    if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
+        plan_data = data.get("plan")
+        data = data["order"]
+    try:
+        order = ExecutionOrder.from_dict(data, source=str(path))
+    except ValueError as exc:
+        raise CLIError(_one_line(exc)) from exc
+    if plan_data is None:
+        return order, None, {}
+    try:
+        plan = WrapPlan.from_dict(plan_data, order)
+    except ValueError as exc:
+        raise CLIError(f"{path}: malformed report 'plan': {_one_line(exc)}") from exc
+    return order, plan, plan_data
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from execwrap.report import format_bytes
+
+    order, plan, plan_data = _load_report_json(args.file)
+    classes = order.module_classes
+    model_class = classes.get("", "model")
+    print(f"{args.file}: {model_class}, captured {order.method} (torch {order.torch_version})")
+    if order.fallback_reason:
+        print(f"fallback reason: {_one_line(order.fallback_reason)}")
+    print(f"\nforward order ({len(order.module_forward_order)} calls):")
+    width = len(str(max(len(order.module_forward_order) - 1, 0)))
+    for i, fqn in enumerate(order.module_forward_order):
+        unit = ""
+        if plan is not None:
+            index = plan.unit_of_module(fqn)
+            unit = f"  [unit {'-' if index is None else index}]"
+        print(f"  {i:>{width}}  {_show_call(fqn)}  ({classes.get(fqn, '?')}){unit}")
+    if order.param_backward_order:
+        print(f"\nbackward gradient order ({len(order.param_backward_order)} parameters):")
+        for i, fqn in enumerate(order.param_backward_order):
+            print(f"  {i:>{width}}  {fqn}")
+    if order.shared_params:
+        print("\ntied parameters:")
+        for canonical, aliases in order.shared_params.items():
+            print(f"  {canonical} = {', '.join(aliases)}")
+    if plan is None:
+        print("\nno plan (a bare order)")
+        return EXIT_OK
+    bucket = "-" if plan.bucket_numel is None else f"{plan.bucket_numel} elements"
+    print(f"\nplan: policy {plan.policy_name or '-'}, bucket size {bucket}")
+    for i, unit in enumerate(plan.units):
+        mods = ", ".join(_show_call(m) for m in unit.module_fqns)
+        calls = (
+            "never called" if unit.first_use is None else f"calls {unit.first_use}..{unit.last_use}"
+        )
+        print(
+            f"  unit {i}: {mods}  ({len(unit.param_fqns)} parameters, {unit.numel} elements, "
+            f"{format_bytes(unit.bytes)}, {calls})"
+        )
+    stats = plan_data.get("stats")
+    if isinstance(stats, dict):
+        print(
+            f"stats (prefetch {stats.get('prefetch')}): {stats.get('num_units')} units, "
+            f"{stats.get('all_gathers_per_step')} all-gathers/step, peak unsharded "
+            f"{format_bytes(stats.get('peak_unsharded_bytes'))}"
+        )
+    for note in plan.notes:
+        print(f"note: {note}")
+    return EXIT_OK
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from execwrap.graph import first_divergence
+
+    order_a, _, _ = _load_report_json(args.a)
+    order_b, _, _ = _load_report_json(args.b)
+    name_a, name_b = args.a, args.b
+    div = first_divergence(order_a, order_b, context=args.context)
+    index = None if div is None else div.index
+    calls_a, calls_b = order_a.module_forward_order, order_b.module_forward_order
+    if index is not None:
+        a_at = calls_a[index] if index < len(calls_a) else None
+        b_at = calls_b[index] if index < len(calls_b) else None
+        print(
+            f"orders differ: first divergence at forward call {index}: "
+            f"A runs {_show_call(a_at)}, B runs {_show_call(b_at)}"
+        )
+        print(f"  A = {name_a} ({len(calls_a)} calls, {order_a.method})")
+        print(f"  B = {name_b} ({len(calls_b)} calls, {order_b.method})")
+        lo, hi = max(0, index - args.context), index + args.context + 1
+        width = max([len(_show_call(c)) for c in calls_a[lo:hi]] + [len("A")])
+        print(f"\n  {'':>6}  {'A':<{width}}   B")
+        for i in range(lo, hi):
+            x = calls_a[i] if i < len(calls_a) else None
+            y = calls_b[i] if i < len(calls_b) else None
+            if x is None and y is None:
+                break
+            mark = ">>" if i == index else ("  " if x == y else "!=")
+            print(f"  {mark}{i:>4}  {_show_call(x):<{width}}   {_show_call(y)}")
+        return EXIT_FINDING
+    for label, xs, ys in (
+        ("parameter forward order", order_a.param_forward_order, order_b.param_forward_order),
+        ("parameter backward order", order_a.param_backward_order, order_b.param_backward_order),
+    ):
+        if label.startswith("parameter backward") and not (xs and ys):
+            continue  # symbolic capture records no backward order
+        param_div = first_divergence(xs, ys, context=0)
+        if param_div is not None:
+            print(
+                f"orders differ: same {len(calls_a)} module calls, but the {label} "
+                f"differs at position {param_div.index}: A {_show_call(param_div.expected)}, "
+                f"B {_show_call(param_div.found)}"
+            )
+            return EXIT_FINDING
+    print(
+        f"orders are the same: {len(calls_a)} module calls, "
+        f"{len(order_a.param_forward_order)} parameters in the same order"
+    )
+    return EXIT_OK
+
+
+def _show_call(fqn: str | None) -> str:
+    if fqn is None:
+        return "(end)"
+    return fqn or "<root>"
+
+
+# ------------------------------------------------------------------ output
+def _one_line(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+def _shorten(value: Any, limit: int = 160) -> str:
+    text = _one_line(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _print_table(rows: Sequence[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    """The ``execwrap`` argument parser (subcommands ``report``, ``diff``, ``show``)."""
+    verbose = _Parser(add_help=False)
+    verbose.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log progress (-v: INFO, -vv: DEBUG) to stderr",
+    )
+    parser = _Parser(
+        prog=PROG,
+        description="Execution-order FSDP wrap planning: capture, plan, report.",
+        epilog="exit status: 0 success, 1 a finding (diff: orders differ), 2 bad usage or input",
+        parents=[verbose],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    report = sub.add_parser(
+        "report",
+        parents=[verbose],
+        help="capture, plan and write a report (default: the built-in GPT model)",
+        description=textwrap.fill(
+            "Capture a model's execution order (symbolic with torch.fx first, falling back "
+            "to one real forward/backward with the --input tensors), plan FSDP units, compare "
+            "with baseline policies and write the report (report.json, calls.csv, "
+            "params.csv, order.graphml, report.html). With no arguments: the built-in "
+            "GPT-style model into ./execwrap-report/.",
+            width=79,
+            break_on_hyphens=False,
+        ),
+        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument(
+        "--model",
+        metavar="PKG.MODULE:FACTORY",
+        help="callable returning an nn.Module (default: the built-in GPT, "
+        f"{DEFAULT_MODEL}); modules in the current folder are found",
+    )
+    report.add_argument("--input", metavar="SPEC", help="example inputs (see below)")
+    report.add_argument("--policy", metavar="POLICY", help="wrap policy (see below)")
+    report.add_argument(
+        "--bucket-size",
+        metavar="N",
+        help="merge consecutive units into FSDP2 groups up to N elements (K/M/G suffixes; "
+        f"'none' disables; default: {DEFAULT_DEMO_BUCKET} for the built-in model, none otherwise)",
+    )
+    report.add_argument(
+        "--tracer",
+        metavar="PKG.MODULE:CLASS",
+        help="torch.fx.Tracer subclass for symbolic capture (default: torch.fx.Tracer)",
+    )
+    report.add_argument(
+        "--concrete-arg",
+        metavar="NAME=VALUE",
+        action="append",
+        help="keep forward argument NAME concrete while tracing; VALUE is a Python "
+        "literal (repeatable), e.g. use_cache=False",
+    )
+    report.add_argument(
+        "--device",
+        choices=("cpu", "meta"),
+        default="cpu",
+        help="build the model and inputs here; meta allocates no weights (default: cpu)",
+    )
+    report.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="prefetch depth for the memory prediction (default: 1)",
+    )
+    report.add_argument(
+        "--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT})"
+    )
+    report.add_argument(
+        "--format",
+        default="json,csv,graphml,html",
+        metavar="LIST",
+        help="comma-separated formats out of json,csv,graphml,html (default: all)",
+    )
+    report.set_defaults(func=_cmd_report)
+
+    diff = sub.add_parser(
+        "diff",
+        parents=[verbose],
+        help="first divergence between two saved orders (exit 1 when they differ)",
+        description=(
+            "Compare two saved orders (report.json files, report folders or bare "
+            "ExecutionOrder JSON): print the first forward call where they part and an "
+            "aligned view around it. Exit 1 when they differ, 0 when they are the same."
+        ),
+    )
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument(
+        "--context", type=int, default=3, metavar="N", help="calls shown each side (default: 3)"
+    )
+    diff.set_defaults(func=_cmd_diff)
+
+    show = sub.add_parser(
+        "show",
+        parents=[verbose],
+        help="print a saved order and its plan",
+        description="Print the order and plan of a saved report.json (or a bare saved "
+        "ExecutionOrder JSON, or a report folder).",
+    )
+    show.add_argument("file", metavar="ORDER.json")
+    show.set_defaults(func=_cmd_show)
+    return parser
+
+
+def _configure_logging(verbosity: int) -> Callable[[], None]:
+    """Send the ``execwrap`` and ``tracing`` loggers to stderr at the chosen level.
+
+    Only :func:`main` calls this.
+
+    Returns:
+        A function that removes the handlers again and restores the levels
+        (so that calling :func:`main` in-process leaves logging as it was).
+    """
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved: list[tuple[logging.Logger, int]] = []
+    for name in ("execwrap", "tracing"):
+        log = logging.getLogger(name)
+        saved.append((log, log.level))
+        log.addHandler(handler)
+        log.setLevel(level)
+
+    def restore() -> None:
+        for log, old_level in saved:
+            log.removeHandler(handler)
+            log.setLevel(old_level)
+
+    return restore
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``execwrap`` command line.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 success, 1 a finding (``diff``: orders differ), 2 bad
+        usage or input (one ``execwrap: error: ...`` line printed to stderr).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    if getattr(args, "func", None) is None:
+        print(
+            f"{PROG}: error: a command is required: report, diff or show (see '{PROG} --help')",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    restore_logging = _configure_logging(getattr(args, "verbose", 0))
+    try:
+        return int(args.func(args))
+    except CLIError as exc:
+        logger.debug("error details", exc_info=True)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        restore_logging()

@@ -1,0 +1,339 @@
+"""Apply a wrap plan to FSDP2 (``fully_shard``) with execution-order prefetching.
+
+:func:`apply_fully_shard` calls ``fully_shard`` once per plan group (a list of
+modules where the group spans several: ``fully_shard([m1, m2])`` shares one
+FSDP state, one all-gather and one reduce-scatter), children before parents,
+the root last, as FSDP2 requires; then it sets explicit prefetching from the
+captured order, the way torchtitan sets it for its transformer blocks
+(``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``),
+but for any model and any grouping.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from execwrap.plan import WrapPlan
+from execwrap.policy import ParamExecOrderWrapPolicy
+from tracing.order import ExecutionOrder
+
+__all__ = ["apply_fully_shard", "prefetch_schedule"]
+
+logger = logging.getLogger(__name__)
+
+
+def apply_fully_shard(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    *,
+    mesh: DeviceMesh | None = None,
+    prefetch: int = 1,
+    **fully_shard_kwargs: Any,
+) -> WrapPlan:
+    """Shard ``model`` with FSDP2, one ``fully_shard`` call per plan group.
+
+    Groups are applied in post-order (a group after every group nested in its
+    modules), the root module last. Then, for each group in forward order
+    (first call in ``order.module_forward_order``), the group's FSDP state
+    prefetches the next ``prefetch`` groups in forward, and the next
+    ``prefetch`` groups in backward order: the order in which their first
+    gradient became ready (``order.param_backward_order``, runtime capture)
+    when every executed group has one, else the reverse forward order. The
+    root prefetches the first groups of each direction. Groups that never run
+    in forward, and groups without parameters, are not prefetched.
+
+    Without an order yet (a policy with nothing to capture before wrapping),
+    the groups come from ``init_policy`` alone, the order is recorded during
+    the first forward/backward, and prefetching is set at the end of that
+    backward, before the second step.
+
+    Args:
+        model: the unwrapped model; sharded in place (its class becomes an
+            ``FSDPModule`` subclass).
+        policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
+            captured and its plan built here, ``policy.order``/``policy.plan``
+            set), or a ready :class:`execwrap.WrapPlan` for this model.
+        mesh: FSDP2's data-parallel mesh (default: FSDP2's default, a 1-D
+            mesh over the default group). A 1-D mesh's group is also the
+            group of the policy's cross-rank order check.
+        prefetch: groups to prefetch ahead in each direction; ``0`` keeps
+            FSDP2's implicit prefetching.
+        **fully_shard_kwargs: passed to every ``fully_shard`` call
+            (``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
+            ``ignored_params``, ...).
+
+    Returns:
+        The plan applied (for a policy that records during the first step,
+        ``policy.plan`` is replaced by the re-ordered plan after that step).
+
+    Raises:
+        ValueError: ``prefetch`` is negative; the plan names a module the model
+            does not have, or puts the root in a group with other modules.
+        TypeError: ``policy_or_plan`` is neither a policy nor a plan.
+        tracing.TracingError, execwrap.OrderDivergenceError: from capture
+            and the cross-rank check (see
+            :meth:`ParamExecOrderWrapPolicy.build_plan`).
+
+    Example:
+        >>> policy = ParamExecOrderWrapPolicy(  # doctest: +SKIP
+        ...     ModuleWrapPolicy({Block}), TracingConfig(), bucket_numel=2_000_000)
+        >>> plan = apply_fully_shard(model, policy, mesh=mesh)  # doctest: +SKIP
+        >>> plan.groups  # doctest: +SKIP
+        [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
+    """
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"apply_fully_shard: prefetch must be an int >= 0; got {prefetch!r}")
+    if isinstance(model, FSDPModule):
+        raise ValueError(
+            f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
+            "applied; pass the unwrapped model"
+        )
+    policy: ParamExecOrderWrapPolicy | None = None
+    if isinstance(policy_or_plan, ParamExecOrderWrapPolicy):
+        policy = policy_or_plan
+        group = mesh.get_group() if mesh is not None and mesh.ndim == 1 else None
+        plan = policy.build_plan(
+            model,
+            ignored_modules=_ignored_modules(model, fully_shard_kwargs.get("ignored_params")),
+            group=group,
+        )
+    elif isinstance(policy_or_plan, WrapPlan):
+        plan = policy_or_plan
+    else:
+        raise TypeError(
+            "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
+            f"WrapPlan; got {type(policy_or_plan).__name__}"
+        )
+
+    groups = _plan_groups(model, plan)
+    for fqns in _post_order(model, groups):
+        modules = [model.get_submodule(f) for f in fqns]
+        target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
+        logger.debug("fully_shard(%s)", fqns)
+        try:
+            fully_shard(target, mesh=mesh, **fully_shard_kwargs)
+        except Exception as e:
+            if sys.version_info >= (3, 11):
+                e.add_note(f"While applying fully_shard to plan group {fqns}")
+            logger.debug("fully_shard(%s) failed", fqns)
+            raise
+    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+
+    if prefetch == 0:
+        return plan
+    order = plan.order
+    if order.module_forward_order:
+        _set_prefetch(model, groups, plan, order, prefetch)
+    elif policy is not None:
+        applied = plan
+
+        def on_recorded(recorded: ExecutionOrder) -> None:
+            _set_prefetch(model, groups, applied, recorded, prefetch)
+
+        policy._arm_first_step_recording(model, on_recorded=on_recorded, start_now=True)
+    else:
+        logger.info(
+            "apply_fully_shard: the plan's order has no calls; FSDP2's implicit prefetching is kept"
+        )
+    return plan
+
+
+def prefetch_schedule(
+    groups: Sequence[Sequence[str]],
+    order: ExecutionOrder,
+    *,
+    param_fqns: Sequence[Sequence[str]] | None = None,
+    prefetch: int = 1,
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Which groups each group prefetches, forward and backward.
+
+    Args:
+        groups: module FQNs of each group (the root group ``[""]`` included or
+            not; it prefetches but is never prefetched).
+        order: the execution order.
+        param_fqns: canonical parameter FQNs of each group. Groups without
+            parameters have nothing to all-gather and are left out (their
+            neighbours prefetch past them). The backward order comes from
+            ``order.param_backward_order`` (the first ready gradient of each
+            group); without ``param_fqns``, without a gradient order, or when
+            a group has no gradient there (frozen), it is the reverse forward
+            order.
+        prefetch: groups ahead to prefetch.
+
+    Returns:
+        ``(forward, backward)``: group index -> indices of the groups it
+        prefetches, for every group that runs in forward (the root first).
+
+    Example:
+        >>> order = ExecutionOrder(module_forward_order=["", "a", "b", "c"])
+        >>> prefetch_schedule([[""], ["c"], ["a"], ["b"]], order)
+        ({0: [2], 2: [3], 3: [1], 1: []}, {0: [1], 1: [3], 3: [2], 2: []})
+    """
+    first = order.first_call_index()
+    roots = [i for i, fqns in enumerate(groups) if "" in fqns]
+    uses = {
+        i: min(first[f] for f in fqns if f in first)
+        for i, fqns in enumerate(groups)
+        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
+    }
+    forward = sorted((i for i in uses if i not in roots), key=lambda i: (uses[i], i))
+    backward = list(reversed(forward))
+    if param_fqns is not None and order.param_backward_order:
+        ready: dict[str, int] = {}
+        for position, fqn in enumerate(order.param_backward_order):
+            ready.setdefault(fqn, position)
+        keys: dict[int, int] = {}
+        for i in forward:
+            positions = [ready[p] for p in param_fqns[i] if p in ready]
+            if positions:
+                keys[i] = min(positions)
+        if len(keys) == len(forward):
+            backward = sorted(forward, key=lambda i: (keys[i], -uses[i]))
+        else:
+            logger.debug(
+                "prefetch_schedule: groups without gradients in param_backward_order; "
+                "using reverse forward order for backward"
+            )
+
+    def lists(sequence: list[int]) -> dict[int, list[int]]:
+        result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots if r in uses}
+        for k, i in enumerate(sequence):
+            result[i] = sequence[k + 1 : k + 1 + prefetch]
+        return result
+
+    return lists(forward), lists(backward)
+
+
+# ------------------------------------------------------------------ helpers
+def _set_prefetch(
+    model: nn.Module,
+    groups: list[list[str]],
+    plan: WrapPlan,
+    order: ExecutionOrder,
+    prefetch: int,
+) -> None:
+    all_groups = [[""], *groups]
+    params_by_group = _group_params(plan, all_groups)
+    forward, backward = prefetch_schedule(
+        all_groups, order, param_fqns=params_by_group, prefetch=prefetch
+    )
+    handles: list[FSDPModule] = []
+    for fqns in all_groups:
+        module = model.get_submodule(fqns[0])
+        assert isinstance(module, FSDPModule), f"{fqns[0]!r} has no fully_shard applied"
+        handles.append(module)
+    for i, targets in forward.items():
+        handles[i].set_modules_to_forward_prefetch([handles[t] for t in targets])
+    for i, targets in backward.items():
+        handles[i].set_modules_to_backward_prefetch([handles[t] for t in targets])
+    logger.debug(
+        "apply_fully_shard: forward prefetch %s; backward prefetch %s",
+        {tuple(all_groups[i]): [all_groups[t] for t in ts] for i, ts in forward.items()},
+        {tuple(all_groups[i]): [all_groups[t] for t in ts] for i, ts in backward.items()},
+    )
+
+
+def _group_params(plan: WrapPlan, groups: list[list[str]]) -> list[list[str]]:
+    by_modules = {tuple(u.module_fqns): list(u.param_fqns) for u in plan.units}
+    return [by_modules.get(tuple(g), []) for g in groups]
+
+
+def _plan_groups(model: nn.Module, plan: WrapPlan) -> list[list[str]]:
+    """The plan's non-root groups, with every FQN checked against ``model``."""
+    names = dict(model.named_modules())
+    groups: list[list[str]] = []
+    for unit in plan.units:
+        fqns = list(unit.module_fqns)
+        for fqn in fqns:
+            if fqn not in names:
+                raise ValueError(
+                    f"apply_fully_shard: the plan names module {fqn!r}, which "
+                    f"{type(model).__name__} does not have; was the plan made for another "
+                    "model? Plan this model again."
+                )
+        if "" in fqns:
+            if len(fqns) > 1:
+                raise ValueError(
+                    f"apply_fully_shard: the plan groups the root module with {fqns[1:]}; "
+                    "the root must be a group of its own"
+                )
+            continue
+        groups.append(fqns)
+    return groups
+
+
+def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
+    """Groups in an order where each comes after every group nested in its modules.
+
+    ``fully_shard`` must run on a module after every nested module it should
+    not manage. A group's modules may enclose members of several other groups
+    (with bucketing, ``[blocks.0.ln2, blocks.0.mlp]`` encloses the group
+    holding ``blocks.0.mlp.fc``), so this is a topological sort (Kahn's
+    algorithm) of "encloses" between groups, ties broken by the largest
+    post-order index of the group's modules (plain post-order when every
+    group is one module).
+
+    Raises:
+        ValueError: two groups enclose each other's modules (no valid order).
+    """
+    index: dict[str, int] = {}
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            fqn = f"{prefix}.{name}" if prefix else name
+            if fqn not in index:
+                visit(child, fqn)
+        index.setdefault(prefix, len(index))
+
+    visit(model, "")
+
+    def encloses(outer: str, inner: str) -> bool:
+        return outer != inner and (outer == "" or inner.startswith(outer + "."))
+
+    n = len(groups)
+    after: list[set[int]] = [set() for _ in range(n)]  # i -> groups that must follow i
+    indegree = [0] * n
+    for i in range(n):
+        for j in range(n):
+            if i != j and any(encloses(o, m) for o in groups[j] for m in groups[i]):
+                after[i].add(j)
+                indegree[j] += 1
+    key = [max(index[f] for f in g) for g in groups]
+    ready = sorted((i for i in range(n) if indegree[i] == 0), key=lambda i: key[i])
+    result: list[list[str]] = []
+    while ready:
+        i = ready.pop(0)
+        result.append(groups[i])
+        for j in after[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+        ready.sort(key=lambda k: key[k])
+    if len(result) != n:
+        stuck = [groups[i] for i in range(n) if indegree[i] > 0]
+        raise ValueError(
+            f"apply_fully_shard: groups {stuck} enclose each other's modules, so no "
+            "fully_shard order is bottom-up for all of them; plan with a smaller "
+            "bucket_numel or without bucketing"
+        )
+    return result
+
+
+def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:
+    """Modules all of whose parameters are in FSDP2's ``ignored_params``."""
+    if not ignored_params:
+        return []
+    ignored = {id(p) for p in ignored_params}
+    result: list[nn.Module] = []
+    for module in model.modules():
+        params = list(module.parameters())
+        if params and all(id(p) in ignored for p in params):
+            result.append(module)
+    return result

@@ -1,0 +1,107 @@
+"""``check_order_across_ranks`` on 2 gloo ranks: agreement, divergence, no hang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from execwrap import (
+    ExecutionOrder,
+    OrderDivergenceError,
+    ParamExecOrderWrapPolicy,
+    TracingConfig,
+    always_wrap_policy,
+    apply_fully_shard,
+    check_order_across_ranks,
+)
+from tests._dist import run_ranks
+from tests.distributed._policy_cases import branch_case
+
+
+def _error(fn: Any) -> dict[str, Any] | None:
+    try:
+        fn()
+    except OrderDivergenceError as e:
+        return {
+            "ranks": e.ranks,
+            "index": e.index,
+            "expected": e.expected,
+            "found": e.found,
+            "msg": str(e),
+        }
+    return None
+
+
+def _ranks_worker(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    same = ExecutionOrder(module_forward_order=["", "a", "b"], param_forward_order=["a.w", "b.w"])
+    out["same"] = _error(lambda: check_order_across_ranks(same))
+
+    mine = ["", "inp", "pos" if rank == 0 else "neg", "out"]
+    differ = ExecutionOrder(module_forward_order=mine)
+    out["modules"] = _error(lambda: check_order_across_ranks(differ))
+
+    shorter = ExecutionOrder(module_forward_order=["", "a", "b"][: 3 - rank])
+    out["prefix"] = _error(lambda: check_order_across_ranks(shorter))
+
+    params = ExecutionOrder(
+        module_forward_order=["", "a"], param_forward_order=["a.w", "a.b"][:: 1 - 2 * rank]
+    )
+    out["params"] = _error(lambda: check_order_across_ranks(params))
+
+    # A rank whose inputs take the other branch: the policy catches it before
+    # wrapping (FSDP1 and FSDP2), on both ranks.
+    case = branch_case(sign=1.0 if rank == 0 else -1.0)
+    example = case.example(rank, world_size)
+
+    def fsdp1() -> None:
+        policy = ParamExecOrderWrapPolicy(
+            always_wrap_policy, TracingConfig(), example_inputs=example
+        )
+        FSDP(case.model(), auto_wrap_policy=policy, device_id=torch.device("cpu"))
+
+    def fsdp2() -> None:
+        policy = ParamExecOrderWrapPolicy(always_wrap_policy, example_inputs=example)
+        apply_fully_shard(case.model(), policy, mesh=init_device_mesh("cpu", (world_size,)))
+
+    out["fsdp1"] = _error(fsdp1)
+    out["fsdp2"] = _error(fsdp2)
+    # The ranks are still in step: one more collective completes.
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = float(t)
+    return out
+
+
+def test_check_order_across_ranks() -> None:
+    r0, r1 = run_ranks(_ranks_worker, world_size=2, timeout_s=60)
+    assert r0["same"] is None and r1["same"] is None
+
+    for r in (r0, r1):
+        e = r["modules"]
+        assert (e["ranks"], e["index"], e["expected"], e["found"]) == ((0, 1), 2, "pos", "neg")
+        assert "rank 0 ran module 'pos', rank 1 ran module 'neg'" in e["msg"]
+        assert "first divergence at forward call 2" in e["msg"].lower()
+
+        e = r["prefix"]
+        assert (e["index"], e["expected"], e["found"]) == (2, "b", None)
+
+        e = r["params"]
+        assert (e["index"], e["expected"], e["found"]) == (0, "a.w", "a.b")
+        assert "parameter" in e["msg"]
+
+        for key in ("fsdp1", "fsdp2"):
+            e = r[key]
+            assert e is not None, key
+            assert (e["ranks"], e["index"], e["expected"], e["found"]) == ((0, 1), 2, "pos", "neg")
+        assert r["after"] == 2.0
+    print(r0["modules"]["msg"])
+
+
+def test_check_order_without_process_group() -> None:
+    assert not dist.is_initialized()
+    assert check_order_across_ranks(ExecutionOrder(module_forward_order=[""])) is None

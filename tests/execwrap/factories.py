@@ -1,0 +1,84 @@
+"""Model factories and tracers for the CLI tests (``--model`` / ``--tracer`` targets).
+
+Used as ``tests.execwrap.factories:NAME`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+from execwrap.models import Block, build_demo_model
+
+__all__ = [
+    "BlockLeafTracer",
+    "FlagModel",
+    "broken",
+    "demo2",
+    "flag_model",
+    "gpt2",
+    "not_a_module",
+]
+
+
+def gpt2() -> nn.Module:
+    """A tiny transformers GPT-2 built from a config (no download)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def demo2() -> nn.Module:
+    """The built-in GPT with two blocks."""
+    return build_demo_model(2)
+
+
+def broken() -> nn.Module:
+    """A factory that raises."""
+    raise RuntimeError("config file missing: weights.bin")
+
+
+def not_a_module() -> object:
+    """A factory that returns something else than a module."""
+    return {"not": "a module"}
+
+
+class FlagModel(nn.Module):
+    """Runs ``b`` then ``a`` when ``flag`` is true, else ``a`` only.
+
+    ``if flag:`` on a proxy fails symbolic tracing unless ``flag`` is kept
+    concrete (``--concrete-arg flag=True``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, flag: bool = True) -> torch.Tensor:
+        if flag:
+            x = self.b(x)
+        return self.a(x)
+
+
+def flag_model() -> nn.Module:
+    torch.manual_seed(0)
+    return FlagModel()
+
+
+class BlockLeafTracer(torch.fx.Tracer):
+    """Treats every transformer ``Block`` as a leaf (its parameters used at once)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, Block) or super().is_leaf_module(m, module_qualified_name)

@@ -1,0 +1,520 @@
+"""Tests for the ``execwrap`` command line.
+
+Most cases call :func:`execwrap.cli.main` in-process (fast); a few spawn
+``python -m execwrap`` to check the real exit codes and that bad input never
+prints a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import torch
+
+from execwrap.cli import (
+    CLIError,
+    build_inputs,
+    main,
+    parse_input_spec,
+    parse_numel,
+    parse_policy,
+)
+from execwrap.models import Block, build_demo_model
+from tracing import ExecutionOrder
+
+REPO = Path(__file__).resolve().parents[2]
+FACTORIES = "tests.execwrap.factories"
+ALL_FILES = {"report.json", "calls.csv", "params.csv", "order.graphml", "report.html"}
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch):
+    # `--model tests.execwrap.factories:...` resolves from the repository root.
+    monkeypatch.syspath_prepend(str(REPO))
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("execwrap: error: "), err
+    return lines[0]
+
+
+def _summary(out: str) -> dict[str, str]:
+    """The terminal summary table: key -> its whole line."""
+    rows = [line for line in out.splitlines() if line.startswith("  ")]
+    return {line.split("  ")[1].strip(): line for line in rows}
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "r"
+    assert main(["report", "--out", str(out), "--format", "json"]) == 0
+    return out / "report.json"
+
+
+# --------------------------------------------------------------------- report
+def test_bare_report_writes_all_formats_to_default_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 0
+    out = capsys.readouterr().out
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    lines = _summary(out)
+    assert "GPT (execwrap.models:build_demo_model)" in lines["model"]
+    assert lines["capture"].split()[-3] == "symbolic"
+    assert lines["fallback reason"].endswith("  -")
+    assert lines["policy"].endswith("transformer:Block")
+    assert lines["units"].endswith("  3")
+    assert lines["all-gathers/step"].endswith("  5")
+    assert lines["peak unsharded (prefetch 1)"].endswith("861.50 KiB")
+    assert lines["html"].endswith(os.path.join("execwrap-report", "report.html"))
+    assert out.rstrip().splitlines()[-1] == (
+        f"open {os.path.join('execwrap-report', 'report.html')} in a browser "
+        "to see the charts and tables"
+    )
+    data = json.loads((tmp_path / "execwrap-report" / "report.json").read_text())
+    assert data["plan"]["groups"] == [[""], ["blocks.0", "blocks.1"], ["blocks.2", "blocks.3"]]
+    assert data["plan"]["bucket_numel"] == 100_000
+    assert set(data["baselines"]) == {"transformer:Block (no buckets)", "always"}
+    assert data["baselines"]["transformer:Block (no buckets)"]["groups"] == [
+        [""],
+        ["blocks.0"],
+        ["blocks.1"],
+        ["blocks.2"],
+        ["blocks.3"],
+    ]
+
+
+def test_report_options(tmp_path, capsys):
+    rc = main(
+        [
+            "report",
+            "--model", f"{FACTORIES}:demo2",
+            "--policy", "module:Block,execwrap.models:MLP",
+            "--bucket-size", "none",
+            "--prefetch", "0",
+            "--format", "json,csv",
+            "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert {p.name for p in tmp_path.iterdir()} == {"report.json", "calls.csv", "params.csv"}
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["prefetch"] == 0
+    assert data["plan"]["stats"]["prefetch"] == 0
+    assert data["plan"]["bucket_numel"] is None
+    assert data["plan"]["groups"] == [
+        [""],
+        ["blocks.0"],
+        ["blocks.0.mlp"],
+        ["blocks.1"],
+        ["blocks.1.mlp"],
+    ]
+    assert set(data["baselines"]) == {"always"}
+
+
+def test_report_always_policy_compares_with_root_only(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--concrete-arg", "flag=True",
+               "--format", "json", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["plan"]["groups"] == [[""], ["b"], ["a"]]
+    assert data["baselines"]["none (root only)"]["groups"] == [[""]]
+
+
+def test_report_meta_device(tmp_path, capsys):
+    rc = main(["report", "--device", "meta", "--format", "json", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    order = ExecutionOrder.load(tmp_path / "report.json")
+    assert order.method == "symbolic"
+    assert len(order.params) == 52
+    assert order.module_forward_order[:3] == ["", "wte", "blocks.0"]
+
+
+def test_report_concrete_args_and_tracer(tmp_path, capsys):
+    def order_of(*extra: str) -> ExecutionOrder:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        rc = main(["report", *extra, "--format", "json", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        return ExecutionOrder.load(out / "report.json")
+
+    flag = f"{FACTORIES}:flag_model"
+    assert order_of("--model", flag, "--concrete-arg", "flag=True").module_forward_order == [
+        "",
+        "b",
+        "a",
+    ]
+    order = order_of("--model", flag, "--concrete-arg", "flag=False")
+    assert order.module_forward_order == ["", "a"]
+    assert order.method == "symbolic"
+    leaf = order_of("--model", f"{FACTORIES}:demo2", "--tracer", f"{FACTORIES}:BlockLeafTracer")
+    assert leaf.module_forward_order == ["", "wte", "blocks.0", "blocks.1", "ln_f", "lm_head"]
+
+
+def test_report_falls_back_to_runtime_with_input(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+               "--format", "json", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    order = ExecutionOrder.load(tmp_path / "report.json")
+    assert order.method == "runtime"
+    assert order.module_forward_order == ["", "b", "a"]
+    assert order.fallback_reason
+    fallback = next(line for line in out.splitlines() if "fallback reason" in line)
+    assert fallback.split("fallback reason", 1)[1].strip() not in ("", "-")
+
+
+def test_verbose_logs_the_fallback_and_leaves_logging_as_it_was(tmp_path, capsys):
+    import logging
+
+    handlers = list(logging.getLogger("tracing").handlers)
+    rc = main(["report", "-v", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+               "--format", "json", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "INFO tracing.capture: symbolic capture failed in module '' (FlagModel)" in err
+    assert "DEBUG" not in err
+    assert logging.getLogger("tracing").handlers == handlers
+    assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""  # quiet without -v
+
+
+def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--out", str(tmp_path)])
+    assert rc == 2
+    line = _err_line(capsys)
+    assert "capture failed:" in line
+    assert "pass --input SPEC to capture at run time instead" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "nosuch_pkg.factories:build"], "cannot import module 'nosuch_pkg.factories'"),
+        (["--model", f"{FACTORIES}:nope"], f"module '{FACTORIES}' has no attribute 'nope'"),
+        (["--model", "no_colon"], "expected PKG.MODULE:NAME"),
+        (
+            ["--model", f"{FACTORIES}:broken"],
+            "the factory raised RuntimeError: config file missing: weights.bin",
+        ),
+        (["--model", f"{FACTORIES}:not_a_module"], "the factory returned a dict"),
+        (["--input", "long:2xq"], "shape '2xq' must be sizes joined by 'x'"),
+        (["--input", "complex7:2"], "unknown dtype 'complex7'"),
+        (["--input", "long"], "expected DTYPE:SHAPE[:HIGH]"),
+        (["--input", "@missing.pt"], "input file 'missing.pt' does not exist"),
+        (["--policy", "transformer:Nope"], "no module of class 'Nope' in the model"),
+        (["--policy", "weird"], "unknown policy"),
+        (["--policy", "size:lots"], "invalid element count 'lots'"),
+        (["--bucket-size", "2Q"], "--bucket-size: invalid element count '2Q'"),
+        (["--concrete-arg", "flag"], "expected NAME=VALUE"),
+        (["--concrete-arg", "flag=os.system"], "VALUE must be a Python literal"),
+        (["--format", "json,pdf"], "unknown format pdf"),
+        (["--prefetch", "-1"], "--prefetch must be >= 0"),
+        (["--prefetch", "x"], "argument --prefetch: invalid int value: 'x'"),
+        (["--tracer", "execwrap.models:GPT"], "is not a torch.fx.Tracer subclass"),
+        (["--device", "cuda"], "argument --device: invalid choice: 'cuda'"),
+        (
+            ["--model", f"{FACTORIES}:flag_model", "--input", "float:3"],
+            "capture failed: running FlagModel on --input 'float:3' raised RuntimeError",
+        ),
+    ],
+)
+def test_report_bad_input(args, message, tmp_path, capsys):
+    rc = main(["report", *args, "--out", str(tmp_path / "out")])
+    assert rc == 2
+    line = _err_line(capsys)
+    assert message in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_out_dir_not_writable(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["report", "--out", str(blocker / "sub")]) == 2
+    line = _err_line(capsys)
+    assert f"--out '{blocker / 'sub'}': '{blocker}' exists and is not a folder" in line
+
+
+def test_report_write_failure_is_bad_output(tmp_path, capsys, monkeypatch):
+    import execwrap.report as report_mod
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(report_mod.tempfile, "mkstemp", refuse)
+    assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 2
+    assert "cannot write the report: [Errno 13] Permission denied" in _err_line(capsys)
+
+
+def test_usage_errors(capsys):
+    assert main([]) == 2
+    assert "a command is required: report, diff or show" in _err_line(capsys)
+    assert main(["frobnicate"]) == 2
+    assert "invalid choice: 'frobnicate'" in _err_line(capsys)
+    assert main(["report", "--nope"]) == 2
+    assert "unrecognized arguments: --nope" in _err_line(capsys)
+
+
+@pytest.mark.parametrize("command", [[], ["report"], ["diff"], ["show"]])
+def test_help(command, capsys):
+    assert main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: execwrap{' ' + command[0] if command else ''}")
+    if command == ["report"]:
+        assert "DTYPE:SHAPE[:HIGH]" in out and "transformer:CLASS" in out
+        assert "--bucket-size" in out and "--concrete-arg" in out
+
+
+def test_console_script_declared():
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "execwrap"]
+    assert script.value == "execwrap.cli:main"
+
+
+# ---------------------------------------------------------------- diff / show
+def test_diff_same_and_different(demo_report, tmp_path, capsys):
+    assert main(["diff", str(demo_report), str(demo_report.parent)]) == 0
+    assert capsys.readouterr().out.startswith("orders are the same: 40 module calls")
+
+    data = json.loads(demo_report.read_text())
+    calls = data["order"]["module_forward_order"]
+    calls[5], calls[6] = calls[6], calls[5]
+    other = tmp_path / "b.json"
+    other.write_text(json.dumps(data["order"]))  # a bare order works too
+    assert main(["diff", str(demo_report), str(other), "--context", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "orders differ: first divergence at forward call 5: "
+        "A runs blocks.0.attn.qkv, B runs blocks.0.attn.proj"
+    )
+    assert [line.split() for line in out[4:]] == [
+        ["A", "B"],
+        ["4", "blocks.0.attn", "blocks.0.attn"],
+        [">>", "5", "blocks.0.attn.qkv", "blocks.0.attn.proj"],
+        ["!=", "6", "blocks.0.attn.proj", "blocks.0.attn.qkv"],
+    ]
+
+
+def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
+    data = json.loads(demo_report.read_text())["order"]
+    short = dict(data, module_forward_order=data["module_forward_order"][:-1])
+    (tmp_path / "short.json").write_text(json.dumps(short))
+    assert main(["diff", str(demo_report), str(tmp_path / "short.json")]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence at forward call 39: A runs lm_head, B runs (end)" in out
+
+    params = list(data["param_forward_order"])
+    params[0], params[1] = params[1], params[0]
+    (tmp_path / "p.json").write_text(json.dumps(dict(data, param_forward_order=params)))
+    assert main(["diff", str(demo_report), str(tmp_path / "p.json")]) == 1
+    assert "parameter forward order differs at position 0: A wte.weight, B wpe" in (
+        capsys.readouterr().out
+    )
+
+
+def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
+    assert main(["show", str(demo_report)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("GPT, captured symbolic (torch " + torch.__version__ + ")")
+    assert "  11  blocks.1  (Block)  [unit 1]" in out
+    assert "  unit 2: blocks.2, blocks.3  (24 parameters, 99968 elements" in out
+    assert "stats (prefetch 1): 3 units, 5 all-gathers/step" in out
+    assert "tied parameters:\n  wte.weight = lm_head.weight" in out
+
+    bare = tmp_path / "order.json"
+    ExecutionOrder.load(demo_report).save(bare)
+    assert main(["show", str(bare)]) == 0
+    out = capsys.readouterr().out
+    assert "  0  <root>  (GPT)\n" in out
+    assert out.rstrip().endswith("no plan (a bare order)")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("{not json", "not valid JSON (Expecting property name"),
+        ('{"schema_version": 99}', "unsupported ExecutionOrder schema_version 99"),
+        ('{"order": {"schema_version": 1}}', "missing field 'module_forward_order'"),
+        ("[1, 2]", "expected a JSON object for an ExecutionOrder, got list"),
+    ],
+)
+def test_show_and_diff_bad_json(content, message, demo_report, tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["show", str(path)]) == 2
+    line = _err_line(capsys)
+    assert line.startswith(f"execwrap: error: {path}: ") and message in line
+    assert main(["diff", str(demo_report), str(path)]) == 2
+    assert message in _err_line(capsys)
+
+
+def test_show_malformed_plan(demo_report, tmp_path, capsys):
+    data = json.loads(demo_report.read_text())
+    data["plan"]["units"] = [{"module_fqns": [""]}]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert main(["show", str(path)]) == 2
+    assert f"{path}: malformed report 'plan'" in _err_line(capsys)
+
+
+# ---------------------------------------------------------------- value parsing
+def test_parse_numel():
+    assert parse_numel("25M") == 25_000_000
+    assert parse_numel("25m") == 25_000_000
+    assert parse_numel("1.5K") == 1500
+    assert parse_numel("4096") == 4096
+    assert parse_numel("2G") == 2 * 10**9
+    for bad in ("", "M", "-3", "1.5", "3 MB", "0x10"):
+        with pytest.raises(ValueError, match="invalid element count"):
+            parse_numel(bad)
+
+
+def test_parse_input_spec():
+    (item,) = parse_input_spec("long:2x16")
+    assert (item.name, item.dtype, item.shape, item.high, item.path) == (
+        None, torch.int64, (2, 16), None, None,
+    )  # fmt: skip
+    a, b, c = parse_input_spec(" float:2x3x32 ; attention_mask=long:2x16:2 ;x=@in.pt")
+    assert (a.dtype, a.shape) == (torch.float32, (2, 3, 32))
+    assert (b.name, b.dtype, b.shape, b.high) == ("attention_mask", torch.int64, (2, 16), 2)
+    assert (c.name, c.path) == ("x", "in.pt")
+    assert parse_input_spec("bool:4")[0].dtype == torch.bool
+    assert parse_input_spec("bfloat16:1x2")[0].dtype == torch.bfloat16
+    for bad, match in [
+        ("", "has no items"),
+        ("long:", "expected DTYPE:SHAPE"),
+        ("long:2x16:0", "HIGH must be > 0"),
+        ("long:2x16:ten", "HIGH 'ten' must be an integer"),
+        ("1x=long:2", "is not an argument name"),
+        ("Size:2", "unknown dtype 'Size'"),
+        ("@", "'@' needs a file name"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            parse_input_spec(bad)
+
+
+def test_build_inputs(tmp_path):
+    model = build_demo_model(1)
+    args, kwargs = build_inputs(
+        parse_input_spec("long:2x16;mask=long:2x16:2;float:3"), model, "cpu"
+    )
+    ids, x = args
+    assert ids.shape == (2, 16) and ids.dtype == torch.int64
+    assert 0 <= int(ids.min()) and int(ids.max()) < 256  # model.config.vocab_size
+    assert set(kwargs) == {"mask"} and set(kwargs["mask"].unique().tolist()) <= {0, 1}
+    assert x.dtype == torch.float32 and x.shape == (3,)
+    again, _ = build_inputs(parse_input_spec("long:2x16"), model, "cpu")
+    assert torch.equal(again[0], ids)  # seeded
+
+    meta, _ = build_inputs(parse_input_spec("long:2x16"), model, "meta")
+    assert meta[0].device.type == "meta"
+
+    torch.save({"input_ids": torch.ones(1, 4, dtype=torch.long)}, tmp_path / "kw.pt")
+    torch.save((torch.zeros(2), torch.ones(3)), tmp_path / "pos.pt")
+    torch.save(torch.arange(5), tmp_path / "one.pt")
+    spec = f"@{tmp_path / 'kw.pt'};@{tmp_path / 'pos.pt'};y=@{tmp_path / 'one.pt'}"
+    args, kwargs = build_inputs(parse_input_spec(spec), model, "cpu")
+    assert [a.tolist() for a in args] == [[0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert kwargs["input_ids"].tolist() == [[1, 1, 1, 1]]
+    assert kwargs["y"].tolist() == [0, 1, 2, 3, 4]
+
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="cannot load input file"):
+        build_inputs(parse_input_spec(f"@{tmp_path / 'junk.pt'}"), model, "cpu")
+
+
+def test_parse_policy_resolves_classes():
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
+
+    model = build_demo_model(1)
+    assert parse_policy("always", model) is always_wrap_policy
+    policy = parse_policy("module:Block,LayerNorm", model)
+    assert isinstance(policy, ModuleWrapPolicy)
+    assert {c.__name__ for c in policy._module_classes} == {"Block", "LayerNorm"}
+    transformer = parse_policy("transformer:execwrap.models:Block", model)
+    assert transformer.keywords["transformer_layer_cls"] == {Block}
+    assert parse_policy("size:1K", model).keywords["min_num_params"] == 1000
+    with pytest.raises(CLIError, match="classes present: .*Block"):
+        parse_policy("module:Missing", model)
+    with pytest.raises(CLIError, match="no class given"):
+        parse_policy("module:", model)
+
+
+# ------------------------------------------------------------- subprocesses
+def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    return subprocess.run(
+        [sys.executable, "-m", "execwrap", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_subprocess_bare_report(tmp_path):
+    proc = _run(["report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    assert "capture" in proc.stdout and "symbolic" in proc.stdout
+
+
+def test_subprocess_gpt2_report_falls_back_to_runtime(tmp_path):
+    pytest.importorskip("transformers")
+    proc = _run(
+        ["report", "--model", f"{FACTORIES}:gpt2", "--input", "long:2x16",
+         "--policy", "transformer:GPT2Block", "--out", str(tmp_path)],
+        cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES
+    data = json.loads((tmp_path / "report.json").read_text())
+    order = ExecutionOrder.from_dict(data["order"])
+    assert order.method == "runtime"
+    assert "GPT2LMHeadModel" in (order.fallback_reason or "")
+    assert order.param_backward_order  # runtime capture records gradients
+    assert data["model_class"] == "GPT2LMHeadModel"
+    assert data["plan"]["groups"] == [[""], ["transformer.h.0"], ["transformer.h.1"]]
+    summary = _summary(proc.stdout)
+    assert "runtime" in summary["capture"]
+    assert "GPT2LMHeadModel" in summary["fallback reason"]
+    html = (tmp_path / "report.html").read_text()
+    assert "Symbolic tracing failed" in html
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["report", "--model", "nosuch_pkg.f:g"], "cannot import module 'nosuch_pkg.f'"),
+        (["report", "--model", f"{FACTORIES}:broken"], "config file missing: weights.bin"),
+    ],
+)
+def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
+    proc = _run(args, cwd=REPO)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("execwrap: error: ")
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_subprocess_diff_exit_1(demo_report, tmp_path):
+    data = json.loads(demo_report.read_text())
+    data["order"]["module_forward_order"].pop(3)
+    other = tmp_path / "b.json"
+    other.write_text(json.dumps(data))
+    proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "first divergence at forward call 3" in proc.stdout

@@ -1,0 +1,161 @@
+"""Tests for tracing.order: ExecutionOrder data, JSON round trip and load errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tracing import models as M
+from tracing import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse, trace_execution_order
+from tracing.order import param_info, param_infos, shared_param_map
+
+
+@pytest.fixture
+def order() -> ExecutionOrder:
+    return trace_execution_order(M.TiedLM())
+
+
+def test_to_dict_from_dict_round_trip(order: ExecutionOrder) -> None:
+    data = order.to_dict()
+    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["param_uses"][2] == {
+        "module_fqn": "head",
+        "call_index": 3,
+        "param_fqns": ["emb.weight"],
+        "op": "call_module",
+    }
+    assert data["params"]["emb.weight"] == {
+        "numel": 40,
+        "dtype": "float32",
+        "requires_grad": True,
+        "shape": [10, 4],
+    }
+    assert ExecutionOrder.from_dict(data) == order
+    # The dict is plain JSON data.
+    assert ExecutionOrder.from_dict(json.loads(json.dumps(data))) == order
+
+
+def test_save_load_round_trip(order: ExecutionOrder, tmp_path: Path) -> None:
+    path = order.save(tmp_path / "sub" / "order.json")
+    assert path == tmp_path / "sub" / "order.json"
+    loaded = ExecutionOrder.load(path)
+    assert loaded == order
+    assert loaded.shared_params == {"emb.weight": ["head.weight"]}
+    assert loaded.param_uses[0] == ParamUse("emb", 1, ("emb.weight",), "call_module")
+    assert [p.name for p in path.parent.iterdir()] == ["order.json"]  # no temp file left
+
+
+def test_runtime_fields_round_trip(tmp_path: Path) -> None:
+    order = ExecutionOrder(
+        module_forward_order=["", "a"],
+        param_forward_order=["a.w"],
+        param_uses=[ParamUse("a", 1, ("a.w",))],
+        param_backward_order=["a.w"],
+        module_backward_order=["a", ""],
+        recompute_order=["a"],
+        params={"a.w": ParamInfo(numel=6, dtype="bfloat16", requires_grad=False, shape=(2, 3))},
+        module_classes={"": "Net", "a": "Linear"},
+        method="runtime",
+        fallback_reason="TracingError: data-dependent control flow",
+    )
+    assert ExecutionOrder.load(order.save(tmp_path / "o.json")) == order
+    assert order.params["a.w"].bytes == 12
+
+
+def test_load_accepts_a_report_with_an_order_entry(order: ExecutionOrder, tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"order": order.to_dict(), "plan": {}}))
+    assert ExecutionOrder.load(path) == order
+
+
+def test_load_other_schema_version_names_the_file(order: ExecutionOrder, tmp_path: Path) -> None:
+    data = order.to_dict()
+    data["schema_version"] = 99
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match=r"old\.json: unsupported ExecutionOrder schema_version 99"
+    ):
+        ExecutionOrder.load(path)
+
+
+def test_load_malformed_file_names_the_file_and_field(
+    order: ExecutionOrder, tmp_path: Path
+) -> None:
+    data = order.to_dict()
+    del data["param_uses"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match=r"broken\.json: malformed ExecutionOrder: missing field 'param_uses'"
+    ):
+        ExecutionOrder.load(path)
+
+    data = order.to_dict()
+    data["module_forward_order"] = "not a list"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError,
+        match=r"broken\.json: malformed ExecutionOrder: expected a list of strings, got str",
+    ):
+        ExecutionOrder.load(path)
+
+    data = order.to_dict()
+    data["method"] = "guess"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"broken\.json: malformed ExecutionOrder: .*'guess'"):
+        ExecutionOrder.load(path)
+
+
+def test_load_non_json_and_non_object(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"garbage\.json: not valid JSON"):
+        ExecutionOrder.load(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(
+        ValueError, match=r"garbage\.json: expected a JSON object for an ExecutionOrder, got list"
+    ):
+        ExecutionOrder.load(path)
+
+
+def test_load_missing_file_raises_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ExecutionOrder.load(tmp_path / "absent.json")
+
+
+def test_invalid_method_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"ExecutionOrder.method must be one of .* got 'trace'"):
+        ExecutionOrder(method="trace")  # type: ignore[arg-type]
+
+
+def test_index_helpers(order: ExecutionOrder) -> None:
+    assert order.first_call_index() == {"": 0, "emb": 1, "proj": 2, "head": 3}
+    assert order.param_first_use_index() == {"emb.weight": 1, "proj.weight": 2, "proj.bias": 2}
+    assert order.param_last_use_index() == {"emb.weight": 3, "proj.weight": 2, "proj.bias": 2}
+    assert order.total_numel() == 40 + 16 + 4
+    assert order.alias_to_canonical() == {
+        "emb.weight": "emb.weight",
+        "head.weight": "emb.weight",
+        "proj.weight": "proj.weight",
+        "proj.bias": "proj.bias",
+    }
+
+
+def test_param_helpers_on_tied_model() -> None:
+    model = M.TiedLM()
+    id_to_canonical, shared = shared_param_map(model)
+    assert shared == {"emb.weight": ["head.weight"]}
+    assert id_to_canonical[id(model.head.weight)] == "emb.weight"
+    infos = param_infos(model)
+    assert list(infos) == ["emb.weight", "proj.weight", "proj.bias"]
+    assert infos["proj.bias"] == ParamInfo(numel=4, dtype="float32", requires_grad=True, shape=(4,))
+    with torch.device("meta"):
+        meta = torch.nn.Parameter(torch.empty(3, 5, dtype=torch.float16), requires_grad=False)
+    assert param_info(meta) == ParamInfo(
+        numel=15, dtype="float16", requires_grad=False, shape=(3, 5)
+    )
+    assert param_info(meta).bytes == 30
