@@ -354,17 +354,25 @@ class WrapPlan:
         return out
 
     def _ancestor_units(self) -> list[set[int]]:
-        """For each unit, the units whose modules enclose one of its modules."""
+        """For each unit, the units whose modules enclose one of its modules.
+
+        Walks each module FQN up to the root (O(units x depth)), instead of
+        comparing every pair of units.
+        """
+        unit_of: dict[str, int] = {}
+        for i, unit in enumerate(self.units):
+            for fqn in unit.module_fqns:
+                unit_of[fqn] = i
         out: list[set[int]] = []
         for i, unit in enumerate(self.units):
             anc: set[int] = set()
-            for j, other in enumerate(self.units):
-                if j == i:
-                    continue
-                if any(
-                    a != m and _is_within(m, a) for a in other.module_fqns for m in unit.module_fqns
-                ):
-                    anc.add(j)
+            for fqn in unit.module_fqns:
+                for a in _ancestors(fqn):
+                    if a == fqn:
+                        continue
+                    j = unit_of.get(a)
+                    if j is not None and j != i:
+                        anc.add(j)
             out.append(anc)
         return out
 

@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -286,63 +287,54 @@ class RuntimeRecorder:
         self._build_param_maps(model)
         self._mode = _ParamUseMode(self)
         try:
-            self._install_hooks(model)
+            self._install_hooks()
         except BaseException:
             self._remove_handles()
             raise
 
     # ----------------------------------------------------------------- setup
     def _build_param_maps(self, model: nn.Module) -> None:
+        """One pass over the modules: canonical names, tied names, classes."""
         id_to_canonical: dict[int, str] = {}
         shared: dict[str, list[str]] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            fqn = clean_fqn(name)
-            canonical = id_to_canonical.setdefault(id(p), fqn)
-            if canonical != fqn and fqn not in shared.get(canonical, ()):
-                shared.setdefault(canonical, []).append(fqn)
-        self._shared = shared
-        self._params: dict[str, ParamInfo] = {}
-        seen: set[int] = set()
-        for _name, p in model.named_parameters(remove_duplicate=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            self._params[id_to_canonical[id(p)]] = _param_info(p)
-            self._map_tensor(p, id_to_canonical[id(p)])
-
+        #: (clean FQN, canonical FQN) of every parameter name, tied ones included.
+        self._names: list[tuple[str, str]] = []
+        #: canonical FQN -> the parameter tensor at install time.
+        self._param_tensors: dict[str, torch.Tensor] = {}
+        #: canonical FQN -> shape of the tensor a wrapper swapped in.
+        self._live_shapes: dict[str, tuple[int, ...]] = {}
         self._module_classes: dict[str, str] = {}
-        self._depth: dict[str, int] = {}
-        self._own_params: dict[str, list[str]] = {}
+        self._modules: list[tuple[str, nn.Module, bool]] = []
+        seen_modules: set[int] = set()
         for name, module in model.named_modules(remove_duplicate=False):
-            direct = [
-                (pname, id_to_canonical[id(p)])
-                for pname, p in module._parameters.items()
-                if p is not None
-            ]
+            wrapper = is_wrapper_module(module)
+            fqn = clean_fqn(name)
+            if id(module) not in seen_modules:  # like named_modules(): first name only
+                seen_modules.add(id(module))
+                self._modules.append((fqn, module, wrapper))
+                if not wrapper and fqn not in self._module_classes:
+                    self._module_classes[fqn] = original_class_name(module)
+            direct: list[tuple[str, str]] = []
+            for pname, p in module._parameters.items():
+                if p is None:
+                    continue
+                pfqn = f"{fqn}.{pname}" if fqn else pname
+                canonical = id_to_canonical.setdefault(id(p), pfqn)
+                if canonical == pfqn:
+                    self._param_tensors[canonical] = p
+                elif pfqn not in shared.get(canonical, ()):
+                    shared.setdefault(canonical, []).append(pfqn)
+                self._names.append((pfqn, canonical))
+                direct.append((pname, canonical))
             if direct:
                 self._direct[id(module)] = direct
-            if is_wrapper_module(module):
-                continue
-            fqn = clean_fqn(name)
-            if fqn not in self._module_classes:
-                self._module_classes[fqn] = original_class_name(module)
-                self._depth[fqn] = 0 if not fqn else fqn.count(".") + 1
-        for name, p in model.named_parameters(remove_duplicate=False):
-            fqn = clean_fqn(name)
-            canonical = id_to_canonical[id(p)]
-            owner = fqn.rpartition(".")[0]
-            while True:
-                owned = self._own_params.setdefault(owner, [])
-                if canonical not in owned:
-                    owned.append(canonical)
-                if not owner:
-                    break
-                owner = owner.rpartition(".")[0]
+        self._shared = shared
+        for canonical, p in self._param_tensors.items():
+            self._map_tensor(p, canonical)
 
-    def _install_hooks(self, model: nn.Module) -> None:
-        for name, module in model.named_modules():
-            fqn = clean_fqn(name)
-            pre = self._pre_wrapper if is_wrapper_module(module) else self._pre_forward
+    def _install_hooks(self) -> None:
+        for fqn, module, wrapper in self._modules:
+            pre = self._pre_wrapper if wrapper else self._pre_forward
             self._handles.append(module.register_forward_pre_hook(functools.partial(pre, fqn)))
             self._handles.append(
                 module.register_forward_hook(
@@ -419,9 +411,7 @@ class RuntimeRecorder:
             if t is None or id(t) in self._param_of or not isinstance(t, torch.Tensor):
                 continue
             self._map_tensor(t, fqn)
-            info = self._params.get(fqn)
-            if info is not None and tuple(t.shape) != info.shape:
-                self._params[fqn] = dataclasses.replace(info, numel=t.numel(), shape=tuple(t.shape))
+            self._live_shapes[fqn] = tuple(t.shape)
 
     def _on_param_op(self, func: Callable[..., Any], fqns: list[str]) -> None:
         op = _op_name(func)
@@ -543,10 +533,21 @@ class RuntimeRecorder:
             module_backward_order=self._module_backward_order(),
             recompute_order=list(self._recompute_order),
             shared_params={k: list(v) for k, v in self._shared.items()},
-            params=dict(self._params),
+            params=self._param_infos(),
             module_classes=dict(self._module_classes),
             method="runtime",
         )
+
+    def _param_infos(self) -> dict[str, ParamInfo]:
+        """ParamInfo per canonical FQN; full shapes of tensors a wrapper swapped in."""
+        infos: dict[str, ParamInfo] = {}
+        for fqn, p in self._param_tensors.items():
+            info = _param_info(p)
+            shape = self._live_shapes.get(fqn)
+            if shape is not None and shape != info.shape:
+                info = dataclasses.replace(info, numel=math.prod(shape), shape=shape)
+            infos[fqn] = info
+        return infos
 
     def _module_backward_order(self) -> list[str]:
         """Modules in the order their backward finished.
@@ -562,12 +563,21 @@ class RuntimeRecorder:
         first_call: dict[str, int] = {}
         for i, fqn in enumerate(self._module_forward_order):
             first_call.setdefault(fqn, i)
-        keyed: list[tuple[int, int, int, str]] = []
-        for fqn in self._module_classes:
-            owned = [ready[p] for p in self._own_params.get(fqn, ()) if p in ready]
-            if not owned:
+        # module FQN -> latest ready index over its parameters (recursively)
+        finish: dict[str, int] = {}
+        for pfqn, canonical in self._names:
+            step = ready.get(canonical)
+            if step is None:
                 continue
-            keyed.append((max(owned), -self._depth[fqn], -first_call.get(fqn, -1), fqn))
+            owner = pfqn
+            while owner:
+                owner = owner.rpartition(".")[0]
+                if owner in self._module_classes and finish.get(owner, -1) < step:
+                    finish[owner] = step
+        keyed = [
+            (step, -(fqn.count(".") + 1 if fqn else 0), -first_call.get(fqn, -1), fqn)
+            for fqn, step in finish.items()
+        ]
         keyed.sort()
         return [k[3] for k in keyed]
 

@@ -1,0 +1,210 @@
+"""More benchmark helpers: command-line options, interleaved timing, RSS, units.
+
+Complements :mod:`benchmarks._common` (machine description, tables, dated
+results) with what several benchmarks repeat:
+
+* :func:`add_output_args` / :func:`publish`: the ``--quick``, ``--no-write``
+  and ``--out DIR`` options and printing plus writing a result, so every
+  benchmark behaves alike.
+* :func:`interleaved`: A/B(/C...) timing where each repeat runs every variant
+  once, rotating which goes first, so drift (thermal, other load) hits all of
+  them alike; medians are taken by the caller.
+* :func:`peak_rss_bytes`, :func:`run_child`: peak resident memory of this
+  process, and running one measurement in a fresh Python process so a peak
+  belongs to one configuration only.
+
+Example:
+    >>> times = interleaved({"a": lambda: None, "b": lambda: None}, repeats=3)
+    >>> sorted(times.wall), len(times.cpu["a"])
+    (['a', 'b'], 3)
+    >>> fmt_bytes(3 * 2**30)
+    '3.00 GiB'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from benchmarks._common import machine_info, write_result
+
+__all__ = [
+    "REPO_ROOT",
+    "Timings",
+    "add_output_args",
+    "fmt_bytes",
+    "fmt_ratio",
+    "interleaved",
+    "load_average",
+    "machine_line",
+    "peak_rss_bytes",
+    "publish",
+    "run_child",
+]
+
+#: The repository root (the folder holding ``benchmarks/``).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--quick``, ``--no-write`` and ``--out DIR`` to ``parser``."""
+    parser.add_argument(
+        "--quick", action="store_true", help="smallest sizes, fewest repeats (< 30 s)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="do not write a result file")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the dated result file (default: benchmarks/results/)",
+    )
+
+
+def load_average() -> str:
+    """The 1-minute load average when the run started, as text (``"n/a"`` if unknown)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "n/a"
+
+
+def machine_line() -> str:
+    """One line: torch version, CPU model, cores, torch threads, load average."""
+    info = machine_info()
+    return (
+        f"torch {info['torch']} | {info['cpu']} | {info['cores']} cores, "
+        f"{info['torch_threads']} torch threads | load average {load_average()}"
+    )
+
+
+def publish(name: str, note: str, table: str, args: argparse.Namespace) -> Path | None:
+    """Print ``table`` and, unless ``--no-write``, write ``note`` + ``table`` as a dated result.
+
+    The result records the load average at the end of the run (full runs made
+    on a busy machine are unreliable; the number says how busy it was) and
+    whether ``--quick`` was used.
+
+    Returns:
+        The path written, or ``None`` with ``--no-write``.
+    """
+    print(machine_line())
+    print(table)
+    if args.no_write:
+        return None
+    mode = "quick" if args.quick else "full"
+    footer = f"\nMode: {mode}; 1-minute load average at the end of the run: {load_average()}.\n"
+    path = write_result(name, note.rstrip() + "\n\n" + table + "\n" + footer, results_dir=args.out)
+    print(f"wrote {path}")
+    return path
+
+
+class Timings(NamedTuple):
+    """Seconds per variant from :func:`interleaved`, one entry per repeat.
+
+    Attributes:
+        wall: wall-clock seconds (``time.perf_counter``).
+        cpu: CPU seconds of this process, all threads (``time.process_time``).
+            On a shared machine, time stolen by other processes shows in
+            ``wall`` but not in ``cpu``; a ratio that holds in both is real.
+    """
+
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+
+
+def interleaved(
+    variants: Mapping[str, Callable[[], Any]],
+    *,
+    repeats: int,
+    warmup: int = 0,
+    before: Callable[[], Any] | None = None,
+) -> Timings:
+    """Time each variant ``repeats`` times, interleaved; return seconds per variant.
+
+    Each round runs every variant once; the starting variant rotates from
+    round to round so none always runs first (on a colder or warmer cache).
+    ``warmup`` untimed rounds run first. ``before`` (e.g. ``gc.collect``)
+    runs, untimed, before every timed call.
+    """
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            if before is not None:
+                before()
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            variants[name]()
+            t1 = time.perf_counter()
+            c1 = time.process_time()
+            wall[name].append(t1 - t0)
+            cpu[name].append(c1 - c0)
+    return Timings(wall, cpu)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (``ru_maxrss``)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kilobytes, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def run_child(module: str, function: str, kwargs: Mapping[str, Any], *, timeout_s: float) -> Any:
+    """Run ``module.function(**kwargs)`` in a fresh Python process; return its JSON result.
+
+    The function must return JSON-serialisable data. A fresh process makes
+    ``peak_rss_bytes()`` inside it belong to that one call.
+
+    Raises:
+        RuntimeError: the child failed (its stderr is in the message).
+    """
+    code = (
+        "import json, sys, importlib\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        f"fn = getattr(importlib.import_module({module!r}), {function!r})\n"
+        "result = fn(**json.loads(sys.argv[1]))\n"
+        "print('@@RESULT@@' + json.dumps(result))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(dict(kwargs))],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO_ROOT,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{module}.{function}({dict(kwargs)}) failed in a child process "
+            f"(exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("@@RESULT@@"):
+            return json.loads(line[len("@@RESULT@@") :])
+    raise RuntimeError(f"{module}.{function} printed no result:\n{proc.stdout[-2000:]}")
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes as ``"1.23 GiB"`` / ``"45.6 MiB"`` / ``"789 KiB"``."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.0f} KiB"
+
+
+def fmt_ratio(x: float) -> str:
+    """A ratio as ``"1.034x"``."""
+    return f"{x:.3f}x"
