@@ -123,7 +123,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
         header += ["torch _ExecOrderTracer (ms)"]
     header += [f"execwrap / bare (<= {TARGET_VS_BARE}x)", "same, CPU time"]
     if has_torch:
-        header += ["torch / bare", f"execwrap / torch (<= {TARGET_VS_TORCH:.2f}x)", "same, CPU time"]
+        header += [
+            "torch / bare",
+            f"execwrap / torch (<= {TARGET_VS_TORCH:.2f}x)",
+            "same, CPU time",
+        ]
     table_rows = []
     for r in rows:
         row: list[Any] = [

@@ -89,20 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (< 30 s)")
     parser.add_argument("--blocks", type=int, default=24)
-    parser.add_argument("--dim", type=int, default=None, help="hidden size (256; --quick: 128)")
+    parser.add_argument("--dim", type=int, default=256, help="hidden size")
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=None, help="batch size (4; --quick: 2)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (128; --quick: 64)")
-    parser.add_argument("--repeats", type=int, default=None, help="A/B pairs (15; --quick: 5)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument("--repeats", type=int, default=None, help="A/B pairs (21; --quick: 5)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: stable on a shared machine; 0 = torch default)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not write a result file")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.dim = args.dim or (128 if args.quick else 256)
-    args.batch = args.batch or (2 if args.quick else 4)
-    args.seq = args.seq or (64 if args.quick else 128)
-    repeats = args.repeats or (5 if args.quick else 15)
+    repeats = args.repeats or (5 if args.quick else 21)
     warmup = 1 if args.quick else 2
     res = run(
         blocks=args.blocks,

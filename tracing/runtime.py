@@ -30,7 +30,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -124,14 +124,14 @@ class _CallKind(enum.Enum):
     WRAPPER = "wrapper"
 
 
-@dataclasses.dataclass
-class _Frame:
+class _Frame(NamedTuple):
     """One running module call on the recorder's stack."""
 
     module: nn.Module
-    fqn: str
     kind: _CallKind
-    call_index: int
+    #: (module FQN, call index) whose torch calls are uses; None unless FORWARD.
+    target: tuple[str, int] | None
+    #: this frame pushed the TorchFunctionMode (the outermost frame).
     pushed_mode: bool
 
 
@@ -357,15 +357,15 @@ class RuntimeRecorder:
             self._handles.append(t.register_hook(functools.partial(self._on_view_grad, fqn)))
 
     # ----------------------------------------------------------------- hooks
-    def _push(self, frame: _Frame) -> None:
-        if not self._stack:
+    def _push(self, module: nn.Module, kind: _CallKind, target: tuple[str, int] | None) -> None:
+        pushed = not self._stack and kind is not _CallKind.RECOMPUTE
+        if pushed:
             self._mode.__enter__()
-            frame.pushed_mode = True
-        self._stack.append(frame)
+        self._stack.append(_Frame(module, kind, target, pushed))
+        self._target = target
 
     def _pre_wrapper(self, fqn: str, module: nn.Module, args: Any) -> None:
-        self._target = None
-        self._push(_Frame(module, fqn, _CallKind.WRAPPER, -1, False))
+        self._push(module, _CallKind.WRAPPER, None)
 
     def _pre_forward(self, fqn: str, module: nn.Module, args: Any) -> None:
         self._target = None  # the recorder's own tensor calls below are no uses
@@ -374,31 +374,30 @@ class RuntimeRecorder:
             self._refresh(module, direct)
         if torch._C._current_graph_task_id() != -1:
             self._recompute_order.append(fqn)
-            logger.debug("recompute of %r during backward", fqn)
-            self._stack.append(_Frame(module, fqn, _CallKind.RECOMPUTE, -1, False))
-            self._target = None
+            self._push(module, _CallKind.RECOMPUTE, None)
             return
-        call_index = len(self._module_forward_order)
+        target = (fqn, len(self._module_forward_order))
         self._module_forward_order.append(fqn)
-        self._push(_Frame(module, fqn, _CallKind.FORWARD, call_index, False))
-        self._target = (fqn, call_index)
+        self._push(module, _CallKind.FORWARD, target)
 
     def _post_forward(self, fqn: str, module: nn.Module, args: Any, output: Any) -> None:
-        exc = sys.exc_info()[1]
-        if exc is not None and self._error is None and not is_wrapper_module(module):
-            self._error = (fqn, original_class_name(module), exc)
-        # Pop this call's frame (and any left by a hook that raised before it).
-        for i in range(len(self._stack) - 1, -1, -1):
-            if self._stack[i].module is module:
-                for frame in reversed(self._stack[i:]):
-                    if frame.pushed_mode:
-                        self._pop_mode()
-                del self._stack[i:]
-                break
-        top = self._stack[-1] if self._stack else None
-        self._target = (
-            (top.fqn, top.call_index) if top is not None and top.kind is _CallKind.FORWARD else None
-        )
+        if self._error is None:
+            exc = sys.exc_info()[1]
+            if exc is not None and not is_wrapper_module(module):
+                self._error = (fqn, original_class_name(module), exc)
+        stack = self._stack
+        if stack and stack[-1].module is module:
+            if stack.pop().pushed_mode:
+                self._pop_mode()
+        else:  # a hook that ran before ours raised: drop the frames above this call
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i].module is module:
+                    for frame in reversed(stack[i:]):
+                        if frame.pushed_mode:
+                            self._pop_mode()
+                    del stack[i:]
+                    break
+        self._target = stack[-1].target if stack else None
 
     def _refresh(self, module: nn.Module, direct: list[tuple[str, str]]) -> None:
         """Map the tensors a wrapper swapped in for ``module``'s parameters."""
@@ -428,9 +427,14 @@ class RuntimeRecorder:
         self._param_uses.append(ParamUse(target[0], target[1], tuple(fqns), op))
 
     def _on_grad_ready(self, fqn: str, param: torch.Tensor) -> None:
-        if fqn not in self._bwd_seen:
+        # A gradient can be accumulated more than once per step (a tied weight
+        # under reentrant checkpointing gets one accumulation per inner
+        # backward). It is ready at its *last* accumulation: move it there.
+        if fqn in self._bwd_seen:
+            self._param_backward_order.remove(fqn)
+        else:
             self._bwd_seen.add(fqn)
-            self._param_backward_order.append(fqn)
+        self._param_backward_order.append(fqn)
 
     def _on_view_grad(self, fqn: str, grad: torch.Tensor) -> None:
         self._on_grad_ready(fqn, grad)

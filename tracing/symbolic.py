@@ -217,9 +217,10 @@ class _SymbolicRecorder:
 
         self.module_forward_order: list[str] = [""]
         self.stack: list[tuple[str, int]] = [("", 0)]
-        self.param_uses: list[ParamUse] = []
-        self.param_forward_order: list[str] = []
-        self.seen_params: set[str] = set()
+        # Nodes that use parameters, with the (module FQN, call index) on top
+        # of the stack when they were created. They are turned into ParamUses
+        # after the trace, so the trace itself pays one append per such node.
+        self.pending: list[tuple[Node, tuple[str, int]]] = []
         # The innermost module when an exception first passed through a
         # module call, keyed by the exception object.
         self.failed_exc: BaseException | None = None
@@ -234,7 +235,7 @@ class _SymbolicRecorder:
         module_fqns = self.module_fqns
         module_forward_order = self.module_forward_order
         stack = self.stack
-        record = self.record_op
+        pending_append = self.pending.append
         param_targets = self.param_targets
         use_kinds = _USE_KINDS
         debug = self.debug
@@ -282,22 +283,52 @@ class _SymbolicRecorder:
                 node = getattr(proxy, "node", None)
                 if isinstance(node, Node):
                     if kind == "call_module":
-                        record(kind, target, node)
+                        pending_append((node, stack[-1]))
                     else:
                         for n in node.all_input_nodes:
                             if n.op == "get_attr" and n.target in param_targets:
-                                record(kind, target, node)
+                                pending_append((node, stack[-1]))
                                 break
             return proxy
 
         tracer.call_module = call_module  # type: ignore[method-assign]
         tracer.create_proxy = create_proxy  # type: ignore[method-assign]
 
-    # ------------------------------------------------------------ recording
-    def record_op(self, kind: str, target: Target, node: Node) -> None:
-        """Record the parameters that ``node`` (an op or leaf-module call) uses."""
+    # -------------------------------------------------------------- results
+    def result(self) -> ExecutionOrder:
+        """The recorded order (call after a successful trace)."""
+        param_uses: list[ParamUse] = []
+        param_forward_order: list[str] = []
+        seen: set[str] = set()
+        for node, (module_fqn, call_index) in self.pending:
+            use = self._param_use(node, module_fqn, call_index)
+            if use is None:
+                continue
+            param_uses.append(use)
+            for fqn in use.param_fqns:
+                if fqn not in seen:
+                    seen.add(fqn)
+                    param_forward_order.append(fqn)
+            if self.debug:
+                logger.debug(
+                    "call %d (%s): %s uses %s", call_index, module_fqn, use.op, use.param_fqns
+                )
+        return ExecutionOrder(
+            module_forward_order=list(self.module_forward_order),
+            param_forward_order=param_forward_order,
+            param_uses=param_uses,
+            param_backward_order=[],
+            shared_params=self.shared,
+            params=self.params,
+            module_classes=self.module_classes,
+            method="symbolic",
+        )
+
+    def _param_use(self, node: Node, module_fqn: str, call_index: int) -> ParamUse | None:
+        """The parameters that ``node`` (an op or a leaf-module call) uses."""
+        kind, target = node.op, node.target
         if kind != "call_module" and _is_metadata_access(kind, target, node):
-            return
+            return None
         param_targets = self.param_targets
         direct = [
             param_targets[n.target]  # type: ignore[index]
@@ -305,56 +336,31 @@ class _SymbolicRecorder:
             if n.op == "get_attr" and n.target in param_targets
         ]
         if kind == "call_module":
-            group = self._leaf_params(target)
+            group = self._leaf_params(target, module_fqn)
             if direct:
                 group = tuple(dict.fromkeys(group + tuple(direct)))
+            op = "call_module"
         else:
             group = tuple(dict.fromkeys(direct))
-        if not group:
-            return
-        module_fqn, call_index = self.stack[-1]
-        op = "call_module" if kind == "call_module" else _op_name(target)
-        self.param_uses.append(ParamUse(module_fqn, call_index, group, op))
-        seen = self.seen_params
-        for fqn in group:
-            if fqn not in seen:
-                seen.add(fqn)
-                self.param_forward_order.append(fqn)
-        if self.debug:
-            logger.debug("call %d (%s): %s uses %s", call_index, module_fqn, op, group)
+            op = _op_name(target)
+        return ParamUse(module_fqn, call_index, group, op) if group else None
 
-    def _leaf_params(self, target: Target) -> tuple[str, ...]:
+    def _leaf_params(self, target: Target, module_fqn: str) -> tuple[str, ...]:
         """Canonical FQNs of all parameters (recursively) of a leaf module.
 
-        ``target`` is the node's module path; a tracer whose ``path_of_module``
-        gives other names falls back to the module on top of the call stack.
+        ``target`` is the node's module path; for a tracer whose
+        ``path_of_module`` gives other names, ``module_fqn`` (the module on top
+        of the call stack, i.e. the leaf) is used instead.
         """
-        key = target if isinstance(target, str) else None
-        cached = self.leaf_params.get(key) if key is not None else None
+        key = target if isinstance(target, str) and target in self.modules_by_fqn else module_fqn
+        cached = self.leaf_params.get(key)
         if cached is not None:
             return cached
-        module = self.modules_by_fqn.get(key) if key is not None else None
-        if module is None:
-            module = self.modules_by_fqn[self.stack[-1][0]]
+        module = self.modules_by_fqn[key]
         params = module.parameters() if module._modules else module._parameters.values()
         result = tuple(dict.fromkeys(self.id_to_canonical[id(p)] for p in params if p is not None))
-        if key is not None:
-            self.leaf_params[key] = result
+        self.leaf_params[key] = result
         return result
-
-    # -------------------------------------------------------------- results
-    def result(self) -> ExecutionOrder:
-        """The recorded order (call after a successful trace)."""
-        return ExecutionOrder(
-            module_forward_order=list(self.module_forward_order),
-            param_forward_order=list(self.param_forward_order),
-            param_uses=list(self.param_uses),
-            param_backward_order=[],
-            shared_params={k: list(v) for k, v in self.shared.items()},
-            params=self.params,
-            module_classes=self.module_classes,
-            method="symbolic",
-        )
 
     def tracing_error(self, error: Exception) -> TracingError:
         """A :class:`TracingError` for ``error`` naming the innermost module."""

@@ -30,18 +30,6 @@ from tracing import (
 TRACEABLE = [name for name, c in CASES.items() if c.symbolic_error is None]
 UNTRACEABLE = [name for name, c in CASES.items() if c.symbolic_error is not None]
 
-# Open bug (tracing/runtime.py, RuntimeRecorder._on_grad_ready): a parameter
-# whose gradient is accumulated several times in one backward (a tied weight
-# used in two reentrant-checkpointed blocks: one inner backward per block) is
-# recorded at its FIRST, partial accumulation instead of when its gradient is
-# complete (the last accumulation, where non-reentrant checkpointing and
-# FSDP's reduce-scatter place it).
-REENTRANT_GRAD_READY_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="runtime.py records a tied weight's gradient at its first partial accumulation "
-    "under reentrant checkpointing, not when complete",
-)
-
 pytestmark = pytest.mark.filterwarnings(
     # reentrant checkpoint warns when traced / when its input needs no grad
     "ignore::UserWarning:torch.utils.checkpoint"
@@ -104,10 +92,7 @@ def test_symbolic_failure_names_the_module(name: str) -> None:
 # ------------------------------------------------------------------- runtime
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=REENTRANT_GRAD_READY_BUG) if n == "checkpoint_reentrant" else n
-        for n in CASES
-    ],
+    list(CASES),
 )
 def test_runtime_orders(name: str) -> None:
     case = CASES[name]
@@ -215,7 +200,6 @@ def test_inplace_relu_breaks_full_backward_hooks_but_not_capture() -> None:
     _assert_runtime(record_execution_order(model, *inputs(case)), case)
 
 
-@REENTRANT_GRAD_READY_BUG
 def test_checkpoint_modes_agree() -> None:
     """Reentrant and non-reentrant checkpointing of the same model: same order.
 

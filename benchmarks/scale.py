@@ -1,0 +1,223 @@
+"""Scale: capture and planning for Llama-shaped models of 8 to 160 layers on the meta device.
+
+Each size (Llama-3-70B widths: dim 8192, 64 heads, MLP 28672, vocab 128256;
+``execwrap.models.Llama`` built under ``torch.device("meta")``) is measured in
+fresh Python processes, so each peak RSS (``resource.getrusage``) belongs to
+that size alone: one process for the symbolic path, one for the runtime path.
+
+* ``symbolic``: ``tracing.trace_execution_order(model)``;
+* ``runtime``: ``tracing.record_execution_order(model, tokens)`` with meta
+  token ids of shape (1, 16), forward and backward on the meta device;
+* ``plan``: ``execwrap.plan_wrap(model, order, ModuleWrapPolicy({LlamaBlock}),
+  bucket_numel=2e9)`` (two blocks per FSDP2 group) plus ``plan.stats()``,
+  from the symbolic order.
+
+Times are medians of ``--repeats`` runs inside the process (the first run
+pays one-time costs). Targets: at 80 layers (about 70e9 parameters) symbolic
+capture + plan under 5 s and peak RSS under 1 GiB; time per module flat
+within 1.5x from the smallest to the largest size (linear cost).
+
+Usage::
+
+    python -m benchmarks.scale              # 8, 32, 80, 160 layers
+    python -m benchmarks.scale --quick      # 8 layers, one repeat (< 30 s)
+    python benchmarks/scale.py --layers 8 80 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._bench import add_output_args, fmt_bytes, fmt_ratio, publish, run_child
+from benchmarks._common import markdown_table, median
+
+__all__ = ["build_llama", "main", "measure"]
+
+LLAMA_70B = {"dim": 8192, "n_heads": 64, "mlp_hidden": 28672, "vocab_size": 128256}
+BUCKET_NUMEL = 2_000_000_000
+TARGET_LAYERS = 80
+TARGET_SECONDS = 5.0
+TARGET_RSS = 2**30
+TARGET_FLATNESS = 1.5
+
+
+def build_llama(n_layers: int) -> Any:
+    """Llama-3-70B-wide ``execwrap.models.Llama`` with ``n_layers`` layers, on meta."""
+    import torch
+
+    from execwrap.models import Llama, LlamaConfig
+
+    with torch.device("meta"):
+        return Llama(LlamaConfig(n_layers=n_layers, **LLAMA_70B))
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times = []
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return median(times), result
+
+
+def measure(n_layers: int, method: str, repeats: int) -> dict[str, Any]:
+    """Measure one size and capture method in this process (call it in a fresh one).
+
+    Args:
+        n_layers: Llama layers.
+        method: ``"symbolic"`` (capture, then plan from that order) or
+            ``"runtime"`` (capture on the meta device only).
+        repeats: runs per timed phase; medians are returned.
+
+    Returns:
+        JSON-ready dict: seconds per phase, module and parameter counts,
+        ``peak_rss`` in bytes (the process's peak, import of torch included)
+        and ``base_rss`` (the peak after imports, before building the model).
+    """
+    import torch
+
+    from benchmarks._bench import peak_rss_bytes
+    from execwrap import ModuleWrapPolicy, plan_wrap
+    from execwrap.models import LlamaBlock
+    from tracing import record_execution_order, trace_execution_order
+
+    base_rss = peak_rss_bytes()
+    start = time.perf_counter()
+    model = build_llama(n_layers)
+    build_s = time.perf_counter() - start
+    out: dict[str, Any] = {
+        "layers": n_layers,
+        "method": method,
+        "modules": len(dict(model.named_modules())),
+        "params": sum(p.numel() for p in model.parameters()),
+        "build_s": build_s,
+        "base_rss": base_rss,
+    }
+    if method == "symbolic":
+        capture_s, order = _median_time(lambda: trace_execution_order(model), repeats)
+
+        def plan() -> Any:
+            p = plan_wrap(model, order, ModuleWrapPolicy({LlamaBlock}), bucket_numel=BUCKET_NUMEL)
+            p.stats()
+            return p
+
+        plan_s, wrap_plan = _median_time(plan, repeats)
+        out.update(capture_s=capture_s, plan_s=plan_s, units=len(wrap_plan.units))
+    elif method == "runtime":
+        tokens = torch.zeros(1, 16, dtype=torch.long, device="meta")
+        capture_s, order = _median_time(lambda: record_execution_order(model, tokens), repeats)
+        out.update(capture_s=capture_s, backward_params=len(order.param_backward_order))
+    else:
+        raise ValueError(f"measure: method must be 'symbolic' or 'runtime', got {method!r}")
+    out["calls"] = len(order.module_forward_order)
+    out["peak_rss"] = peak_rss_bytes()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; prints a table and writes a dated result."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_output_args(parser)
+    parser.add_argument("--layers", type=int, nargs="+", default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+    sizes = args.layers or ([8] if args.quick else [8, 32, 80, 160])
+    repeats = args.repeats or (1 if args.quick else 3)
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        sym = run_child(
+            "benchmarks.scale",
+            "measure",
+            {"n_layers": n, "method": "symbolic", "repeats": repeats},
+            timeout_s=900,
+        )
+        rt = run_child(
+            "benchmarks.scale",
+            "measure",
+            {"n_layers": n, "method": "runtime", "repeats": repeats},
+            timeout_s=900,
+        )
+        rows.append({"sym": sym, "rt": rt})
+        print(f"  {n} layers done", flush=True)
+
+    def per_module(seconds: float, modules: int) -> float:
+        return seconds / modules * 1e6
+
+    table_rows = []
+    for r in rows:
+        sym, rt = r["sym"], r["rt"]
+        mods = sym["modules"]
+        sym_total = sym["capture_s"] + sym["plan_s"]
+        table_rows.append(
+            [
+                sym["layers"],
+                f"{sym['params'] / 1e9:.1f}e9",
+                mods,
+                f"{sym['capture_s']:.3f}",
+                f"{sym['plan_s']:.3f}",
+                f"{sym_total:.3f}",
+                fmt_bytes(sym["peak_rss"]),
+                f"{rt['capture_s']:.3f}",
+                fmt_bytes(rt["peak_rss"]),
+                f"{per_module(sym['capture_s'], mods):.0f}",
+                f"{per_module(sym['plan_s'], mods):.0f}",
+                f"{per_module(rt['capture_s'], mods):.0f}",
+            ]
+        )
+    header = [
+        "layers",
+        "params",
+        "modules",
+        "symbolic capture (s)",
+        "plan (s)",
+        f"symbolic + plan (s) (target < {TARGET_SECONDS:.0f} at {TARGET_LAYERS})",
+        "peak RSS, symbolic + plan",
+        "runtime capture on meta (s)",
+        "peak RSS, runtime",
+        "symbolic µs/module",
+        "plan µs/module",
+        "runtime µs/module",
+    ]
+    table = markdown_table(header, table_rows)
+    lines = [table, ""]
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        for label, key, phase in (
+            ("symbolic capture", "sym", "capture_s"),
+            ("plan", "sym", "plan_s"),
+            ("runtime capture", "rt", "capture_s"),
+        ):
+            a = per_module(first[key][phase], first[key]["modules"])
+            b = per_module(last[key][phase], last[key]["modules"])
+            lines.append(
+                f"- time per module, {label}: {last['sym']['layers']} vs "
+                f"{first['sym']['layers']} layers = {fmt_ratio(b / a)} "
+                f"(target <= {TARGET_FLATNESS}x)"
+            )
+    base = rows[0]["sym"]["base_rss"]
+    lines.append(f"- peak RSS after `import torch, execwrap` alone: {fmt_bytes(base)}")
+    body = "\n".join(lines)
+    note = (
+        "`execwrap.models.Llama` at Llama-3-70B widths (dim 8192, 64 heads, MLP 28672, vocab "
+        "128256) built on the meta device; each size in fresh processes (one for symbolic "
+        "capture + plan, one for runtime capture), so each peak RSS is that size's alone "
+        "(process peak, `import torch` included). Plan: `ModuleWrapPolicy({LlamaBlock})`, "
+        f"`bucket_numel={BUCKET_NUMEL:.0e}`, plus `plan.stats()`. Runtime capture: one "
+        "forward and backward on meta tokens (1, 16). Medians of "
+        f"{repeats} run(s) per phase.\n"
+    )
+    publish("scale", note, body, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
