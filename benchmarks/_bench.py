@@ -125,31 +125,39 @@ def interleaved(
     *,
     repeats: int,
     warmup: int = 0,
-    before: Callable[[], Any] | None = None,
+    before: Callable[[str], Any] | None = None,
+    after: Callable[[str], Any] | None = None,
 ) -> Timings:
     """Time each variant ``repeats`` times, interleaved; return seconds per variant.
 
     Each round runs every variant once; the starting variant rotates from
     round to round so none always runs first (on a colder or warmer cache).
-    ``warmup`` untimed rounds run first. ``before`` (e.g. ``gc.collect``)
-    runs, untimed, before every timed call.
+    ``warmup`` untimed rounds run first. ``before(name)`` and ``after(name)``
+    run, untimed, around every call of variant ``name`` (e.g. a
+    ``gc.collect()``, or attaching and removing hooks).
     """
     names = list(variants)
     for _ in range(warmup):
         for name in names:
+            if before is not None:
+                before(name)
             variants[name]()
+            if after is not None:
+                after(name)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             if before is not None:
-                before()
+                before(name)
             c0 = time.process_time()
             t0 = time.perf_counter()
             variants[name]()
             t1 = time.perf_counter()
             c1 = time.process_time()
+            if after is not None:
+                after(name)
             wall[name].append(t1 - t0)
             cpu[name].append(c1 - c0)
     return Timings(wall, cpu)

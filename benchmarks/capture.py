@@ -97,7 +97,7 @@ def run(*, n_blocks: int, repeats: int, warmup: int) -> dict[str, Any]:
     model = build_gpt(n_blocks)
     order = trace_execution_order(model)
     variants = _variants(model)
-    times = interleaved(variants, repeats=repeats, warmup=warmup, before=gc.collect)
+    times = interleaved(variants, repeats=repeats, warmup=warmup, before=lambda _: gc.collect())
     med = {name: median(ts) for name, ts in times.wall.items()}
     cpu = {name: median(ts) for name, ts in times.cpu.items()}
     out: dict[str, Any] = {

@@ -96,7 +96,11 @@ class _CollectiveCounter:
             if orig is None:
                 continue
             self._saved[name] = orig
-            setattr(dist, name, self._wrap(orig, "all_gathers" if name in _ALL_GATHERS else "reduce_scatters"))
+            setattr(
+                dist,
+                name,
+                self._wrap(orig, "all_gathers" if name in _ALL_GATHERS else "reduce_scatters"),
+            )
 
     def remove(self) -> None:
         for name, orig in self._saved.items():
@@ -136,20 +140,21 @@ def _shard(variant: str, model: nn.Module, mesh: Any, job: dict[str, Any]) -> in
     from execwrap.models import Block
     from tracing import trace_execution_order
 
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
     if variant in ("execwrap", "execwrap-bucketed"):
         bucket = None
         if variant == "execwrap-bucketed":
-            block_numel = sum(p.numel() for p in model.blocks[0].parameters())
+            block_numel = sum(p.numel() for p in blocks[0].parameters())
             bucket = job["bucket_blocks"] * block_numel
         order = trace_execution_order(model)
         plan = plan_wrap(model, order, ModuleWrapPolicy({Block}), bucket_numel=bucket)
         apply_fully_shard(model, plan, mesh=mesh, prefetch=job["prefetch"])
         return len(plan.units)
     if variant == "per-block":
-        for block in model.blocks:
+        for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        return len(model.blocks) + 1
+        return len(blocks) + 1
     if variant == "always-wrap":
         names: dict[int, int] = {}
         for _, p in model.named_parameters(remove_duplicate=False):
@@ -202,7 +207,9 @@ def _barrier(device: torch.device) -> None:
         dist.barrier()
 
 
-def _time_variants(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
+def _time_variants(
+    rank: int, device: torch.device, mesh: Any, job: dict[str, Any]
+) -> dict[str, Any]:
     counter = _CollectiveCounter()
     trainers = {v: _Trainer(v, job, rank, device, mesh) for v in job["variants"]}
     names = list(trainers)
@@ -297,7 +304,8 @@ def _spawn(job: dict[str, Any], world_size: int) -> list[Any]:
             from benchmarks.fsdp_step import _entry as entry
 
             mp.spawn(entry, args=(world_size, tmpdir, job), nprocs=world_size, join=True)
-            results, errors = [], []
+            results: list[Any] = []
+            errors: list[str] = []
             for rank in range(world_size):
                 path = Path(tmpdir) / f"rank{rank}.pkl"
                 if not path.exists():
@@ -317,7 +325,9 @@ def _spawn(job: dict[str, Any], world_size: int) -> list[Any]:
                 os.environ[k] = v
 
 
-def run(job: dict[str, Any], *, world_size: int, memory_variants: tuple[str, ...]) -> dict[str, Any]:
+def run(
+    job: dict[str, Any], *, world_size: int, memory_variants: tuple[str, ...]
+) -> dict[str, Any]:
     """Time every variant interleaved in one spawn, then measure memory per variant.
 
     Returns:
@@ -355,14 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=None, help="default 24 (quick: 4)")
     parser.add_argument("--dim", type=int, default=None, help="default 256 (quick: 64)")
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=None, help="per rank; default 4 (quick: 2)")
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=None, help="per rank; default 2")
     parser.add_argument("--seq", type=int, default=None, help="default 128 (quick: 32)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 12)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 2)")
     parser.add_argument("--prefetch", type=int, default=1)
     parser.add_argument("--bucket-blocks", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument(
+        "--skip-memory", action="store_true", help="skip the per-variant peak-memory spawns"
+    )
     args = parser.parse_args(argv)
 
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
@@ -377,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "dim": args.dim or (64 if quick else 256),
         "heads": args.heads,
         "vocab": args.vocab if not quick else min(args.vocab, 512),
-        "batch": args.batch or (2 if quick else 4),
+        "batch": args.batch or 2,
         "seq": args.seq or (32 if quick else 128),
         "steps": args.steps or (2 if quick else 12),
         "warmup": args.warmup if args.warmup is not None else (1 if quick else 2),
@@ -389,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         "timeout_s": 600,
     }
     # Quick mode measures memory for one variant only, to keep the smoke test short.
-    memory_variants = ("execwrap",) if quick else VARIANTS
+    memory_variants: tuple[str, ...] = ("execwrap",) if quick else VARIANTS
+    if args.skip_memory:
+        memory_variants = ()
     res = run(job, world_size=args.world_size, memory_variants=memory_variants)
 
     ref = res[VARIANTS[0]]
@@ -416,10 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             fmt_ratio(r["step_s"] / ref["step_s"]),
             r["all_gathers"],
             r["reduce_scatters"],
-            "n/a (quick)" if r["peak_rss"] is None else fmt_bytes(r["peak_rss"]),
+            "n/a" if r["peak_rss"] is None else fmt_bytes(r["peak_rss"]),
         ]
         if cuda:
-            row.append("n/a (quick)" if r["peak_cuda"] is None else fmt_bytes(r["peak_cuda"]))
+            row.append("n/a" if r["peak_cuda"] is None else fmt_bytes(r["peak_cuda"]))
         row.append(f"{r['loss']:.5f}")
         rows.append(row)
     table = markdown_table(header, rows)
@@ -429,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{job['vocab']}, tied ({n_params / 1e6:.1f}M parameters), batch {job['batch']}x"
         f"{job['seq']} per rank"
     )
-    backend = "NCCL, one GPU per rank" if cuda else f"gloo on CPU, {job['threads']} thread(s) per rank"
+    backend = (
+        "NCCL, one GPU per rank" if cuda else f"gloo on CPU, {job['threads']} thread(s) per rank"
+    )
     note = (
         f"{args.world_size} ranks, {backend}; {shape}; AdamW; cross-entropy loss. "
         f"Variants take turns step by step; step time = slowest rank, median of "

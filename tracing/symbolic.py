@@ -21,6 +21,9 @@ tracer *instance*'s ``call_module`` and ``create_proxy`` are wrapped:
   per parameter, a use can only be found at the op that consumes it, never at
   the attribute access. A leaf module's ``call_module`` node uses all of that
   module's parameters (recursively), since fx does not trace inside it.
+  During the trace the wrapper only notes such nodes with the innermost module
+  call; the parameter groups are built once the trace has finished, so the
+  trace itself stays within a few percent of a bare ``tracer.trace()``.
 
 Source: the approach follows torch's 2022 ``ParamExecOrderWrapPolicy`` tracer
 (``torch/distributed/fsdp/_trace_utils.py``, ``_ExecOrderTracer``), which
@@ -153,6 +156,10 @@ def trace_execution_order(model: nn.Module, config: TracingConfig | None = None)
     tracer = config.tracer
     recorder = _SymbolicRecorder(model)
     saved = {name: vars(tracer)[name] for name in _PATCHED_METHODS if name in vars(tracer)}
+    # fx's Tracer.create_arg stores tensors made in forward (constants) on the
+    # root as `_tensor_constantN` / `_param_constantN`; capture must leave the
+    # model as it was, so anything new in its __dict__ is removed afterwards.
+    model_attrs = set(vars(model))
     recorder.patch(tracer)
     try:
         tracer.trace(model, concrete_args=config.concrete_args)
@@ -164,6 +171,8 @@ def trace_execution_order(model: nn.Module, config: TracingConfig | None = None)
                 setattr(tracer, name, saved[name])
             else:
                 delattr(tracer, name)
+        for name in set(vars(model)) - model_attrs:
+            delattr(model, name)
     order = recorder.result()
     logger.debug(
         "traced %s: %d module calls, %d parameter uses, %d of %d parameters used",
@@ -180,7 +189,8 @@ class _SymbolicRecorder:
     """Records module calls and parameter uses during one fx trace.
 
     All lookups are precomputed dicts keyed by ``id()`` or FQN, so each event
-    costs O(1) plus the size of the node's inputs.
+    costs O(1) plus the size of the node's inputs; parameter groups are built
+    in :meth:`result`, after the trace.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -191,29 +201,47 @@ class _SymbolicRecorder:
         # every parameter FQN (aliases too, i.e. every get_attr target) ->
         # canonical FQN, canonical FQN -> aliases (tied parameters), and the
         # ExecutionOrder's params and module_classes (first names, in order).
-        self.module_fqns: dict[int, str] = {}
-        self.module_classes: dict[str, str] = {}
-        self.params: dict[str, ParamInfo] = {}
-        self.modules_by_fqn: dict[str, nn.Module] = {}
-        self.id_to_canonical: dict[int, str] = {}
-        self.param_targets: dict[str, str] = {}
-        self.shared: dict[str, list[str]] = {}
+        module_fqns: dict[int, str] = {}
+        module_classes: dict[str, str] = {}
+        params: dict[str, ParamInfo] = {}
+        modules_by_fqn: dict[str, nn.Module] = {}
+        id_to_canonical: dict[int, str] = {}
+        param_targets: dict[str, str] = {}
+        shared: dict[str, list[str]] = {}
+        leaf_params: dict[str, tuple[str, ...]] = {}
         for module_fqn, module in model.named_modules(remove_duplicate=False):
-            if self.module_fqns.setdefault(id(module), module_fqn) == module_fqn:
-                self.module_classes[module_fqn] = type(module).__name__
-            self.modules_by_fqn.setdefault(module_fqn, module)
+            if module_fqns.setdefault(id(module), module_fqn) == module_fqn:
+                module_classes[module_fqn] = type(module).__name__
+            modules_by_fqn.setdefault(module_fqn, module)
+            if not module._parameters:
+                continue
             prefix = f"{module_fqn}." if module_fqn else ""
+            own: list[str] = []
             for name, p in module._parameters.items():
                 if p is None:
                     continue
                 fqn = prefix + name
-                canonical = self.id_to_canonical.setdefault(id(p), fqn)
-                self.param_targets[fqn] = canonical
+                canonical = id_to_canonical.setdefault(id(p), fqn)
+                param_targets[fqn] = canonical
+                own.append(canonical)
                 if canonical == fqn:
-                    self.params[fqn] = param_info(p)
+                    params[fqn] = param_info(p)
                 else:
-                    self.shared.setdefault(canonical, []).append(fqn)
-        self.leaf_params: dict[str, tuple[str, ...]] = {}
+                    shared.setdefault(canonical, []).append(fqn)
+            if not module._modules:
+                # A module without children: its leaf parameter group.
+                leaf_params[module_fqn] = tuple(dict.fromkeys(own))
+        self.module_fqns = module_fqns
+        self.module_classes = module_classes
+        self.params = params
+        self.modules_by_fqn = modules_by_fqn
+        self.id_to_canonical = id_to_canonical
+        self.param_targets = param_targets
+        self.shared = shared
+        # Module FQN -> canonical FQNs of all its parameters (recursively), for
+        # leaf modules: filled here for modules without children, on first use
+        # for others (a custom tracer's leaf block).
+        self.leaf_params = leaf_params
 
         self.module_forward_order: list[str] = [""]
         self.stack: list[tuple[str, int]] = [("", 0)]
@@ -356,9 +384,8 @@ class _SymbolicRecorder:
         cached = self.leaf_params.get(key)
         if cached is not None:
             return cached
-        module = self.modules_by_fqn[key]
-        params = module.parameters() if module._modules else module._parameters.values()
-        result = tuple(dict.fromkeys(self.id_to_canonical[id(p)] for p in params if p is not None))
+        params = self.modules_by_fqn[key].parameters()
+        result = tuple(dict.fromkeys(self.id_to_canonical[id(p)] for p in params))
         self.leaf_params[key] = result
         return result
 

@@ -231,10 +231,6 @@ class _TensorConstant(torch.nn.Module):
         return self.fc(x) * torch.tensor([1.0, 2.0, 3.0, 4.0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="symbolic.py: fx's Tracer.create_arg leaves _tensor_constant0 on the root module",
-)
 def test_symbolic_capture_leaves_no_tensor_constant_on_the_model() -> None:
     """fx's ``Tracer.create_arg`` does ``setattr(root, "_tensor_constant0", t)`` for a
     tensor that is not a parameter or buffer; capture must not leave it behind."""

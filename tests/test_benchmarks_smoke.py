@@ -1,0 +1,62 @@
+"""Smoke test: every benchmark runs end to end in ``--quick`` mode.
+
+Each benchmark runs as a subprocess, the way the README tells users to run it
+(``python -m benchmarks.NAME``; one also as ``python benchmarks/NAME.py``),
+so a broken import, option or table fails here instead of rotting silently.
+Results go to a temp dir (``--out``) or are not written (``--no-write``):
+smoke runs never touch ``benchmarks/results/``. No wall time is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+# (name, how to run it, writes a result file into --out)
+CASES = [
+    ("capture", ["-m", "benchmarks.capture"], True),
+    ("scale", ["-m", "benchmarks.scale"], True),
+    ("plans", ["benchmarks/plans.py"], True),  # script form
+    ("fsdp_step", ["-m", "benchmarks.fsdp_step"], True),
+    ("monitor_overhead", ["-m", "benchmarks.monitor_overhead"], True),
+    ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], False),  # has --no-write only
+]
+
+
+def _results_listing() -> set[str]:
+    return {p.name for p in RESULTS.glob("*")} if RESULTS.exists() else set()
+
+
+@pytest.mark.parametrize("name,command,writes", CASES, ids=[c[0] for c in CASES])
+def test_benchmark_quick(name: str, command: list[str], writes: bool, tmp_path: Path) -> None:
+    before = _results_listing()
+    out_args = ["--out", str(tmp_path)] if writes else ["--no-write"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, *command, "--quick", *out_args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, (
+        f"{name} --quick failed (exit {proc.returncode}):\n"
+        f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    )
+    assert "|---|" in proc.stdout, f"{name} printed no table:\n{proc.stdout[-3000:]}"
+    assert "torch" in proc.stdout, f"{name} printed no machine line:\n{proc.stdout[-3000:]}"
+    if writes:
+        written = list(tmp_path.glob(f"{name}-*.md"))
+        assert len(written) == 1, f"{name}: expected one result in {tmp_path}, found {written}"
+        text = written[0].read_text(encoding="utf-8")
+        assert "- torch:" in text and "- cpu:" in text and "- cores:" in text
+        assert "Mode: quick" in text
+    assert _results_listing() == before, f"{name} --quick wrote into {RESULTS}"
