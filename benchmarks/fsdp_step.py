@@ -196,7 +196,9 @@ class _Trainer:
         loss = F.cross_entropy(logits.flatten(0, 1), self.target.flatten())
         loss.backward()
         self.opt.step()
-        self.loss = float(loss.detach())  # waits for the step on CUDA too
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's kernels and collectives are done
+        self.loss = float(loss.detach())
 
 
 def _barrier(device: torch.device) -> None:

@@ -276,7 +276,8 @@ class RuntimeRecorder:
         self._seen_params: set[str] = set()
         self._param_uses: list[ParamUse] = []
         self._param_backward_order: list[str] = []
-        self._bwd_seen: set[str] = set()
+        # canonical FQN -> id() of the tensor whose gradient was recorded ready
+        self._bwd_seen: dict[str, int] = {}
         self._recompute_order: list[str] = []
         self._stack: list[_Frame] = []
         #: (module FQN, call index) whose ops are being recorded, else None.
@@ -427,13 +428,19 @@ class RuntimeRecorder:
         self._param_uses.append(ParamUse(target[0], target[1], tuple(fqns), op))
 
     def _on_grad_ready(self, fqn: str, param: torch.Tensor) -> None:
-        # A gradient can be accumulated more than once per step (a tied weight
-        # under reentrant checkpointing gets one accumulation per inner
-        # backward). It is ready at its *last* accumulation: move it there.
-        if fqn in self._bwd_seen:
+        # The same leaf can accumulate more than once per backward (a tied
+        # weight under reentrant checkpointing: one accumulation per inner
+        # backward); it is ready at its *last* accumulation, so move it there.
+        # A hook fired again for another tensor of the same parameter (FSDP2
+        # runs the sharded parameter's hooks after its reduce-scatter, once the
+        # unsharded one has fired) is not a new accumulation: ignore it.
+        seen = self._bwd_seen.get(fqn)
+        if seen is None:
+            self._bwd_seen[fqn] = id(param)
+        elif seen == id(param):
             self._param_backward_order.remove(fqn)
         else:
-            self._bwd_seen.add(fqn)
+            return
         self._param_backward_order.append(fqn)
 
     def _on_view_grad(self, fqn: str, grad: torch.Tensor) -> None:
