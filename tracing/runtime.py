@@ -38,43 +38,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
 from tracing._fqn import clean_fqn, is_wrapper_module, original_class_name
+from tracing._uses import METADATA_METHODS
 from tracing.errors import TracingError
-from tracing.order import ExecutionOrder, ParamInfo, ParamUse
+from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 
 __all__ = ["RecorderState", "RuntimeRecorder", "default_loss", "record_execution_order"]
 
 logger = logging.getLogger(__name__)
 
-# Torch calls that read a parameter's metadata, not its values: they are not
-# uses (a sharded parameter answers them without being gathered). Wrappers
-# such as FSDP1 call some of these on parameters while unsharding.
-_METADATA_METHODS = frozenset(
-    {
-        "size",
-        "dim",
-        "ndimension",
-        "numel",
-        "nelement",
-        "stride",
-        "storage_offset",
-        "element_size",
-        "is_floating_point",
-        "is_complex",
-        "is_contiguous",
-        "data_ptr",
-        "untyped_storage",
-        "_typed_storage",
-        "get_device",
-        "__len__",
-        "__hash__",
-        "__eq__",
-        "__format__",
-        "__repr__",
-        "__reduce_ex__",
-        "_is_view",
-        "is_set_to",
-    }
-)
 _METADATA_ATTRIBUTES = frozenset(
     {
         "shape",
@@ -198,7 +169,7 @@ def _op_name(func: Callable[..., Any]) -> str | None:
     if name == "__get__":  # property getter: Tensor.T, Tensor.shape, ...
         attr = getattr(getattr(func, "__self__", None), "__name__", "__get__")
         return None if attr in _METADATA_ATTRIBUTES else attr
-    if name in _METADATA_METHODS:
+    if name in METADATA_METHODS:
         return None
     if name.startswith("__") and name.endswith("__") and len(name) > 4:
         return name[2:-2]  # __getitem__ -> getitem, like operator.getitem
@@ -553,7 +524,7 @@ class RuntimeRecorder:
         """ParamInfo per canonical FQN; full shapes of tensors a wrapper swapped in."""
         infos: dict[str, ParamInfo] = {}
         for fqn, p in self._param_tensors.items():
-            info = _param_info(p)
+            info = param_info(p)
             shape = self._live_shapes.get(fqn)
             if shape is not None and shape != info.shape:
                 info = dataclasses.replace(info, numel=math.prod(shape), shape=shape)
@@ -591,15 +562,6 @@ class RuntimeRecorder:
         ]
         keyed.sort()
         return [k[3] for k in keyed]
-
-
-def _param_info(p: torch.Tensor) -> ParamInfo:
-    return ParamInfo(
-        numel=p.numel(),
-        dtype=str(p.dtype).removeprefix("torch."),
-        requires_grad=p.requires_grad,
-        shape=tuple(p.shape),
-    )
 
 
 # --------------------------------------------------------- record_execution_order

@@ -43,6 +43,7 @@ import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
+from tracing._uses import METADATA_METHODS
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
@@ -57,22 +58,6 @@ ROOT_NAME = "<root>"
 _PATCHED_METHODS = ("call_module", "create_proxy")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
 
-# Reading a parameter's metadata is not a use of its data: FSDP need not
-# all-gather a parameter to answer ``w.shape`` or ``w.size(0)``.
-_METADATA_METHODS = frozenset(
-    {
-        "size",
-        "dim",
-        "ndimension",
-        "numel",
-        "nelement",
-        "element_size",
-        "get_device",
-        "is_floating_point",
-        "is_complex",
-        "is_contiguous",
-    }
-)
 _METADATA_ATTRS = frozenset(
     {
         "shape",
@@ -429,7 +414,7 @@ def _op_name(target: Target) -> str:
 def _is_metadata_access(kind: str, target: Target, node: Node) -> bool:
     """Whether the node only reads metadata (``w.shape``, ``w.size()``)."""
     if kind == "call_method":
-        return target in _METADATA_METHODS
+        return target in METADATA_METHODS
     if target is builtins.getattr and len(node.args) >= 2:
         return node.args[1] in _METADATA_ATTRS
     return False

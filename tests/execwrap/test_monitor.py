@@ -42,7 +42,9 @@ def test_no_events_while_order_is_stable() -> None:
     assert monitor.iterations == 3
 
 
-def test_first_deviation_warns_once_then_quiet_until_change(caplog: pytest.LogCaptureFixture) -> None:
+def test_first_deviation_warns_once_then_quiet_until_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     model = Switch()
     monitor = OrderMonitor(model, REFERENCE)
     caplog.set_level(logging.INFO, logger="execwrap.monitor")
