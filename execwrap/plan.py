@@ -933,17 +933,32 @@ def _merge(members: Sequence[WrapUnit]) -> WrapUnit:
 def _bucket(
     atomic: Sequence[WrapUnit], cap: int, trainable_dtypes: dict[str, frozenset[str]]
 ) -> list[WrapUnit]:
-    """Greedy contiguous grouping of ``atomic`` (in execution order) under ``cap``."""
+    """Greedy contiguous grouping of ``atomic`` (in execution order) under ``cap``.
+
+    Units that hold no parameters (e.g. a block whose children are all units
+    under ``always_wrap_policy``) all-gather nothing: they stay alone and do
+    not interrupt the group being filled, so the groups of parameter-holding
+    units are the greedy (optimal) grouping of that sequence.
+    """
     groups: list[list[WrapUnit]] = []
+    filling: list[WrapUnit] | None = None
     for unit in atomic:
-        if groups and _can_group([*groups[-1], unit], cap, trainable_dtypes):
-            groups[-1].append(unit)
-        else:
+        if unit.numel == 0 and not unit.is_root:
             groups.append([unit])
+            continue
+        if filling is not None and _can_group([*filling, unit], cap, trainable_dtypes):
+            filling.append(unit)
+        else:
+            filling = [unit]
+            groups.append(filling)
     logger.debug(
         "bucketing %d unit(s) under %d elements: %d group(s)", len(atomic), cap, len(groups)
     )
-    return [_merge(g) for g in groups]
+    merged = [_merge(g) for g in groups]
+    # Keep execution order by first use (paramless units may have been emitted
+    # while an earlier group was still filling).
+    merged.sort(key=lambda u: (u.first_use is None, u.first_use or 0))
+    return merged
 
 
 def min_contiguous_groups(sizes: Sequence[int], cap: int) -> int:

@@ -265,32 +265,51 @@ def test_fsdp2_policy_parity_recording_and_buckets() -> None:
     groups = [
         [""],
         ["blocks.0"],
-        ["blocks.0.ln1", "blocks.0.attn"],
-        ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.ln2", "blocks.0.mlp"],
-        ["blocks.0.mlp.fc", "blocks.0.mlp.proj", "blocks.1"],
-        ["blocks.1.ln1", "blocks.1.attn"],
-        ["blocks.1.attn.qkv", "blocks.1.attn.proj", "blocks.1.ln2", "blocks.1.mlp"],
+        [
+            "blocks.0.ln1",
+            "blocks.0.attn.qkv",
+            "blocks.0.attn.proj",
+            "blocks.0.ln2",
+            "blocks.0.mlp.fc",
+        ],
+        ["blocks.0.attn"],
+        ["blocks.0.mlp"],
+        [
+            "blocks.0.mlp.proj",
+            "blocks.1.ln1",
+            "blocks.1.attn.qkv",
+            "blocks.1.attn.proj",
+            "blocks.1.ln2",
+        ],
+        ["blocks.1"],
+        ["blocks.1.attn"],
+        ["blocks.1.mlp"],
         ["blocks.1.mlp.fc", "blocks.1.mlp.proj", "ln_f"],
     ]
     assert b["groups"] == groups
-    assert b["group_numel"] == [640, 0, 32, 1120, 2128, 32, 1120, 2160]
+    assert b["group_numel"] == [640, 0, 2240, 0, 0, 2192, 0, 0, 0, 2160]
     assert b["atomic_units"] == 20
     labels = ["+".join(m or "<root>" for m in g) for g in groups]
     # FSDP2 built exactly these groups (one FSDP state each).
     assert sorted(b["prefetch"]) == sorted(labels)
-    # Forward: root + 6 groups with parameters; backward: the 6 again (the root
-    # keeps its parameters, reshard_after_forward=False). blocks.0 has none.
-    assert b["all_gathers_per_step"] == [13, 13, 13]
-    assert b["predicted"] == 13
-    assert b["predicted_unbucketed"] > 13
-    fwd = [labels[0], *labels[2:]]  # groups with parameters, forward order
+    # Units without parameters (blocks.N, attn, mlp under always_wrap) stay
+    # alone and do not interrupt a bucket, so the leaves fill 3 groups.
+    # Forward: root + 3 groups; backward: the 3 again (the root keeps its
+    # parameters, reshard_after_forward=False).
+    assert b["all_gathers_per_step"] == [7, 7, 7]
+    assert b["predicted"] == 7
+    assert b["predicted_unbucketed"] > 7
+    with_params = [0, 2, 5, 9]
+    fwd = [labels[i] for i in with_params]  # groups with parameters, forward order
     bwd = list(reversed(fwd[1:]))
     assert b["prefetch"][labels[0]] == {"forward": [fwd[1]], "backward": [bwd[0]]}
     for k in range(1, len(fwd)):
         assert b["prefetch"][fwd[k]]["forward"] == fwd[k + 1 : k + 2]
     for k in range(len(bwd)):
         assert b["prefetch"][bwd[k]]["backward"] == bwd[k + 1 : k + 2]
-    assert b["prefetch"][labels[1]] == nothing
+    for i, label in enumerate(labels):
+        if i not in with_params:
+            assert b["prefetch"][label] == nothing
     print(
         "bucketed all-gathers per step",
         b["all_gathers_per_step"],

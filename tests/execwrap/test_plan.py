@@ -414,7 +414,26 @@ def test_bucket_realised_by_parent_under_fsdp1() -> None:
 def test_bucketing_never_nests_or_takes_the_root() -> None:
     model = WithPair()
     plan = plan_wrap(model, trace_execution_order(model), always_wrap_policy, bucket_numel=10**6)
-    # atomic: root, pre, pair, pair.a, pair.b, post; pair cannot join its children
+    # atomic: root, pre, pair, pair.a, pair.b, post. `pair` holds no parameter
+    # of its own (it all-gathers nothing): it stays alone and does not
+    # interrupt the group being filled.
+    assert plan.groups == [[""], ["pre", "pair.a", "pair.b", "post"], ["pair"]]
+    # the root holds no parameter either: only the group is all-gathered, in
+    # forward and again in backward
+    assert plan.stats().all_gathers_per_step == 2
+
+
+class ScaledPair(Pair):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+
+def test_bucketing_never_puts_a_unit_and_its_parameter_holding_parent_in_one_group() -> None:
+    model = WithPair()
+    model.pair = ScaledPair()
+    plan = plan_wrap(model, trace_execution_order(model), always_wrap_policy, bucket_numel=10**6)
+    # `pair` now holds `scale`: it cannot share a group with its children
     assert plan.groups == [[""], ["pre", "pair"], ["pair.a", "pair.b", "post"]]
 
 
@@ -563,8 +582,17 @@ def test_plan_bucketing_has_fewest_groups(spec: list[int | list[int]], cap: int)
     model = _build(spec)
     plan = plan_wrap(model, trace_execution_order(model), always_wrap_policy, bucket_numel=cap)
     atomic = plan.atomic_units
-    # the groups are the atomic units, in order, cut into runs
-    assert [m for u in plan.units for m in u.module_fqns] == [u.module_fqns[0] for u in atomic]
+    # every atomic unit is in exactly one group
+    assert sorted(m for u in plan.units for m in u.module_fqns) == sorted(
+        u.module_fqns[0] for u in atomic
+    )
+    # units without parameters all-gather nothing: they stay alone and never
+    # interrupt a run; the others are cut into runs, in execution order
+    empty = [u for u in atomic if u.numel == 0 and not u.is_root]
+    held = [u for u in atomic if u.numel > 0 or u.is_root]
+    assert [g for g in plan.units if g.numel == 0 and not g.is_root] == empty
+    groups = [g for g in plan.units if g.numel > 0 or g.is_root]
+    assert [m for g in groups for m in g.module_fqns] == [u.module_fqns[0] for u in held]
 
     def ok(run: list[WrapUnit]) -> bool:
         if len(run) == 1:
@@ -573,11 +601,11 @@ def test_plan_bucketing_has_fewest_groups(spec: list[int | list[int]], cap: int)
         nested = any(a != b and (b.startswith(a + ".") or a == "") for a in fqns for b in fqns)
         return not nested and sum(u.numel for u in run) <= cap
 
-    for g in plan.units:
-        members = [u for u in atomic if u.module_fqns[0] in g.module_fqns]
-        assert ok(members) and g.numel <= max(cap, g.numel if len(members) == 1 else cap)
-    best = min(len(p) for p in _partitions(len(atomic)) if all(ok(atomic[a:b]) for a, b in p))
-    assert len(plan.units) == best
+    for g in groups:
+        members = [u for u in held if u.module_fqns[0] in g.module_fqns]
+        assert ok(members)
+    best = min(len(p) for p in _partitions(len(held)) if all(ok(held[a:b]) for a, b in p))
+    assert len(groups) == best
 
 
 def test_alias_order_from_hand_built_uses() -> None:
