@@ -89,20 +89,28 @@ def capture_execution_order(
         try:
             return trace_execution_order(model, tracing_config)
         except TracingError as e:
-            where = e.module_fqn if e.module_fqn is not None else "<unknown>"
+            if e.module_fqn is None:
+                where = "an unknown module"
+            elif e.module_fqn == "":
+                where = "the root module <root>"
+            else:
+                where = f"module {e.module_fqn!r}"
             cls = f" ({e.module_class})" if e.module_class else ""
+            what = e.reason or str(e).splitlines()[0]
             if not has_inputs:
                 raise TracingError(
-                    f"cannot capture the execution order: symbolic tracing failed in module "
-                    f"{where!r}{cls} and no example inputs were given for runtime capture. "
-                    "Pass example_inputs (and example_kwargs) to capture_execution_order to "
-                    f"capture at run time instead. Tracing error: {e}",
+                    f"cannot capture the execution order: symbolic tracing failed in "
+                    f"{where}{cls} and no example inputs were given for runtime capture "
+                    f"({what}). Pass example_inputs (and example_kwargs) to "
+                    "capture_execution_order to capture at run time instead.\n"
+                    f"Tracing error: {e}",
                     module_fqn=e.module_fqn,
                     module_class=e.module_class,
+                    reason=e.reason,
                 ) from e
-            reason = f"symbolic tracing failed in module {where!r}{cls}: {e}"
+            reason = f"symbolic tracing failed in {where}{cls}: {what}"
             logger.info(
-                "symbolic capture failed in module %r%s; falling back to runtime capture "
+                "symbolic capture failed in %s%s; falling back to runtime capture "
                 "with the example inputs",
                 where,
                 cls,

@@ -228,6 +228,11 @@ class ExecutionOrder:
             raise ValueError(
                 f"{source}: expected a JSON object for an ExecutionOrder, got {type(data).__name__}"
             )
+        if "schema_version" not in data and "module_forward_order" not in data:
+            raise ValueError(
+                f"{source}: not an execwrap ExecutionOrder or report (it has no "
+                "'schema_version' or 'module_forward_order' field)"
+            )
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(
@@ -319,6 +324,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        # mkstemp creates 0600; give the file the mode open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:

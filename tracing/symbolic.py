@@ -392,6 +392,8 @@ class _SymbolicRecorder:
             else f"use a tracer whose is_leaf_module() returns True for {fqn!r} (or a "
             "module above it) so that fx does not trace inside it; "
         )
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        reason = f"{type(error).__name__}: {first_line}".rstrip(": ")
         message = (
             f"symbolic tracing failed in {where} ({cls}): "
             f"{type(error).__name__}: {error}\n"
@@ -401,7 +403,7 @@ class _SymbolicRecorder:
             "example inputs: capture_execution_order(model, example_inputs=...)."
         )
         logger.debug("symbolic tracing failed in %s (%s): %r", fqn or ROOT_NAME, cls, error)
-        return TracingError(message, module_fqn=fqn, module_class=cls)
+        return TracingError(message, module_fqn=fqn, module_class=cls, reason=reason)
 
 
 def _op_name(target: Target) -> str:

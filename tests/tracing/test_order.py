@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,19 @@ def test_param_helpers_on_tied_model() -> None:
         numel=15, dtype="float16", requires_grad=False, shape=(3, 5)
     )
     assert param_info(meta).bytes == 30
+
+
+def test_load_of_a_foreign_json_file_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "other.json"
+    path.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match=r"other.json: not an execwrap ExecutionOrder or report"):
+        ExecutionOrder.load(path)
+
+
+def test_saved_file_has_the_usual_mode(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        path = ExecutionOrder(module_forward_order=[""]).save(tmp_path / "o.json")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644
