@@ -22,6 +22,7 @@ import functools
 import importlib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -41,6 +42,7 @@ DEFAULT_MODEL = "execwrap.models:build_demo_model"
 DEFAULT_OUT = "execwrap-report"
 DEFAULT_DEMO_POLICY = "transformer:Block"
 DEFAULT_DEMO_BUCKET = "100K"
+DEFAULT_DEMO_INPUT = "long:2x16"
 
 EXIT_OK = 0
 EXIT_FINDING = 1
@@ -57,11 +59,11 @@ input SPEC: the example inputs for one forward, items separated by ';'
                        one, else [0, 2). Floats are standard normal. Seeded.
   NAME=ITEM            pass ITEM as keyword argument NAME of forward,
                        e.g. input_ids=long:2x16;attention_mask=long:2x16:2
-  @FILE.pt             torch.load(FILE.pt, weights_only=True): a tensor (one
-                       positional input), a list/tuple (positional inputs) or
-                       a dict (keyword inputs); NAME=@FILE.pt for one tensor.
-  Default: token ids long:2x16 for the built-in model; none for other models
-  (symbolic capture only)."""
+  @FILE.pt             a file written by torch.save, read with
+                       torch.load(FILE.pt, weights_only=True): a tensor (one
+                       positional input), a list/tuple of tensors (positional
+                       inputs) or a dict NAME -> tensor (keyword inputs).
+  NAME=@FILE.pt        keyword argument NAME; FILE.pt must hold one tensor."""
 
 POLICY_HELP = """\
 policy: which modules become FSDP units (decided as FSDP decides it):
@@ -71,8 +73,13 @@ policy: which modules become FSDP units (decided as FSDP decides it):
   size:N                  size_based_auto_wrap_policy, min_num_params N (K/M/G ok)
   none                    only the root module
   CLASS is a class name found among the model's modules (e.g. Block,
-  GPT2Block) or a PKG.MODULE:CLASS path. Default: transformer:Block for the
-  built-in model, always for other models."""
+  GPT2Block) or a PKG.MODULE:CLASS path."""
+
+DEFAULTS_HELP = f"""\
+defaults:         built-in model (no --model)   other models (--model)
+  --input         {DEFAULT_DEMO_INPUT:<30}none (symbolic capture only)
+  --policy        {DEFAULT_DEMO_POLICY:<30}always
+  --bucket-size   {DEFAULT_DEMO_BUCKET:<30}none"""
 
 
 # ----------------------------------------------------------------- errors
@@ -124,6 +131,8 @@ class InputItem:
     shape: tuple[int, ...] = ()
     high: int | None = None
     path: str | None = None
+    text: str = ""
+    """The item as written in the SPEC, for messages."""
 
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -176,7 +185,7 @@ def parse_input_spec(spec: str) -> list[InputItem]:
         if item_body.startswith("@"):
             if not item_body[1:]:
                 raise ValueError(f"input item {item!r}: '@' needs a file name")
-            items.append(InputItem(name=name, path=item_body[1:]))
+            items.append(InputItem(name=name, path=item_body[1:], text=item))
             continue
         parts = item_body.split(":")
         if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -203,7 +212,7 @@ def parse_input_spec(spec: str) -> list[InputItem]:
                 ) from None
             if high <= 0:
                 raise ValueError(f"input item {item!r}: HIGH must be > 0, got {high}")
-        items.append(InputItem(name=name, dtype=dtype, shape=shape, high=high))
+        items.append(InputItem(name=name, dtype=dtype, shape=shape, high=high, text=item))
     if not items:
         raise ValueError(f"input spec {spec!r} has no items (e.g. long:2x16)")
     return items
@@ -221,8 +230,10 @@ def build_inputs(
     """Materialise parsed input items into ``(args, kwargs)`` on ``device``.
 
     Raises:
-        ValueError: a file cannot be loaded or holds something other than a
-            tensor, list/tuple or dict.
+        ValueError: an item cannot be built (a tensor larger than this
+            machine's memory, or torch fails to allocate or convert it), or a
+            file cannot be loaded or holds something other than the SPEC
+            allows; the message names the item.
     """
     import torch
 
@@ -230,28 +241,49 @@ def build_inputs(
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for item in items:
+        label = item.text or (f"{item.name}=" if item.name else "") + (
+            f"@{item.path}" if item.path is not None else ""
+        )
         if item.path is not None:
-            value = _load_input_file(item.path)
-            if item.name is not None:
-                kwargs[item.name] = _to_device(value, device)
-            elif isinstance(value, dict):
-                kwargs.update({str(k): _to_device(v, device) for k, v in value.items()})
-            elif isinstance(value, (list, tuple)):
-                args.extend(_to_device(v, device) for v in value)
-            else:
-                args.append(_to_device(value, device))
+            value = _load_input_file(item.path, item.name, label)
+            try:
+                if isinstance(value, dict):
+                    kwargs.update({k: _to_device(v, device) for k, v in value.items()})
+                elif isinstance(value, (list, tuple)):
+                    args.extend(_to_device(v, device) for v in value)
+                elif item.name is not None:
+                    kwargs[item.name] = _to_device(value, device)
+                else:
+                    args.append(_to_device(value, device))
+            except (RuntimeError, MemoryError, ValueError) as exc:
+                raise ValueError(
+                    f"input item {label!r}: cannot move it to {device}: {_exc_line(exc)}"
+                ) from exc
             continue
         dtype = item.dtype
-        if device == "meta":
-            tensor = torch.empty(item.shape, dtype=dtype, device="meta")
-        elif dtype == torch.bool:
-            tensor = torch.randint(0, 2, item.shape, generator=gen).bool()
-        elif dtype.is_floating_point or dtype.is_complex:
-            tensor = torch.randn(item.shape, generator=gen).to(dtype)
-        else:
-            high = item.high or _int_high(model)
-            tensor = torch.randint(0, high, item.shape, generator=gen).to(dtype)
-        tensor = tensor.to(device)
+        nbytes = math.prod(item.shape) * dtype.itemsize
+        limit = _machine_memory_bytes()
+        if device != "meta" and limit is not None and nbytes > limit:
+            raise ValueError(
+                f"input item {label!r}: the tensor needs {_format_bytes(nbytes)}, more than "
+                f"this machine's memory ({_format_bytes(limit)}); use a smaller SHAPE"
+            )
+        try:
+            if device == "meta":
+                tensor = torch.empty(item.shape, dtype=dtype, device="meta")
+            elif dtype == torch.bool:
+                tensor = torch.randint(0, 2, item.shape, generator=gen).bool()
+            elif dtype.is_floating_point or dtype.is_complex:
+                tensor = torch.randn(item.shape, generator=gen).to(dtype)
+            else:
+                high = item.high or _int_high(model)
+                tensor = torch.randint(0, high, item.shape, generator=gen).to(dtype)
+            tensor = tensor.to(device)
+        except (RuntimeError, MemoryError, ValueError) as exc:
+            raise ValueError(
+                f"input item {label!r}: cannot create the tensor ({_format_bytes(nbytes)}): "
+                f"{_exc_line(exc)}"
+            ) from exc
         if item.name is None:
             args.append(tensor)
         else:
@@ -259,21 +291,60 @@ def build_inputs(
     return tuple(args), kwargs
 
 
-def _load_input_file(path: str) -> Any:
+_LOAD_HINT = "is it a file written by torch.save of a tensor or a tuple/dict of tensors?"
+
+
+def _load_input_file(path: str, name: str | None, label: str) -> Any:
+    """``torch.load`` an ``@FILE`` input and check it holds what the SPEC allows:
+    one tensor for ``NAME=@FILE``; a tensor, a list/tuple of tensors or a dict
+    NAME -> tensor for a positional ``@FILE``."""
     import torch
 
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise ValueError(f"input file {path!r} does not exist")
+    if not Path(path).is_file():
+        raise ValueError(f"input file {path!r} is not a file")
     try:
         value = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise ValueError(f"cannot load input file {path!r}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(value, (torch.Tensor, list, tuple, dict)):
         raise ValueError(
-            f"input file {path!r} holds a {type(value).__name__}; expected a tensor, "
-            "a list/tuple of inputs or a dict of keyword inputs"
-        )
-    return value
+            f"input item {label!r}: cannot load {path!r}: {_exc_line(exc)}; {_LOAD_HINT}"
+        ) from exc
+    if name is not None:
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"input item {label!r}: {path!r} holds {_a(type(value).__name__)}; "
+                f"{name}=@FILE needs a file holding one tensor (for several inputs use "
+                "a positional @FILE holding a tuple or dict of tensors)"
+            )
+        return value
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(
+                    f"input item {label!r}: {path!r} holds a {type(value).__name__} whose "
+                    f"item {i} is {_a(type(v).__name__)}; expected tensors only"
+                )
+        return value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not (isinstance(k, str) and _NAME_RE.match(k)):
+                raise ValueError(
+                    f"input item {label!r}: {path!r} holds a dict with key {k!r}, "
+                    "which is not an argument name"
+                )
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(
+                    f"input item {label!r}: {path!r} holds a dict whose entry {k!r} is "
+                    f"{_a(type(v).__name__)}; expected tensors only"
+                )
+        return value
+    raise ValueError(
+        f"input item {label!r}: {path!r} holds {_a(type(value).__name__)}; expected a "
+        "tensor, a list/tuple of tensors or a dict NAME -> tensor"
+    )
 
 
 def _to_device(value: Any, device: str) -> Any:
@@ -282,6 +353,38 @@ def _to_device(value: Any, device: str) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to("meta" if device == "meta" else device)
     return value
+
+
+def _machine_memory_bytes() -> int | None:
+    """Physical memory of this machine in bytes, or ``None`` when unknown."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
+def _format_bytes(n: int) -> str:
+    from execwrap.report import format_bytes
+
+    return format_bytes(n)
+
+
+def _a(word: str) -> str:
+    """``"int"`` -> ``"an int"``, ``"dict"`` -> ``"a dict"`` (for type names)."""
+    vowel = word[:1].lower() in "aeiou" and not word.lower().startswith(("uni", "use", "usu"))
+    return f"{'an' if vowel else 'a'} {word}"
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _exc_line(exc: BaseException, limit: int = 120) -> str:
+    """``"TypeName: first line of the message"``, shortened to ``limit`` characters."""
+    lines = _ANSI_RE.sub("", str(exc)).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return _shorten(text, limit)
 
 
 # ----------------------------------------------------------- object paths
@@ -298,6 +401,14 @@ def import_object(path: str, what: str) -> Any:
     module_name, colon, attr = path.partition(":")
     if not colon or not module_name or not attr:
         raise CLIError(f"{what} {path!r}: expected PKG.MODULE:NAME, e.g. mypkg.factories:build")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        file = Path(module_name)
+        stem = file.stem if file.suffix == ".py" else file.name
+        noun = "FACTORY" if what == "--model" else "CLASS"
+        raise CLIError(
+            f"{what} takes an importable module path PKG.MODULE:{noun}, not a file path; run "
+            f"from the folder holding {file.name} and pass {stem}:{attr}"
+        )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # as `python -m` would: modules in the current folder
     try:
@@ -333,7 +444,7 @@ def load_model(path: str, device: str) -> Any:
 
     factory = import_object(path, "--model")
     if not callable(factory):
-        raise CLIError(f"--model {path!r} is a {type(factory).__name__}, not a callable factory")
+        raise CLIError(f"--model {path!r} is {_a(type(factory).__name__)}, not a callable factory")
     try:
         if device == "meta":
             with torch.device("meta"):
@@ -344,7 +455,7 @@ def load_model(path: str, device: str) -> Any:
         raise CLIError(f"--model {path!r}: the factory raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise CLIError(
-            f"--model {path!r}: the factory returned a {type(model).__name__}, "
+            f"--model {path!r}: the factory returned {_a(type(model).__name__)}, "
             "expected a torch.nn.Module"
         )
     return model.to(device) if device != "meta" else model
@@ -428,8 +539,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import torch
     import torch.fx
 
+    from execwrap.errors import ExecwrapError
     from execwrap.plan import plan_wrap
-    from execwrap.report import format_bytes, format_numel, write_report
+    from execwrap.report import format_bytes, format_numel, short_reason, write_report
     from tracing import TracingConfig, TracingError, capture_execution_order
 
     is_demo = args.model is None
@@ -445,13 +557,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
         )
     if args.prefetch < 0:
         raise CLIError(f"--prefetch must be >= 0, got {args.prefetch}")
-    try:
-        bucket_numel = None
-        bucket_text = args.bucket_size or (DEFAULT_DEMO_BUCKET if is_demo else None)
-        if bucket_text is not None and bucket_text.lower() != "none":
+    bucket_numel = None
+    bucket_text = args.bucket_size or (DEFAULT_DEMO_BUCKET if is_demo else None)
+    if bucket_text is not None and bucket_text.strip().lower() != "none":
+        try:
             bucket_numel = parse_numel(bucket_text)
-    except ValueError as exc:
-        raise CLIError(f"--bucket-size: {exc}") from None
+        except ValueError as exc:
+            raise CLIError(f"--bucket-size: {exc}") from None
+        if bucket_numel <= 0:
+            raise CLIError(
+                f"--bucket-size {bucket_text!r}: must be > 0 elements; "
+                "use --bucket-size none for no bucketing"
+            )
     items = None
     input_text = args.input
     if input_text is not None:
@@ -472,11 +589,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
                 "(True, None, 3, 'text', ...)"
             ) from None
     out_dir = Path(args.out)
-    _check_out_dir(out_dir)
+    _check_out_dir(out_dir, formats)
 
     model = load_model(model_path, args.device)
     if items is None and is_demo:
-        input_text = "long:2x16"
+        input_text = DEFAULT_DEMO_INPUT
         items = parse_input_spec(input_text)
     try:
         example = build_inputs(items, model, args.device) if items is not None else None
@@ -510,20 +627,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
             example_kwargs=example[1] if example else None,
         )
     except TracingError as exc:
-        hint = "" if example else " (pass --input SPEC to capture at run time instead)"
-        raise CLIError(f"capture failed: {_one_line(exc)}{hint}") from exc
+        message = _tracing_error_message(exc, has_input=example is not None, device=args.device)
+        raise CLIError(message) from exc
     except Exception as exc:  # the model itself failed on these inputs
+        where = _error_module(exc)
         raise CLIError(
             f"capture failed: running {type(model).__name__} on --input {input_text!r} raised "
-            f"{type(exc).__name__}: {_one_line(exc)}"
+            f"{_exc_line(exc)}{f' (in {where})' if where else ''}"
         ) from exc
     t_capture = time.perf_counter() - t0
 
     try:
         plan = plan_wrap(model, order, init_policy, bucket_numel=bucket_numel)
         baselines = _baselines(model, order, plan_wrap, policy_text, init_policy, bucket_numel)
-    except (TypeError, ValueError) as exc:
-        raise CLIError(f"planning failed: {_one_line(exc)}") from exc
+    except (TypeError, ValueError, ExecwrapError) as exc:
+        raise CLIError(f"planning failed: {_shorten(exc, 240)}") from exc
     title = f"execwrap report: {type(model).__name__} ({model_path})"
     try:
         paths = write_report(
@@ -538,7 +656,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
         ("input", input_text or "-"),
         ("capture", f"{order.method} ({t_capture:.2f} s)"),
-        ("fallback reason", _shorten(order.fallback_reason) if order.fallback_reason else "-"),
+        ("fallback reason", short_reason(order.fallback_reason) if order.fallback_reason else "-"),
         ("policy", policy_text),
         ("bucket size", "-" if bucket_numel is None else f"{format_numel(bucket_numel)} elements"),
         ("units", str(stats.num_units)),
@@ -587,8 +705,11 @@ def _baselines(
     return baselines
 
 
-def _check_out_dir(out_dir: Path) -> None:
-    """Fail early, before capture, when ``out_dir`` cannot be a writable folder."""
+def _check_out_dir(out_dir: Path, formats: Sequence[str] = ()) -> None:
+    """Fail early, before capture, when ``out_dir`` cannot be a writable folder
+    or a report file of ``formats`` would replace a folder there."""
+    from execwrap.report import REPORT_FILES
+
     probe = out_dir
     while not probe.exists():
         if probe.parent == probe:
@@ -598,6 +719,51 @@ def _check_out_dir(out_dir: Path) -> None:
         raise CLIError(f"--out {str(out_dir)!r}: {str(probe)!r} exists and is not a folder")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise CLIError(f"--out {str(out_dir)!r}: folder {str(probe)!r} is not writable")
+    for fmt in formats:
+        for name in REPORT_FILES.get(fmt, {}).values():
+            target = out_dir / name
+            if target.is_dir():
+                raise CLIError(
+                    f"--out {str(out_dir)!r}: {str(target)!r} is a folder, so the report "
+                    f"cannot write its {name} there; move it away or choose another --out"
+                )
+
+
+def _tracing_error_message(exc: Any, *, has_input: bool, device: str) -> str:
+    """One CLI line for a :class:`tracing.TracingError`: where capture failed,
+    the first line of why, and the command-line options that fix it."""
+    fqn = getattr(exc, "module_fqn", None)
+    cls = getattr(exc, "module_class", None)
+    if fqn is None:
+        where = ""
+    elif fqn == "":
+        where = " in the root module <root>" + (f" ({cls})" if cls else "")
+    else:
+        where = f" in module {_shorten(fqn, 60)!r}" + (f" ({cls})" if cls else "")
+    reason = getattr(exc, "reason", None) or _exc_line(exc)
+    if has_input:  # runtime capture itself failed (e.g. value-dependent code on meta)
+        cause = exc.__cause__
+        what = _exc_line(cause, 140) if cause is not None else _shorten(reason, 140)
+        if device == "meta":
+            return (
+                f"capture failed: running on the meta device failed{where}: {what}; code "
+                "that depends on tensor values needs --device cpu (with small --input tensors)"
+            )
+        return f"capture failed{where}: {what}"
+    return (
+        f"capture failed: symbolic tracing failed{where}: {_shorten(reason, 100)}; pass "
+        "--input SPEC to capture at run time, --concrete-arg NAME=VALUE or --tracer "
+        "PKG.MODULE:CLASS"
+    )
+
+
+def _error_module(exc: BaseException) -> str | None:
+    """The ``module 'fqn' (Class)`` that runtime capture's note names, if any."""
+    prefix = "While recording the execution order, in "
+    for note in getattr(exc, "__notes__", None) or ():
+        if isinstance(note, str) and note.startswith(prefix):
+            return _shorten(note[len(prefix) :], 80)
+    return None
 
 
 def _load_report_json(path_text: str) -> tuple[Any, Any, dict[str, Any]]:
@@ -612,7 +778,9 @@ def _load_report_json(path_text: str) -> tuple[Any, Any, dict[str, Any]]:
         CLIError: the file is missing, not JSON, or not an order/report; the
             message names the file and what is wrong.
     """
+    from execwrap.errors import ExecwrapError
     from execwrap.plan import WrapPlan
+    from execwrap.report import REPORT_SCHEMA_VERSION
     from tracing import ExecutionOrder
 
     path = Path(path_text)
@@ -628,20 +796,34 @@ def _load_report_json(path_text: str) -> tuple[Any, Any, dict[str, Any]]:
         raise CLIError(f"{path}: cannot read: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise CLIError(f"{path}: not valid JSON ({exc})") from exc
+    not_ours = f"{path} is not an execwrap report or order"
+    if not isinstance(data, dict):
+        raise CLIError(f"{not_ours} (a JSON {type(data).__name__}, not an object)")
     plan_data: Any = None
-    if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
+    if "order" in data and "module_forward_order" not in data:  # a report
+        version = data.get("schema_version")
+        if version is None:
+            raise CLIError(f"{not_ours} (an 'order' but no 'schema_version')")
+        if version != REPORT_SCHEMA_VERSION:
+            raise CLIError(
+                f"{path}: unsupported execwrap report schema_version {version!r} (this "
+                f"execwrap reads version {REPORT_SCHEMA_VERSION}); write the report again "
+                "with this version's 'execwrap report'"
+            )
         plan_data = data.get("plan")
         data = data["order"]
+    elif "schema_version" not in data and "module_forward_order" not in data:
+        raise CLIError(f"{not_ours} (no 'schema_version' / 'module_forward_order')")
     try:
         order = ExecutionOrder.from_dict(data, source=str(path))
     except ValueError as exc:
-        raise CLIError(_one_line(exc)) from exc
+        raise CLIError(_shorten(exc, 300)) from exc
     if plan_data is None:
         return order, None, {}
     try:
         plan = WrapPlan.from_dict(plan_data, order)
-    except ValueError as exc:
-        raise CLIError(f"{path}: malformed report 'plan': {_one_line(exc)}") from exc
+    except (ValueError, TypeError, KeyError, ExecwrapError) as exc:
+        raise CLIError(f"{path}: malformed report 'plan': {_shorten(exc, 240)}") from exc
     return order, plan, plan_data
 
 
@@ -800,7 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
             width=79,
             break_on_hyphens=False,
         ),
-        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP,
+        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP + "\n\n" + DEFAULTS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument(
@@ -809,8 +991,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="callable returning an nn.Module (default: the built-in GPT, "
         f"{DEFAULT_MODEL}); modules in the current folder are found",
     )
-    report.add_argument("--input", metavar="SPEC", help="example inputs (see below)")
-    report.add_argument("--policy", metavar="POLICY", help="wrap policy (see below)")
+    report.add_argument(
+        "--input",
+        metavar="SPEC",
+        help=f"example inputs (see below; default: {DEFAULT_DEMO_INPUT} for the built-in "
+        "model, none otherwise: symbolic capture only)",
+    )
+    report.add_argument(
+        "--policy",
+        metavar="POLICY",
+        help=f"wrap policy (see below; default: {DEFAULT_DEMO_POLICY} for the built-in "
+        "model, always otherwise)",
+    )
     report.add_argument(
         "--bucket-size",
         metavar="N",

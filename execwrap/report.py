@@ -19,13 +19,16 @@ people read, diff and plot:
 
 Every file is first written to a temporary name in the output folder; only
 when every requested file has been written are they renamed into place, so
-an interrupted run leaves neither a half-written file nor a temporary one.
+an interrupted run leaves neither a half-written file nor a temporary one (nor
+an empty output folder it created). A folder in the way of a report file is
+found before anything is written.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import html
 import io
 import json
@@ -45,11 +48,13 @@ __all__ = [
     "REPORT_FILES",
     "REPORT_FORMATS",
     "REPORT_SCHEMA_VERSION",
+    "byte_unit",
     "format_bytes",
     "format_numel",
     "iter_calls",
     "own_numel",
     "plan_to_dict",
+    "short_reason",
     "stats_to_dict",
     "unsharded_timeline",
     "write_report",
@@ -179,28 +184,57 @@ def write_report(
 def _write_all_atomically(writers: Mapping[Path, Callable[[IO[bytes]], None]]) -> None:
     """Write every file to a temp name in its folder, then rename all into place.
 
-    If any writer raises, every temporary file is removed and no target is
-    touched (a target that existed before keeps its old content).
+    Before anything is written, every target is checked: one that exists as
+    a folder raises :class:`IsADirectoryError` naming it. If any writer raises
+    (``KeyboardInterrupt`` included), every temporary file is removed, no
+    target is touched (a target that existed before keeps its old content),
+    and the folders this call created are removed again.
     """
+    for path in writers:
+        if path.is_dir():
+            raise IsADirectoryError(
+                errno.EISDIR, "a folder is in the way of a report file", str(path)
+            )
     mode = _file_mode()
     staged: list[tuple[str, Path]] = []
+    created: list[Path] = []  # folders this call made, outermost first
     try:
         for path, writer in writers.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            created += _make_folder(path.parent)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             staged.append((tmp, path))
             with os.fdopen(fd, "wb") as f:
                 writer(f)
             os.chmod(tmp, mode)  # mkstemp creates 0600; give the usual 0666 & ~umask
         for tmp, path in staged:
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:  # name the target, not our temporary file
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
     except BaseException:
         for tmp, _ in staged:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+        if not any(path.exists() for _, path in staged):
+            for folder in reversed(created):
+                try:
+                    folder.rmdir()  # only if still empty
+                except OSError:
+                    break
         raise
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; returns the folders it created, outermost first."""
+    missing: list[Path] = []
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        missing.append(probe)
+        probe = probe.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
 
 
 def _file_mode() -> int:
@@ -268,16 +302,43 @@ def unsharded_timeline(plan: Any, prefetch: int = 1) -> list[int]:
 
 
 # ------------------------------------------------------------------- helpers
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def byte_unit(n: float) -> tuple[str, int]:
+    """The binary unit :func:`format_bytes` shows ``n`` bytes in, and its size.
+
+    ``byte_unit(1536)`` -> ``("KiB", 1024)``; ``byte_unit(100)`` -> ``("B", 1)``.
+    Charts use it to pick one axis unit for all their values (pass the largest).
+    """
+    value = abs(float(n))
+    for power, unit in enumerate(_BYTE_UNITS):
+        if value < 1024 ** (power + 1) or unit == _BYTE_UNITS[-1]:
+            return unit, 1024**power
+    raise AssertionError("unreachable")
+
+
 def format_bytes(n: int | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units)."""
+    """``1536`` -> ``"1.50 KiB"`` (binary units, see :func:`byte_unit`)."""
     if n is None:
         return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    unit, size = byte_unit(n)
+    return f"{int(n)} B" if unit == "B" else f"{n / size:.2f} {unit}"
+
+
+def short_reason(text: str | None, limit: int = 160) -> str:
+    """The first line of ``text``, cut to ``limit`` characters with ``"..."``.
+
+    How the terminal and HTML summaries show a fallback reason (the full text
+    stays in ``report.json``); ``None`` -> ``"-"``.
+    """
+    if not text:
+        return "-"
+    lines = [line.strip() for line in str(text).strip().splitlines()]
+    first = lines[0] if lines else ""
+    if len(first) > limit:
+        return first[: limit - 3].rstrip() + "..."
+    return first + (" ..." if len(lines) > 1 else "")
 
 
 def format_numel(n: int | None) -> str:
@@ -557,7 +618,7 @@ class _ReportContext:
         rows: list[tuple[str, str]] = [
             ("Model", self.model_class or "-"),
             ("Capture method", order.method),
-            ("Fallback reason", order.fallback_reason or "-"),
+            ("Fallback reason", short_reason(order.fallback_reason)),
             ("Module calls (forward)", str(len(order.module_forward_order))),
             (
                 "Parameters",
@@ -620,8 +681,7 @@ class _ReportContext:
         out += [
             '<figure class="chart" id="chart-timeline">',
             timeline_svg,
-            "<figcaption>Units over one step: each bar spans the forward calls of a unit's "
-            "modules (and their submodules); backward is drawn mirrored.</figcaption>",
+            f"<figcaption>{html.escape(self.timeline_caption())}</figcaption>",
             "</figure>",
             '<figure class="chart" id="chart-memory">',
             memory_svg,
@@ -631,6 +691,21 @@ class _ReportContext:
             "</section>",
         ]
         return out
+
+    def timeline_caption(self) -> str:
+        """The units-timeline caption: says how its backward half was drawn."""
+        head = (
+            "Units over one step: each forward bar spans the forward calls of a unit's "
+            "modules (and their submodules); "
+        )
+        if self.order.param_backward_order:
+            return head + (
+                "each backward bar spans the unit's parameters in the gradient-ready order "
+                f"recorded by {self.order.method} capture."
+            )
+        return head + (
+            "backward is drawn mirrored (this capture recorded no gradient-ready order)."
+        )
 
     def _html_units(self) -> list[str]:
         out = ['<section id="units">', "<h2>Units in execution order</h2>"]
@@ -760,7 +835,9 @@ padding:0 1em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
 th,td{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
-thead th{background:#f4f4f4}table.summary th{background:#f8f8f8;font-weight:600}
+thead th{background:#f4f4f4}table.summary th{background:#f8f8f8;font-weight:600;
+white-space:nowrap;min-width:16em}
+table.summary td{white-space:normal;overflow-wrap:anywhere}
 td{font-family:ui-monospace,Menlo,Consolas,monospace}
 figure.chart{margin:1em 0}figure.chart svg{max-width:100%;height:auto}
 figcaption{font-size:.85em;color:#555}.no-charts{color:#a15c00}

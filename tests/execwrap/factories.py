@@ -12,6 +12,7 @@ import torch.nn as nn
 from execwrap.models import Block, build_demo_model
 
 __all__ = [
+    "NUMBER",
     "BlockLeafTracer",
     "FlagModel",
     "broken",
@@ -19,7 +20,12 @@ __all__ = [
     "flag_model",
     "gpt2",
     "not_a_module",
+    "raising_model",
+    "returns_int",
 ]
+
+#: Not a factory: ``--model tests.execwrap.factories:NUMBER`` is rejected.
+NUMBER = 3
 
 
 def gpt2() -> nn.Module:
@@ -52,6 +58,41 @@ def broken() -> nn.Module:
 def not_a_module() -> object:
     """A factory that returns something else than a module."""
     return {"not": "a module"}
+
+
+def returns_int() -> int:
+    """A factory that returns an int."""
+    return 7
+
+
+class ModelFailure(Exception):
+    """An exception of the model's own (not a torch error)."""
+
+
+class _Raises(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:  # value-dependent: not symbolically traceable
+            raise ModelFailure("expert routing table is empty\nsecond line of detail")
+        return self.lin(x)
+
+
+class RaisingModel(nn.Module):
+    """Its submodule ``inner`` raises :class:`ModelFailure` when run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Raises()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def raising_model() -> nn.Module:
+    return RaisingModel()
 
 
 class FlagModel(nn.Module):

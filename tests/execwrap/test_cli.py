@@ -179,7 +179,7 @@ def test_verbose_logs_the_fallback_and_leaves_logging_as_it_was(tmp_path, capsys
                "--format", "json", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     err = capsys.readouterr().err
-    assert "INFO tracing.capture: symbolic capture failed in module '' (FlagModel)" in err
+    assert "INFO tracing.capture: symbolic capture failed in " in err and "(FlagModel)" in err
     assert "DEBUG" not in err
     assert logging.getLogger("tracing").handlers == handlers
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0
@@ -190,9 +190,78 @@ def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
     rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--out", str(tmp_path)])
     assert rc == 2
     line = _err_line(capsys)
-    assert "capture failed:" in line
-    assert "pass --input SPEC to capture at run time instead" in line
+    assert line == (
+        "execwrap: error: capture failed: symbolic tracing failed in the root module <root> "
+        "(FlagModel): TraceError: symbolically traced variables cannot be used as inputs to "
+        "control flow; pass --input SPEC to capture at run time, --concrete-arg NAME=VALUE or "
+        "--tracer PKG.MODULE:CLASS"
+    )
+    assert len(line) < 300
     assert list(tmp_path.iterdir()) == []
+
+
+def test_untraceable_message_names_submodule_and_cuts_long_reasons():
+    from execwrap.cli import _tracing_error_message
+    from tracing import TracingError
+
+    exc = TracingError(
+        "long Python advice\nmore",
+        module_fqn="model.layers.0.moe",
+        module_class="MoE",
+        reason="TraceError: " + "x" * 300,
+    )
+    line = _tracing_error_message(exc, has_input=False, device="cpu")
+    assert line == (
+        "capture failed: symbolic tracing failed in module 'model.layers.0.moe' (MoE): "
+        "TraceError: " + "x" * 85 + "...; pass --input SPEC to capture at run time, "
+        "--concrete-arg NAME=VALUE or --tracer PKG.MODULE:CLASS"
+    )
+    assert len("execwrap: error: " + line) < 300
+
+
+def test_runtime_capture_failure_on_meta_uses_cli_spelling():
+    from execwrap.cli import _tracing_error_message
+    from tracing import TracingError
+
+    try:
+        try:
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!\nmore")
+        except NotImplementedError as cause:
+            raise TracingError(
+                "runtime capture on the meta device failed ... capture with small real "
+                "inputs on CPU.",
+                module_fqn="router",
+                module_class="TopK",
+            ) from cause
+    except TracingError as exc:
+        line = _tracing_error_message(exc, has_input=True, device="meta")
+    assert line == (
+        "capture failed: running on the meta device failed in module 'router' (TopK): "
+        "NotImplementedError: Cannot copy out of meta tensor; no data!; code that depends on "
+        "tensor values needs --device cpu (with small --input tensors)"
+    )
+
+
+def test_report_model_raising_at_run_time_is_one_line(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:raising_model", "--input", "float:2x8",
+               "--out", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: capture failed: running RaisingModel on --input 'float:2x8' raised "
+        "ModelFailure: expert routing table is empty (in module 'inner' (_Raises))"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_summary_fallback_reason_is_short(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+               "--format", "json", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    reason = json.loads((tmp_path / "report.json").read_text())["order"]["fallback_reason"]
+    assert _summary(capsys.readouterr().out)["fallback reason"].split("  ")[-1] == reason
+    from execwrap.report import short_reason
+
+    assert short_reason(reason + "\n" + "detail " * 40) == reason + " ..."
 
 
 @pytest.mark.parametrize(
@@ -205,7 +274,9 @@ def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
             ["--model", f"{FACTORIES}:broken"],
             "the factory raised RuntimeError: config file missing: weights.bin",
         ),
-        (["--model", f"{FACTORIES}:not_a_module"], "the factory returned a dict"),
+        (["--model", f"{FACTORIES}:not_a_module"], "the factory returned a dict,"),
+        (["--model", f"{FACTORIES}:returns_int"], "the factory returned an int,"),
+        (["--model", f"{FACTORIES}:NUMBER"], "is an int, not a callable factory"),
         (["--input", "long:2xq"], "shape '2xq' must be sizes joined by 'x'"),
         (["--input", "complex7:2"], "unknown dtype 'complex7'"),
         (["--input", "long"], "expected DTYPE:SHAPE[:HIGH]"),
@@ -221,10 +292,6 @@ def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
         (["--prefetch", "x"], "argument --prefetch: invalid int value: 'x'"),
         (["--tracer", "execwrap.models:GPT"], "is not a torch.fx.Tracer subclass"),
         (["--device", "cuda"], "argument --device: invalid choice: 'cuda'"),
-        (
-            ["--model", f"{FACTORIES}:flag_model", "--input", "float:3"],
-            "capture failed: running FlagModel on --input 'float:3' raised RuntimeError",
-        ),
     ],
 )
 def test_report_bad_input(args, message, tmp_path, capsys):
@@ -233,6 +300,107 @@ def test_report_bad_input(args, message, tmp_path, capsys):
     line = _err_line(capsys)
     assert message in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["--model", f"{FACTORIES}:flag_model", "--input", "float:3"],
+            "capture failed: running FlagModel on --input 'float:3' raised RuntimeError: mat1 "
+            "and mat2 shapes cannot be multiplied (1x3 and 8x8) (in module 'b' (Linear))",
+        ),
+        (
+            ["--bucket-size", "0"],
+            "--bucket-size '0': must be > 0 elements; use --bucket-size none for no bucketing",
+        ),
+        (
+            ["--model", "./bad.py:tied"],
+            "--model takes an importable module path PKG.MODULE:FACTORY, not a file path; "
+            "run from the folder holding bad.py and pass bad:tied",
+        ),
+        (
+            ["--model", "models/bad.py:tied"],
+            "--model takes an importable module path PKG.MODULE:FACTORY, not a file path; "
+            "run from the folder holding bad.py and pass bad:tied",
+        ),
+        (
+            ["--tracer", "tracers.py:MyTracer"],
+            "--tracer takes an importable module path PKG.MODULE:CLASS, not a file path; "
+            "run from the folder holding tracers.py and pass tracers:MyTracer",
+        ),
+    ],
+)
+def test_report_bad_input_exact_line(args, line, tmp_path, capsys):
+    rc = main(["report", *args, "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert _err_line(capsys) == f"execwrap: error: {line}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("error", [RuntimeError, MemoryError, ValueError])
+def test_report_input_that_torch_cannot_build(error, tmp_path, capsys, monkeypatch):
+    def fail(*args, **kwargs):
+        raise error("[enforce fail at alloc_cpu.cpp:127] can't allocate memory\nmore detail")
+
+    monkeypatch.setattr(torch, "randint", fail)
+    rc = main(["report", "--input", "ids=long:8x16", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: --input: input item 'ids=long:8x16': cannot create the tensor "
+        f"(1.00 KiB): {error.__name__}: [enforce fail at alloc_cpu.cpp:127] can't allocate memory"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_input_larger_than_memory(tmp_path, capsys, monkeypatch):
+    import execwrap.cli as cli
+
+    monkeypatch.setattr(cli, "_machine_memory_bytes", lambda: 16 * 2**30)
+    rc = main(["report", "--input", "long:100000x100000", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: --input: input item 'long:100000x100000': the tensor needs 74.51 GiB, "
+        "more than this machine's memory (16.00 GiB); use a smaller SHAPE"
+    )
+
+
+def test_report_plan_error_is_one_line(tmp_path, capsys, monkeypatch):
+    import execwrap.plan as plan_mod
+    from execwrap.errors import PlanError
+
+    def fail(*args, **kwargs):
+        raise PlanError("parameter 'w' is in no unit of the plan")
+
+    monkeypatch.setattr(plan_mod, "plan_wrap", fail)
+    assert main(["report", "--out", str(tmp_path / "out")]) == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: planning failed: parameter 'w' is in no unit of the plan"
+    )
+
+
+def test_report_folder_in_the_way_writes_nothing(tmp_path, capsys):
+    (tmp_path / "report.html").mkdir()
+    assert main(["report", "--out", str(tmp_path)]) == 2
+    assert _err_line(capsys) == (
+        f"execwrap: error: --out '{tmp_path}': '{tmp_path / 'report.html'}' is a folder, so "
+        "the report cannot write its report.html there; move it away or choose another --out"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+    assert list((tmp_path / "report.html").iterdir()) == []
+    assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0  # not in the way
+
+
+def test_report_interrupted_while_writing_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    import execwrap.report as report_mod
+
+    def interrupt(self, f):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_mod._ReportContext, "write_html", interrupt)
+    assert main(["report", "--out", str(tmp_path / "a" / "b")]) == 130
+    assert capsys.readouterr().err == "execwrap: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_report_out_dir_not_writable(tmp_path, capsys):
@@ -271,6 +439,15 @@ def test_help(command, capsys):
     if command == ["report"]:
         assert "DTYPE:SHAPE[:HIGH]" in out and "transformer:CLASS" in out
         assert "--bucket-size" in out and "--concrete-arg" in out
+        assert out.rstrip().endswith(
+            "defaults:         built-in model (no --model)   other models (--model)\n"
+            "  --input         long:2x16                     none (symbolic capture only)\n"
+            "  --policy        transformer:Block             always\n"
+            "  --bucket-size   100K                          none"
+        )
+        assert (
+            "  NAME=@FILE.pt        keyword argument NAME; FILE.pt must hold one tensor.\n" in out
+        )
 
 
 def test_console_script_declared():
@@ -342,8 +519,10 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
         (None, "no such file"),
         ("{not json", "not valid JSON (Expecting property name"),
         ('{"schema_version": 99}', "unsupported ExecutionOrder schema_version 99"),
-        ('{"order": {"schema_version": 1}}', "missing field 'module_forward_order'"),
-        ("[1, 2]", "expected a JSON object for an ExecutionOrder, got list"),
+        (
+            '{"schema_version": 1, "order": {"schema_version": 1}}',
+            "missing field 'module_forward_order'",
+        ),
     ],
 )
 def test_show_and_diff_bad_json(content, message, demo_report, tmp_path, capsys):
@@ -355,6 +534,43 @@ def test_show_and_diff_bad_json(content, message, demo_report, tmp_path, capsys)
     assert line.startswith(f"execwrap: error: {path}: ") and message in line
     assert main(["diff", str(demo_report), str(path)]) == 2
     assert message in _err_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '{"a": 1}',
+            "{path} is not an execwrap report or order "
+            "(no 'schema_version' / 'module_forward_order')",
+        ),
+        ("[1, 2]", "{path} is not an execwrap report or order (a JSON list, not an object)"),
+        (
+            '{"order": {}, "plan": null}',
+            "{path} is not an execwrap report or order (an 'order' but no 'schema_version')",
+        ),
+    ],
+)
+def test_show_not_ours(content, message, tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text(content)
+    assert main(["show", str(path)]) == 2
+    assert _err_line(capsys) == "execwrap: error: " + message.format(path=path)
+
+
+def test_show_and_diff_reject_unknown_report_version(demo_report, tmp_path, capsys):
+    data = json.loads(demo_report.read_text())
+    data["schema_version"] = 99
+    path = tmp_path / "r99.json"
+    path.write_text(json.dumps(data))
+    expected = (
+        f"execwrap: error: {path}: unsupported execwrap report schema_version 99 (this execwrap "
+        "reads version 1); write the report again with this version's 'execwrap report'"
+    )
+    assert main(["show", str(path)]) == 2
+    assert _err_line(capsys) == expected
+    assert main(["diff", str(demo_report), str(path)]) == 2
+    assert _err_line(capsys) == expected
 
 
 def test_show_malformed_plan(demo_report, tmp_path, capsys):
@@ -428,8 +644,105 @@ def test_build_inputs(tmp_path):
     assert kwargs["y"].tolist() == [0, 1, 2, 3, 4]
 
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="cannot load input file"):
+    with pytest.raises(ValueError, match="cannot load") as info:
         build_inputs(parse_input_spec(f"@{tmp_path / 'junk.pt'}"), model, "cpu")
+    assert "\n" not in str(info.value)
+    assert str(info.value).endswith(
+        "; is it a file written by torch.save of a tensor or a tuple/dict of tensors?"
+    )
+
+
+def test_build_inputs_names_the_item_torch_cannot_build(monkeypatch):
+    def fail(*args, **kwargs):
+        raise MemoryError()
+
+    model = build_demo_model(1)
+    monkeypatch.setattr(torch, "randn", fail)
+    with pytest.raises(ValueError) as info:
+        build_inputs(parse_input_spec("long:2;x=float:4x4"), model, "cpu")
+    assert str(info.value) == (
+        "input item 'x=float:4x4': cannot create the tensor (64 B): MemoryError"
+    )
+
+
+def test_input_file_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import pickle
+
+    def corrupt(*args, **kwargs):
+        raise pickle.UnpicklingError(
+            "Weights only load failed. This file can still be loaded.\n"
+            "(1) In PyTorch 2.6, we changed the default value of weights_only\n"
+            "\x1b[1mWeightsUnpickler error:\x1b[0m Unsupported global"
+        )
+
+    (tmp_path / "bad.pt").write_bytes(b"x")
+    monkeypatch.setattr(torch, "load", corrupt)
+    rc = main(["report", "--input", f"@{tmp_path / 'bad.pt'}", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert _err_line(capsys) == (
+        f"execwrap: error: --input: input item '@{tmp_path / 'bad.pt'}': cannot load "
+        f"'{tmp_path / 'bad.pt'}': UnpicklingError: Weights only load failed. This file can "
+        "still be loaded.; is it a file written by torch.save of a tensor or a tuple/dict "
+        "of tensors?"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, value, message",
+    [
+        (
+            "x=@f.pt",
+            [torch.ones(2)],
+            "input item 'x=@f.pt': 'f.pt' holds a list; x=@FILE needs a file holding one "
+            "tensor (for several inputs use a positional @FILE holding a tuple or dict of "
+            "tensors)",
+        ),
+        (
+            "x=@f.pt",
+            {"a": torch.ones(2)},
+            "input item 'x=@f.pt': 'f.pt' holds a dict; x=@FILE needs a file holding one "
+            "tensor (for several inputs use a positional @FILE holding a tuple or dict of "
+            "tensors)",
+        ),
+        (
+            "@f.pt",
+            (torch.ones(2), 3),
+            "input item '@f.pt': 'f.pt' holds a tuple whose item 1 is an int; "
+            "expected tensors only",
+        ),
+        (
+            "@f.pt",
+            {"mask": [1, 2]},
+            "input item '@f.pt': 'f.pt' holds a dict whose entry 'mask' is a list; "
+            "expected tensors only",
+        ),
+        (
+            "@f.pt",
+            {0: torch.ones(1)},
+            "input item '@f.pt': 'f.pt' holds a dict with key 0, which is not an argument name",
+        ),
+        (
+            "@f.pt",
+            7,
+            "input item '@f.pt': 'f.pt' holds an int; expected a tensor, a list/tuple of "
+            "tensors or a dict NAME -> tensor",
+        ),
+    ],
+)
+def test_input_file_contents_are_checked(spec, value, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    torch.save(value, "f.pt")
+    with pytest.raises(ValueError) as info:
+        build_inputs(parse_input_spec(spec), build_demo_model(1), "cpu")
+    assert str(info.value) == message
+
+
+def test_article():
+    from execwrap.cli import _a
+
+    assert [_a(w) for w in ("int", "dict", "object", "NoneType", "Linear", "unicode")] == [
+        "an int", "a dict", "an object", "a NoneType", "a Linear", "a unicode",
+    ]  # fmt: skip
 
 
 def test_parse_policy_resolves_classes():

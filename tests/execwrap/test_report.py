@@ -400,3 +400,154 @@ def test_formatters():
     assert format_numel(220_544) == "220.54K"
     assert format_numel(25_000_000) == "25M"
     assert format_numel(1500) == "1.5K"
+
+
+def test_byte_unit_and_short_reason():
+    from execwrap.report import byte_unit, short_reason
+
+    assert [byte_unit(n) for n in (0, 1023, 1024, 482_304, 3 * 2**20, 2**40 * 5000)] == [
+        ("B", 1), ("B", 1), ("KiB", 1024), ("KiB", 1024), ("MiB", 2**20), ("TiB", 2**40),
+    ]  # fmt: skip
+    assert format_bytes(482_304) == "471.00 KiB"
+    assert short_reason(None) == "-"
+    assert short_reason("one line") == "one line"
+    assert short_reason("first\nsecond") == "first ..."
+    assert short_reason("x" * 200) == "x" * 157 + "..."
+    assert short_reason("ab cd", limit=4) == "a..."
+
+
+# ------------------------------------------------------- HTML review fixes
+def _summary_cells(text: str) -> dict[str, str]:
+    import html as html_mod
+    import re
+
+    rows = re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", text)
+    return {html_mod.unescape(k): html_mod.unescape(v) for k, v in rows}
+
+
+def test_html_summary_shortens_long_fallback_reason(order, plan, tmp_path):
+    reason = "symbolic tracing failed in module 'h.0' (Block): " + "word " * 60 + "\nline 2"
+    runtime = dataclasses.replace(order, fallback_reason=reason, method="runtime")
+    paths = write_report(runtime, tmp_path, formats=["html", "json"])
+    text = paths["html"].read_text()
+    expected = (reason.splitlines()[0])[:157].rstrip() + "..."
+    assert _summary_cells(text)["Fallback reason"] == expected
+    assert len(expected) == 160
+    assert json.loads(paths["json"].read_text())["order"]["fallback_reason"] == reason
+    assert "word " * 60 in text  # the notes keep the full text
+    # the label column never wraps; long values do
+    assert "table.summary th{background:#f8f8f8;font-weight:600;\nwhite-space:nowrap;" in text
+    assert "table.summary td{white-space:normal;overflow-wrap:anywhere}" in text
+
+
+def test_timeline_caption_says_how_backward_is_drawn(order, plan):
+    ctx = report_mod._ReportContext(order, plan, 1, {}, None)
+    assert ctx.timeline_caption() == (
+        "Units over one step: each forward bar spans the forward calls of a unit's modules "
+        "(and their submodules); backward is drawn mirrored (this capture recorded no "
+        "gradient-ready order)."
+    )
+    recorded = dataclasses.replace(
+        order, param_backward_order=list(reversed(order.param_forward_order)), method="runtime"
+    )
+    ctx = report_mod._ReportContext(recorded, plan, 1, {}, None)
+    assert ctx.timeline_caption() == (
+        "Units over one step: each forward bar spans the forward calls of a unit's modules "
+        "(and their submodules); each backward bar spans the unit's parameters in the "
+        "gradient-ready order recorded by runtime capture."
+    )
+
+
+def _bars(ax) -> list[tuple[float, float, str]]:
+    """``(x, width, color)`` of every broken_barh rectangle, by unit row then x."""
+    from matplotlib.colors import to_hex
+
+    out = []
+    for coll in ax.collections:
+        for path in coll.get_paths():
+            xs = [v[0] for v in path.vertices]
+            ys = [v[1] for v in path.vertices]
+            out.append((round(min(ys) + 0.4), min(xs), max(xs) - min(xs),
+                        to_hex(coll.get_facecolor()[0])))  # fmt: skip
+    return [b[1:] for b in sorted(out)]
+
+
+def test_units_timeline_backward_from_recorded_order(order, plan):
+    pytest.importorskip("matplotlib")
+    from execwrap import _charts
+
+    n = len(order.module_forward_order)  # 22
+    fig = _charts.units_timeline_figure(plan)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "module call index (forward | backward, mirrored)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "#0 <root>", "#1 blocks.0", "#2 blocks.1",
+    ]  # fmt: skip
+    assert {t.get_fontsize() for t in ax.get_yticklabels()} == {8.0}
+    fwd, bwd = "#4c72b0", "#dd8452"
+    mirrored = _bars(ax)
+    assert mirrored[:2] == [(0.0, float(n), fwd), (float(n), float(n), bwd)]  # root: whole step
+
+    # Gradients ready in reverse forward order: the root's wte/wpe last, ln_f first.
+    grads = list(reversed(order.param_forward_order))
+    recorded = dataclasses.replace(order, param_backward_order=grads, method="runtime")
+    runtime_plan = dataclasses.replace(plan, order=recorded)
+    ax = _charts.units_timeline_figure(runtime_plan).axes[0]
+    assert ax.get_xlabel() == (
+        "module call index (forward) | gradient-ready parameter order (backward)"
+    )
+    unit_of = {p: i for i, u in enumerate(plan.units) for p in u.param_fqns}
+    first = {u: min(k for k, p in enumerate(grads) if unit_of.get(p) == u) for u in range(3)}
+    last = {u: max(k for k, p in enumerate(grads) if unit_of.get(p) == u) for u in range(3)}
+    scale = n / len(grads)
+    backward = [b for b in _bars(ax) if b[2] == bwd]
+    assert backward == [
+        (pytest.approx(n + first[u] * scale), pytest.approx((last[u] - first[u] + 1) * scale), bwd)
+        for u in range(3)
+    ]
+    assert [(first[u], last[u]) for u in range(3)] == [(0, 27), (14, 25), (2, 13)]
+
+
+def test_unit_tick_labels_thin_out():
+    pytest.importorskip("matplotlib")
+    from execwrap._charts import MAX_UNIT_LABELS, unit_tick_indices
+
+    assert MAX_UNIT_LABELS == 60
+    assert unit_tick_indices(0) == []
+    assert unit_tick_indices(60) == list(range(60))
+    assert unit_tick_indices(61) == list(range(0, 61, 2))
+    assert unit_tick_indices(500) == list(range(0, 500, 9))
+
+
+def test_memory_chart_unit_matches_tables(plan, baseline):
+    pytest.importorskip("matplotlib")
+    from execwrap import _charts
+
+    timelines = {"plan": unsharded_timeline(plan), "always": unsharded_timeline(baseline)}
+    peaks = {"plan": plan.stats(1).peak_unsharded_bytes}
+    fig = _charts.memory_figure(timelines, peaks, prefetch=1)
+    assert fig.axes[0].get_ylabel() == "unsharded parameters (KiB)"
+    assert fig.axes[0].get_title() == f"plan\n3 units, peak {format_bytes(peaks['plan'])}"
+    assert format_bytes(peaks["plan"]) == "471.00 KiB"
+    line = fig.axes[0].lines[0]
+    assert list(line.get_ydata())[:3] == [v / 1024 for v in timelines["plan"][:3]]
+    big = _charts.memory_figure({"p": [3 * 2**30]}, {"p": 3 * 2**30}, prefetch=0)
+    assert big.axes[0].get_ylabel() == "unsharded parameters (GiB)"
+
+
+def test_folder_in_the_way_is_found_before_writing(plan, tmp_path):
+    (tmp_path / "params.csv").mkdir()
+    with pytest.raises(IsADirectoryError) as info:
+        write_report(plan, tmp_path)
+    assert info.value.filename == str(tmp_path / "params.csv")
+    assert [p.name for p in tmp_path.iterdir()] == ["params.csv"]
+
+
+def test_interrupted_write_removes_the_folders_it_created(plan, tmp_path, monkeypatch):
+    def boom(self, f):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_mod._ReportContext, "write_html", boom)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(plan, tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []
