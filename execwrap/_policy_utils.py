@@ -18,6 +18,7 @@ units in ``torch/distributed/fsdp/_wrap_utils.py::_auto_wrap``:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
@@ -36,28 +37,48 @@ _OLD_NUMEL_ARG = "unwrapped_params"  # torch 1.12 / 1.13, the original API
 
 
 def expand_ignored_modules(
-    model: nn.Module, ignored_modules: Iterable[nn.Module] | None
+    model: nn.Module, ignored_modules: Iterable[nn.Module | str] | None
 ) -> set[nn.Module]:
     """Every module in the subtrees of ``ignored_modules``, as FSDP1's
     ``_get_ignored_modules`` expands them.
 
+    Args:
+        model: the root module.
+        ignored_modules: an iterable of submodules of ``model``, given as
+            ``nn.Module`` objects or module FQN strings (``"blocks.1"``,
+            resolved with ``model.get_submodule``), or ``None``.
+
     Raises:
-        TypeError: an entry is not an ``nn.Module``.
-        ValueError: an entry is not part of ``model``, or is ``model`` itself.
+        TypeError: ``ignored_modules`` is a single module or a single string
+            rather than an iterable of them, or an entry is neither an
+            ``nn.Module`` nor a ``str``.
+        ValueError: an entry is not part of ``model`` (an FQN names no
+            submodule: the message lists the closest existing names), or is
+            ``model`` itself.
     """
     if ignored_modules is None:
         return set()
-    if isinstance(ignored_modules, nn.Module):
+    if isinstance(ignored_modules, (nn.Module, str)):
+        what = (
+            f"a single str {ignored_modules!r}"
+            if isinstance(ignored_modules, str)
+            else f"a single {type(ignored_modules).__name__}"
+        )
         raise TypeError(
-            "ignored_modules must be an iterable of nn.Module (e.g. [model.lm_head]), "
-            f"got a single {type(ignored_modules).__name__}; wrap it in a list"
+            "ignored_modules must be an iterable of nn.Module or module FQN str "
+            f"(e.g. [model.lm_head] or ['lm_head']), got {what}; wrap it in a list"
         )
     in_model = {id(m) for m in model.modules()}
     out: set[nn.Module] = set()
-    for m in ignored_modules:
-        if not isinstance(m, nn.Module):
+    for entry in ignored_modules:
+        if isinstance(entry, str):
+            m = _resolve_fqn(model, entry)
+        elif isinstance(entry, nn.Module):
+            m = entry
+        else:
             raise TypeError(
-                f"ignored_modules must hold nn.Module objects, got {type(m).__name__}: {m!r}"
+                "ignored_modules must hold nn.Module objects or module FQN strings, got "
+                f"{type(entry).__name__}: {entry!r}"
             )
         if m is model:
             raise ValueError(
@@ -71,6 +92,24 @@ def expand_ignored_modules(
             )
         out.update(m.modules())
     return out
+
+
+def _resolve_fqn(model: nn.Module, fqn: str) -> nn.Module:
+    """``model.get_submodule(fqn)``, with a ValueError naming close FQNs."""
+    try:
+        return model.get_submodule(fqn)
+    except AttributeError as e:
+        names = [name for name, _ in model.named_modules() if name]
+        close = difflib.get_close_matches(fqn, names, n=3, cutoff=0.6)
+        hint = (
+            f"closest existing names: {', '.join(repr(c) for c in close)}"
+            if close
+            else f"its top-level modules are: {', '.join(repr(n) for n, _ in model.named_children())}"
+        )
+        raise ValueError(
+            f"ignored_modules names module {fqn!r}, which the model ({type(model).__name__}) "
+            f"does not have; {hint}"
+        ) from e
 
 
 def _numel_arg_name(policy: Callable[..., Any]) -> str:

@@ -101,11 +101,81 @@ def _count(params: Sequence[str], numel: dict[str, int]) -> str:
     return f"{_plural(len(params))}, {sum(numel[p] for p in params)} elements"
 
 
+def _and(fqns: Iterable[str], limit: int = 8) -> str:
+    """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'`` (``<root>`` for ``""``)."""
+    items = [_name(f) for f in fqns]
+    if len(items) > limit:
+        return ", ".join(items[:limit]) + f" and {len(items) - limit} more"
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _modules(fqns: Sequence[str]) -> str:
+    """``module 'a'`` / ``modules 'a' and 'b'``."""
+    return f"module{'s' if len(fqns) != 1 else ''} {_and(fqns)}"
+
+
 def _names(fqns: Iterable[str], limit: int = 8) -> str:
     items = [_name(f) for f in fqns]
     if len(items) > limit:
         return ", ".join(items[:limit]) + f", ... ({len(items) - limit} more)"
     return ", ".join(items)
+
+
+# ------------------------------------------------------------ use spans
+class _UseSpans:
+    """Call-index spans of units in one order (see :class:`WrapUnit`).
+
+    Built once per order in O(calls x depth + uses); :meth:`span` then costs
+    O(modules + params) per unit.
+    """
+
+    def __init__(self, order: ExecutionOrder) -> None:
+        self.first_call = order.first_call_index()
+        # module FQN -> last call of it or of any module nested inside it
+        self.last_within: dict[str, int] = {}
+        for i, fqn in enumerate(order.module_forward_order):
+            for anc in _ancestors(fqn):
+                self.last_within[anc] = i
+        canonical = order.alias_to_canonical()
+        self.param_last: dict[str, int] = {}
+        for use in order.param_uses:
+            for p in use.param_fqns:
+                name = canonical.get(p, p)
+                self.param_last[name] = max(self.param_last.get(name, -1), use.call_index)
+
+    def span(self, modules: Iterable[str], params: Iterable[str]) -> tuple[int | None, int | None]:
+        """``(first_use, last_use)`` of a unit with these modules and
+        canonical parameters (``(None, None)`` if no module is called)."""
+        modules = list(modules)
+        firsts = [self.first_call[m] for m in modules if m in self.first_call]
+        if not firsts:
+            return None, None
+        lasts = [self.last_within[m] for m in modules if m in self.last_within]
+        lasts += [self.param_last[p] for p in params if p in self.param_last]
+        return min(firsts), max(lasts)
+
+
+def _first_trainable_use(order: ExecutionOrder) -> float | None:
+    """Call index of the first ``param_uses`` entry with a trainable
+    parameter; ``math.inf`` if no use is trainable; ``None`` if the order
+    records no parameter uses at all (nothing is known)."""
+    if not order.param_uses:
+        return None
+    canonical = order.alias_to_canonical()
+    trainable = [
+        use.call_index
+        for use in order.param_uses
+        if any(_order_requires_grad(order, canonical.get(p, p)) for p in use.param_fqns)
+    ]
+    return min(trainable, default=math.inf)
+
+
+def _order_requires_grad(order: ExecutionOrder, fqn: str) -> bool:
+    """``requires_grad`` recorded for canonical ``fqn`` (``True`` if unknown)."""
+    info = order.params.get(fqn)
+    return True if info is None else info.requires_grad
 
 
 # ------------------------------------------------------------- data model
@@ -120,9 +190,15 @@ class WrapUnit:
             modules' parameters not managed by a nested unit), in forward order.
         numel: elements over ``param_fqns``.
         bytes: bytes over ``param_fqns`` (numel times each dtype's size).
-        first_use: index in ``order.module_forward_order`` of the unit's first
-            call (``None`` if never called in forward).
-        last_use: index of the unit's last call (``None`` if never called).
+        first_use: the first call index (in ``order.module_forward_order``) of
+            any of the unit's modules (``None`` if none is ever called).
+        last_use: the last call index at which the unit is still active: the
+            last call of any of its modules or of any module nested inside
+            them (the range of calls a unit's forward spans), or the last
+            ``order.param_uses`` entry using one of its parameters (a
+            parameter used from elsewhere), whichever is later. For the root
+            unit this is the last call of the whole forward. ``None`` exactly
+            when ``first_use`` is ``None``.
     """
 
     module_fqns: tuple[str, ...]
@@ -231,6 +307,7 @@ class _ModelView:
     numel: dict[str, int]
     bytes: dict[str, int]
     dtype: dict[str, str]
+    shape: dict[str, tuple[int, ...]]
     requires_grad: dict[str, bool]
     ignored_params: set[str]
 
@@ -260,6 +337,7 @@ class _ModelView:
         numel: dict[str, int] = {}
         nbytes: dict[str, int] = {}
         dtype: dict[str, str] = {}
+        shape: dict[str, tuple[int, ...]] = {}
         rg: dict[str, bool] = {}
         for fqn, p in model.named_parameters():
             fqns_of[fqn] = [fqn, *shared.get(fqn, [])]
@@ -268,6 +346,7 @@ class _ModelView:
             numel[fqn] = p.numel()
             nbytes[fqn] = p.numel() * p.element_size()
             dtype[fqn] = str(p.dtype).removeprefix("torch.")
+            shape[fqn] = tuple(p.shape)
             rg[fqn] = p.requires_grad
         return cls(
             modules=modules,
@@ -279,6 +358,7 @@ class _ModelView:
             numel=numel,
             bytes=nbytes,
             dtype=dtype,
+            shape=shape,
             requires_grad=rg,
             ignored_params=ignored_params,
         )
@@ -443,6 +523,32 @@ class WrapPlan:
         return None
 
     # ---------------------------------------------------------------- cost
+    def runs_backward(self) -> list[bool]:
+        """For each unit, whether autograd runs backward through it.
+
+        A unit does not when every module call in its span (see
+        :attr:`WrapUnit.last_use`) happens before the first forward use of
+        any trainable (``requires_grad``) parameter, as recorded in
+        ``order.param_uses`` and ``order.params``: assuming the model's input
+        needs no grad, its outputs then do not require grad, so FSDP's
+        pre-backward hook never fires and the unit is not all-gathered in
+        backward. Spans are computed from :attr:`order`, not read from the
+        units. A unit never called in forward, and every unit when the order
+        records no parameter uses, counts as running backward.
+
+        Returns:
+            One bool per unit, in :attr:`units` order.
+        """
+        first_trainable = _first_trainable_use(self.order)
+        if first_trainable is None:
+            return [True] * len(self.units)
+        spans = _UseSpans(self.order)
+        out: list[bool] = []
+        for unit in self.units:
+            _, last = spans.span(unit.module_fqns, unit.param_fqns)
+            out.append(last is None or last >= first_trainable)
+        return out
+
     def _activations(self, unit: WrapUnit) -> int:
         calls = Counter(self.order.module_forward_order)
         return max(1, max(calls.get(m, 0) for m in unit.module_fqns))
@@ -468,7 +574,14 @@ class WrapPlan:
           unsharded are: unit ``j``, the ``prefetch`` units before it, every
           unit enclosing ``j`` (its post-backward waits for its children) and
           the root. Without ``reshard_after_forward`` units ``0..j`` are
-          unsharded (later ones were freed after their gradients).
+          unsharded (later ones were freed after their gradients);
+        * units that autograd never runs backward through
+          (:meth:`runs_backward`: they run before any trainable parameter is
+          used) are not all-gathered in backward: with reshard after forward
+          they are left out of every backward step (their own step shows what
+          stays unsharded meanwhile) and are not counted among the
+          ``prefetch`` units; without it they stay unsharded through all of
+          backward (their post-backward, which would free them, never runs).
 
         Only parameter bytes count (no gradients, activations, or padding); a
         group spanning modules in several subtrees counts the enclosing units
@@ -504,11 +617,14 @@ class WrapPlan:
                     len(steps), "forward", self.units[j].label, sum(nbytes[i] for i in live)
                 )
             )
+        active = self.runs_backward()
+        skipped = {i for i in range(n) if not active[i]}
         for j in range(n - 1, -1, -1):
             if reshard_after_forward:
-                live = {j, root, *anc[j], *range(max(0, j - prefetch), j)}
+                before = [i for i in range(j - 1, -1, -1) if active[i]][:prefetch]
+                live = {i for i in (j, *anc[j], *before) if active[i]} | {root}
             else:
-                live = {root, *anc[j], *range(0, j + 1)}
+                live = {root, *anc[j], *range(0, j + 1), *skipped}
             steps.append(
                 TimelineStep(
                     len(steps), "backward", self.units[j].label, sum(nbytes[i] for i in live)
@@ -528,7 +644,17 @@ class WrapPlan:
           resharded after forward (FSDP1 and FSDP2 both keep it), so it is
           gathered in forward only. Without reshard after forward each unit
           is gathered once;
-        * reduce-scatters: one per unit with a trainable parameter;
+        * frozen prefix: autograd never runs backward through a unit whose
+          whole span (every module call of it, see :attr:`WrapUnit.last_use`)
+          comes before the first forward use of any trainable parameter,
+          assuming the input needs no grad: its outputs do not require grad,
+          so FSDP's pre-backward hook never fires and the unit has no backward
+          all-gather (:meth:`runs_backward`). FSDP1 agrees even with
+          ``BACKWARD_PRE`` prefetch (it skips handles whose
+          ``_needs_pre_backward_unshard`` is unset); FSDP2's implicit backward
+          prefetch, or an explicit list naming such a unit, still gathers it;
+        * reduce-scatters: one per unit with a trainable parameter (none for
+          a unit whose parameters are all frozen);
         * peak unsharded bytes: the maximum of :meth:`unsharded_timeline`.
 
         Args:
@@ -549,11 +675,12 @@ class WrapPlan:
         gathers = 0
         gathers_no_reshard = 0
         reduce_scatters = 0
+        backward = self.runs_backward()
         for i, unit in enumerate(self.units):
             if unit.numel <= 0:
                 continue
             acts = self._activations(unit)
-            gathers += acts if i == root else 2 * acts
+            gathers += acts if i == root or not backward[i] else 2 * acts
             gathers_no_reshard += 1
             if any(self._requires_grad(p) for p in unit.param_fqns):
                 reduce_scatters += 1
@@ -576,8 +703,7 @@ class WrapPlan:
         )
 
     def _requires_grad(self, fqn: str) -> bool:
-        info = self.order.params.get(fqn)
-        return True if info is None else info.requires_grad
+        return _order_requires_grad(self.order, fqn)
 
     # ---------------------------------------------------------------- lint
     def check(self, model: nn.Module) -> None:
@@ -725,7 +851,7 @@ def policy_units(
     model: nn.Module,
     init_policy: Any = always_wrap_policy,
     *,
-    ignored_modules: Iterable[nn.Module] | None = None,
+    ignored_modules: Iterable[nn.Module | str] | None = None,
 ) -> list[str]:
     """The module FQNs FSDP1 itself would wrap for ``init_policy``.
 
@@ -740,14 +866,17 @@ def policy_units(
         init_policy: a policy callable ``(module, recurse, nonwrapped_numel)``
             or ``(module, recurse, unwrapped_params)`` (numel in elements), a
             ``_Policy`` instance, or ``None`` (root only).
-        ignored_modules: modules FSDP ignores (with their subtrees).
+        ignored_modules: modules FSDP ignores (with their subtrees): an
+            iterable of ``nn.Module`` objects or module FQN strings.
 
     Returns:
         FQNs, root ``""`` first, then the wrapped modules.
 
     Raises:
-        TypeError: ``init_policy`` has an unusable type or signature.
-        ValueError: an ignored module is not part of ``model``.
+        TypeError: ``init_policy`` has an unusable type or signature, or
+            ``ignored_modules`` is a single module or string (wrap it in a list).
+        ValueError: an ignored module is not part of ``model`` (or an FQN
+            names no submodule).
 
     Source: ``torch/distributed/fsdp/_wrap_utils.py::_auto_wrap`` and
     ``torch/distributed/fsdp/wrap.py::_recursive_wrap``.
@@ -765,7 +894,7 @@ def plan_wrap(
     init_policy: Any = always_wrap_policy,
     *,
     bucket_numel: int | None = None,
-    ignored_modules: Iterable[nn.Module] | None = None,
+    ignored_modules: Iterable[nn.Module | str] | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -802,16 +931,21 @@ def plan_wrap(
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements, or ``None``.
-        ignored_modules: modules FSDP ignores; their parameters are in no unit.
+        ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
+            objects or module FQN strings); their parameters are in no unit.
 
     Returns:
         A :class:`WrapPlan`.
 
     Raises:
-        TypeError: ``model``/``order``/``init_policy``/``bucket_numel`` has the
-            wrong type.
-        ValueError: ``bucket_numel`` is not positive, or the order names a
-            module or parameter that ``model`` does not have.
+        TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
+            ``ignored_modules`` has the wrong type.
+        ValueError: ``bucket_numel`` is not positive; an ignored module is
+            not part of ``model``; or the order does not fit ``model``: it
+            names a module or parameter that ``model`` does not have, or its
+            ``params`` table (when not empty) lists other parameters, or other
+            numels/shapes, than ``model.named_parameters()`` (a stale order:
+            capture it again).
         PlanError: the plan failed its own check (a bug; please report).
 
     Example:
@@ -1052,6 +1186,7 @@ def compare_plans(plans: dict[str, WrapPlan], *, prefetch: int = 1) -> list[dict
 
 
 def _check_order_matches(view: _ModelView, order: ExecutionOrder, model_name: str) -> None:
+    _check_order_params(view, order, model_name)
     hint = "capture the order from this model (tracing.capture_execution_order(model, ...))"
     for fqn in order.module_forward_order:
         if fqn not in view.modules:
@@ -1073,6 +1208,47 @@ def _check_order_matches(view: _ModelView, order: ExecutionOrder, model_name: st
                 )
 
 
+def _check_order_params(view: _ModelView, order: ExecutionOrder, model_name: str) -> None:
+    """The order's ``params`` table must list the model's canonical parameters
+    with the same numel and shape; an empty table (a hand-built order) is not
+    checked."""
+    if not order.params:
+        return
+    only_order: list[str] = []
+    mismatched: list[str] = []
+    for fqn, info in order.params.items():
+        if fqn not in view.numel:
+            only_order.append(repr(fqn))
+            continue
+        shape = view.shape[fqn]
+        recorded = tuple(info.shape)
+        if info.numel != view.numel[fqn] or (recorded and recorded != shape):
+            was = recorded if recorded else f"{info.numel} elements"
+            mismatched.append(f"{fqn!r} ({was} in the order, {shape} in the model)")
+    only_model = [repr(fqn) for fqn in view.numel if fqn not in order.params]
+    n = len(only_order) + len(only_model) + len(mismatched)
+    if n == 0:
+        return
+
+    def few(items: list[str], limit: int = 3) -> str:
+        more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+        return ", ".join(items[:limit]) + more
+
+    parts = []
+    if only_model:
+        parts.append(f"in the model but not in the order: {few(only_model)}")
+    if only_order:
+        parts.append(f"in the order but not in the model: {few(only_order)}")
+    if mismatched:
+        parts.append(f"of another size: {few(mismatched)}")
+    raise ValueError(
+        f"plan_wrap: the order's parameters do not match those of {model_name}: "
+        f"{_plural(n)} differ{'s' if n == 1 else ''} ({'; '.join(parts)}); the order was captured from a different "
+        "model (or before the model changed): capture it again, e.g. "
+        "tracing.capture_execution_order(model, ...)"
+    )
+
+
 class _Planner:
     """Turns the policy's units into the plan's atomic units (steps 2 to 4)."""
 
@@ -1091,9 +1267,7 @@ class _Planner:
         self.notes: list[str] = []
         self.calls = Counter(order.module_forward_order)
         self.first_call = order.first_call_index()
-        self.last_call: dict[str, int] = {}
-        for i, fqn in enumerate(order.module_forward_order):
-            self.last_call[fqn] = i
+        self.spans = _UseSpans(order)
         # canonical param -> modules using it, first-seen order
         self.users: dict[str, dict[str, None]] = {p: {} for p in view.fqns_of}
         for use in order.param_uses:
@@ -1184,14 +1358,15 @@ class _Planner:
             self.trainable_dtypes[u] = frozenset(
                 self.view.dtype[p] for p in params if self.view.requires_grad[p]
             )
+            first_use, last_use = self.spans.span((u,), params)
             units.append(
                 WrapUnit(
                     module_fqns=(u,),
                     param_fqns=tuple(params),
                     numel=sum(self.view.numel[p] for p in params),
                     bytes=sum(self.view.bytes[p] for p in params),
-                    first_use=self.first_call.get(u),
-                    last_use=self.last_call.get(u),
+                    first_use=first_use,
+                    last_use=last_use,
                 )
             )
         units.sort(
@@ -1204,14 +1379,22 @@ class _Planner:
         return units
 
     # -------------------------------------------------------------- notes
-    def _own_params_of(self, fqn: str) -> list[str]:
-        """Canonical params named inside dropped unit ``fqn`` and not held by a
-        unit nested in it: what the unit would have held."""
+    def _direct_params_of(self, fqn: str) -> list[str]:
+        """Canonical params that module ``fqn`` holds directly (one of their
+        names is ``fqn.<name>``), not through a submodule."""
         return [
-            p
-            for p in self.params
-            if _is_within(owner_fqn(p), fqn) and not _is_within(self.holder[p], fqn)
+            p for p in self.params if any(self.view.owner(n) == fqn for n in self.view.fqns_of[p])
         ]
+
+    def _never_called(self) -> str:
+        """How a module that the order never calls is described: a symbolic
+        trace sees every path of ``forward``, a runtime capture only one."""
+        if self.order.method == "runtime":
+            return (
+                "is never called with the example inputs (runtime capture sees one forward: "
+                "another input may take another branch; execwrap.OrderMonitor warns if it does)"
+            )
+        return "is never called in forward"
 
     def _note_dropped(self, dropped: list[tuple[str, str]]) -> None:
         dropped_fqns = [f for f, _ in dropped]
@@ -1221,12 +1404,13 @@ class _Planner:
             cls = self.view.classes.get(fqn, "?")
             target = _innermost(fqn, self.units)
             if kind == "container":
-                params = self._own_params_of(fqn)
+                params = self._direct_params_of(fqn)
+                holders = list(dict.fromkeys(self.holder[p] for p in params))
                 where = (
-                    f"its own parameters ({_count(params, self.view.numel)}) go to unit "
-                    f"{_name(target)}"
+                    f", and its own parameters ({_count(params, self.view.numel)}) go to unit"
+                    f"{'s' if len(holders) > 1 else ''} {_names(holders)}"
                     if params
-                    else "it holds no parameters of its own"
+                    else ""
                 )
                 children = sorted(
                     (u for u in self.units if u != fqn and _is_within(u, fqn)),
@@ -1235,7 +1419,7 @@ class _Planner:
                 self.notes.append(
                     f"Module {_name(fqn)} ({cls}) never runs its own forward (only modules inside "
                     "it are called), so it cannot be an FSDP unit: its hooks would never fire. "
-                    f"Not wrapped; the units inside it stay ({_names(children) or 'none'}), and "
+                    f"Not wrapped; the units inside it stay ({_names(children) or 'none'})"
                     f"{where}."
                 )
                 continue
@@ -1245,16 +1429,25 @@ class _Planner:
                 {m for p in moved for m in self.users[p] if not _is_within(m, fqn)},
                 key=lambda m: self.first_call.get(m, math.inf),
             )
-            why = (
-                f"never runs its own forward (its parameters are used by {_names(users)})"
-                if users
-                else "is never called in forward and its parameters are never used (dead code)"
-            )
-            extra = f" (nor can the units inside it: {_names(nested)})" if nested else ""
+            runtime_dead = not users and self.order.method == "runtime"
+            if users:
+                why = f"never runs its own forward (its parameters are used by {_names(users)})"
+            elif runtime_dead:
+                why = f"{self._never_called()} and its parameters are never used"
+            else:
+                why = "is never called in forward and its parameters are never used (dead code)"
+            if runtime_dead:
+                # another input may call it: say what the plan does, not that it cannot work
+                verdict = "so the plan does not make it an FSDP unit"
+                extra = f" (nor the units inside it: {_names(nested)})" if nested else ""
+                tail = f"{extra}."
+            else:
+                verdict = "so it cannot be an FSDP unit"
+                extra = f" (nor can the units inside it: {_names(nested)})" if nested else ""
+                tail = f"{extra}: its hooks would never fire."
             self.notes.append(
-                f"Module {_name(fqn)} ({cls}) {why}, so it cannot be an FSDP unit{extra}: its "
-                f"hooks would never fire. Its parameters ({_count(moved, self.view.numel)}) stay "
-                f"in unit {_name(target)}."
+                f"Module {_name(fqn)} ({cls}) {why}, {verdict}{tail} Its parameters "
+                f"({_count(moved, self.view.numel)}) stay in unit {_name(target)}."
             )
 
     def _note_dead_modules(self, has_calls: bool) -> None:
@@ -1276,10 +1469,11 @@ class _Planner:
             if any(_is_within(u, fqn) for u in self.policy_fqns if u not in self.units):
                 continue
             noted.append(fqn)
+            dead = "" if self.order.method == "runtime" else " (dead code)"
             self.notes.append(
-                f"Module {_name(fqn)} ({self.view.classes.get(fqn, '?')}) is never called in "
-                f"forward and its parameters ({_count(params, self.view.numel)}) are never used "
-                f"(dead code); they stay in unit {_name(_innermost(fqn, self.units))}."
+                f"Module {_name(fqn)} ({self.view.classes.get(fqn, '?')}) {self._never_called()} "
+                f"and its parameters ({_count(params, self.view.numel)}) are never used{dead}; "
+                f"they stay in unit {_name(_innermost(fqn, self.units))}."
             )
 
     def _note_relocations(self, events: dict[str, tuple[str, list[str]]]) -> None:
@@ -1287,31 +1481,52 @@ class _Planner:
             names = self.view.fqns_of[p]
             users = list(self.users[p])
             holder = self.holder[p]
-            used = f"is used by {_names(users)}" if users else "is not used in forward"
-            if p in events:
-                dropped = events[p][1]
-                verb = "is" if len(dropped) == 1 else "are"
-                fix = (
-                    f"so it goes to their common ancestor unit {_name(holder)}: "
-                    f"{_names(dropped)} {verb} not wrapped ({'its' if verb == 'is' else 'their'} "
-                    f"other parameters go to {_name(holder)} too)."
-                )
-                if len(names) > 1:
+            tied = len(names) > 1
+            subject = (
+                f"Tied parameter {p!r} (also {_names(names[1:])})" if tied else f"Parameter {p!r}"
+            )
+            used = f"is used by {_modules(users)}" if users else "is not used in forward"
+            owners = {self.view.owner(n) for n in names}
+            if users and owners <= set(users):
+                encloses = {1: "it", 2: "both"}.get(len(users), "all of them")
+            else:
+                encloses = "every name and use of it" if tied else "every use of it"
+            if p not in events:
+                if tied:
                     self.notes.append(
-                        f"Tied parameter {p!r} (also {_names(names[1:])}) {used}, across units "
-                        f"{_names(dropped)}; FSDP must never split a tied tensor and needs it "
-                        f"unsharded at every use, {fix}"
+                        f"{subject} {used}; it stays in unit {_name(holder)}, which encloses "
+                        f"{encloses}."
                     )
-                else:
-                    outside = [m for m in users if not any(_is_within(m, d) for d in dropped)]
-                    self.notes.append(
-                        f"Parameter {p!r} {used}; {_names(outside)} run(s) outside "
-                        f"{_names(dropped)}, where FSDP has resharded it, {fix}"
-                    )
-            elif len(names) > 1:
+                continue
+            dropped = events[p][1]
+            verb = "is" if len(dropped) == 1 else "are"
+            others = [
+                q
+                for q in self.params
+                if q != p
+                and self.holder[q] == holder
+                and any(_is_within(owner_fqn(q), d) for d in dropped)
+            ]
+            rest = (
+                f"; {'its' if len(dropped) == 1 else 'their'} other parameters "
+                f"({_count(others, self.view.numel)}) go to {_name(holder)} too"
+                if others
+                else ""
+            )
+            policy_units = f"the policy's unit{'s' if len(dropped) > 1 else ''} {_and(dropped)}"
+            if tied:
                 self.notes.append(
-                    f"Tied parameter {p!r} (also {_names(names[1:])}) {used}; every name and use "
-                    f"lies inside unit {_name(holder)}, which holds it."
+                    f"{subject} {used}; FSDP must never split a tied tensor and needs it "
+                    f"unsharded at every use, so it goes to unit {_name(holder)}, which encloses "
+                    f"{encloses}: {policy_units} {verb} not wrapped because of the tie{rest}."
+                )
+            else:
+                outside = [m for m in users if not any(_is_within(m, d) for d in dropped)]
+                self.notes.append(
+                    f"{subject} {used}; {_and(outside)} run{'s' if len(outside) == 1 else ''} "
+                    f"outside unit{'s' if len(dropped) > 1 else ''} {_and(dropped)}, where FSDP "
+                    f"has resharded it, so it goes to unit {_name(holder)}, which encloses "
+                    f"{encloses}: {policy_units} {verb} not wrapped{rest}."
                 )
 
     def _note_mixed_requires_grad(self, units: list[WrapUnit]) -> None:

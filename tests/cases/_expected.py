@@ -404,7 +404,9 @@ class PlanCase:
             which wraps every module, parameter-less ones included).
         units: ``(module_fqns, param_fqns, first_use, last_use)`` per unit,
             in execution order (by first call; ``first_use``/``last_use``
-            index ``module_forward_order``).
+            index ``module_forward_order``: ``last_use`` is the last call of
+            the unit's module or of a module nested in it, or the last use of
+            one of its parameters; the root's is the last call of forward).
         notes: for each expected note, fragments that must all appear in it;
             the plan has exactly this many notes.
     """
@@ -422,8 +424,8 @@ def _lora_policy() -> object:
 
 
 _FACTORY_UNITS = [
-    (("",), (), 0, 0),
-    (("block",), (), 1, 1),  # FactoryBlock owns no parameter directly
+    (("",), (), 0, 3),
+    (("block",), (), 1, 2),  # FactoryBlock owns no parameter directly; block.fc runs inside
     (("block.fc",), ("block.fc.weight", "block.fc.bias"), 2, 2),
     (("head",), ("head.weight", "head.bias"), 3, 3),
 ]
@@ -431,7 +433,7 @@ _CKPT_UNITS = [
     # the tied weight's names lie in block0.fc1 and block1.fc1: every unit
     # enclosing one of them (block0, block0.fc1, block1, block1.fc1) is
     # dropped, and the root holds what those would have held
-    (("",), ("block0.fc1.weight", "block0.fc1.bias", "block1.fc1.bias"), 0, 0),
+    (("",), ("block0.fc1.weight", "block0.fc1.bias", "block1.fc1.bias"), 0, 10),
     (("inp",), ("inp.weight", "inp.bias"), 1, 1),
     (("block0.act",), (), 4, 4),
     (("block0.fc2",), ("block0.fc2.weight", "block0.fc2.bias"), 5, 5),
@@ -443,7 +445,7 @@ _CKPT_NOTES = [
     (
         "Tied parameter 'block0.fc1.weight'",
         "'block1.fc1.weight'",
-        "common ancestor unit <root>",
+        "it goes to unit <root>, which encloses both",
         "'block0.fc1'",
         "'block0'",
         "'block1.fc1'",
@@ -455,13 +457,13 @@ PLANS: dict[str, PlanCase] = {
     "data_dependent_if": PlanCase(
         "data_dependent_if",
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 3),
             # block.neg never runs: not a unit, its weight stays in block's unit
-            (("block",), ("block.neg.weight",), 1, 1),
+            (("block",), ("block.neg.weight",), 1, 2),
             (("block.pos",), ("block.pos.weight", "block.pos.bias"), 2, 2),
             (("post",), ("post.weight", "post.bias"), 3, 3),
         ],
-        notes=[("'block.neg'", "never called", "stay in unit 'block'")],
+        notes=[("'block.neg'", "never called with the example inputs", "stay in unit 'block'")],
     ),
     **{
         f"factory_{kind}": PlanCase(f"factory_{kind}", units=_FACTORY_UNITS)
@@ -470,7 +472,7 @@ PLANS: dict[str, PlanCase] = {
     "loop_over_args": PlanCase(
         "loop_over_args",
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 3),
             (("layers.2",), ("layers.2.weight", "layers.2.bias"), 1, 1),
             (("layers.1",), ("layers.1.weight",), 2, 2),
             (("layers.0",), ("layers.0.weight", "layers.0.bias"), 3, 3),
@@ -481,14 +483,14 @@ PLANS: dict[str, PlanCase] = {
     "root_params": PlanCase(
         "root_params",
         units=[
-            (("",), ("w1", "w2", "proj", "scale"), 0, 0),  # forward order, not definition
+            (("",), ("w1", "w2", "proj", "scale"), 0, 1),  # forward order, not definition
             (("fc",), ("fc.weight", "fc.bias"), 1, 1),
         ],
     ),
     "called_twice": PlanCase(
         "called_twice",
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 4),
             (("shared",), ("shared.weight", "shared.bias"), 1, 3),
             (("mid",), ("mid.weight",), 2, 2),
             (("out",), ("out.weight", "out.bias"), 4, 4),  # defined first, runs last
@@ -499,19 +501,17 @@ PLANS: dict[str, PlanCase] = {
         units=[
             # head reads embed.weight after embed's unit resharded it: embed
             # is not wrapped and the root holds the weight
-            (("",), ("embed.weight",), 0, 0),
+            (("",), ("embed.weight",), 0, 4),
             (("body",), ("body.weight", "body.bias"), 2, 2),
-            (("head",), (), 3, 3),
+            (("head",), (), 3, 4),  # head.norm runs inside head
             (("head.norm",), ("head.norm.weight", "head.norm.bias"), 4, 4),
         ],
-        notes=[
-            ("'embed.weight'", "'head'", "common ancestor unit <root>", "'embed' is not wrapped")
-        ],
+        notes=[("'embed.weight'", "'head'", "goes to unit <root>", "'embed' is not wrapped")],
     ),
     "tied_embedding": PlanCase(
         "tied_embedding",
         units=[
-            (("",), ("embed.weight",), 0, 0),
+            (("",), ("embed.weight",), 0, 4),
             (("block",), ("block.weight", "block.bias"), 2, 2),
             (("norm",), ("norm.weight", "norm.bias"), 3, 3),
         ],
@@ -519,15 +519,15 @@ PLANS: dict[str, PlanCase] = {
             (
                 "Tied parameter 'embed.weight'",
                 "'lm_head.weight'",
-                "common ancestor unit <root>",
-                "'embed', 'lm_head' are not wrapped",
+                "goes to unit <root>, which encloses both",
+                "'embed' and 'lm_head' are not wrapped because of the tie",
             )
         ],
     ),
     "multihead_attention": PlanCase(
         "multihead_attention",
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 3),
             (("inp",), ("inp.weight", "inp.bias"), 1, 1),
             # never a unit of its own for attn.out_proj
             (
@@ -549,18 +549,18 @@ PLANS: dict[str, PlanCase] = {
         "lora",
         policy=_lora_policy,
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 9),
             (
                 ("l0",),
                 ("l0.base.weight", "l0.base.bias", "l0.lora_a.weight", "l0.lora_b.weight"),
                 1,
-                1,
+                4,  # l0.base, l0.lora_a, l0.lora_b run inside l0 (calls 2-4)
             ),
             (
                 ("l1",),
                 ("l1.base.weight", "l1.base.bias", "l1.lora_a.weight", "l1.lora_b.weight"),
                 6,
-                6,
+                9,
             ),
         ],
         notes=[
@@ -571,13 +571,13 @@ PLANS: dict[str, PlanCase] = {
     "lora_always_wrap": PlanCase(
         "lora",  # every Linear its own unit: no unit mixes requires_grad
         units=[
-            (("",), (), 0, 0),
-            (("l0",), (), 1, 1),
+            (("",), (), 0, 9),
+            (("l0",), (), 1, 4),
             (("l0.base",), ("l0.base.weight", "l0.base.bias"), 2, 2),
             (("l0.lora_a",), ("l0.lora_a.weight",), 3, 3),
             (("l0.lora_b",), ("l0.lora_b.weight",), 4, 4),
             (("act",), (), 5, 5),
-            (("l1",), (), 6, 6),
+            (("l1",), (), 6, 9),
             (("l1.base",), ("l1.base.weight", "l1.base.bias"), 7, 7),
             (("l1.lora_a",), ("l1.lora_a.weight",), 8, 8),
             (("l1.lora_b",), ("l1.lora_b.weight",), 9, 9),
@@ -586,7 +586,7 @@ PLANS: dict[str, PlanCase] = {
     "never_called": PlanCase(
         "never_called",
         units=[
-            (("",), ("unused.weight", "unused.bias"), 0, 0),
+            (("",), ("unused.weight", "unused.bias"), 0, 2),
             (("fc1",), ("fc1.weight", "fc1.bias"), 1, 1),
             (("fc2",), ("fc2.weight", "fc2.bias"), 2, 2),
         ],
@@ -595,7 +595,7 @@ PLANS: dict[str, PlanCase] = {
     "inplace_relu": PlanCase(
         "inplace_relu",
         units=[
-            (("",), (), 0, 0),
+            (("",), (), 0, 3),
             (("fc1",), ("fc1.weight", "fc1.bias"), 1, 1),
             (("act",), (), 2, 2),
             (("fc2",), ("fc2.weight", "fc2.bias"), 3, 3),

@@ -100,7 +100,8 @@ def test_multihead_attention_out_proj_never_a_unit(policy: object) -> None:
 
 def test_checkpoint_untied_keeps_blocks_as_units() -> None:
     """Without the tie, checkpointed blocks are ordinary units (recompute
-    does not add calls, so first_use/last_use are the forward calls)."""
+    does not add calls, so first_use/last_use are the forward calls: a
+    block's span runs from its call to its last nested call, fc2)."""
     from tests.cases.models import CheckpointedBlocks, MLPBlock
 
     for reentrant in (True, False):
@@ -108,18 +109,18 @@ def test_checkpoint_untied_keeps_blocks_as_units() -> None:
         order = record_execution_order(model, *inputs(CASES["checkpoint_reentrant"]))
         plan = plan_wrap(model, order, ModuleWrapPolicy({MLPBlock}))
         assert _units(plan) == [
-            (("",), ("inp.weight", "inp.bias", "head.weight", "head.bias"), 0, 0),
+            (("",), ("inp.weight", "inp.bias", "head.weight", "head.bias"), 0, 10),
             (
                 ("block0",),
                 ("block0.fc1.weight", "block0.fc1.bias", "block0.fc2.weight", "block0.fc2.bias"),
                 2,
-                2,
+                5,  # block0, block0.fc1, block0.act, block0.fc2
             ),
             (
                 ("block1",),
                 ("block1.fc1.weight", "block1.fc1.bias", "block1.fc2.weight", "block1.fc2.bias"),
                 6,
-                6,
+                9,
             ),
         ]
         assert plan.notes == []

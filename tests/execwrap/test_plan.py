@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -20,7 +21,7 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from execwrap.errors import PlanError
-from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
+from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig, build_demo_model
 from execwrap.plan import (
     PlanStats,
     TimelineStep,
@@ -31,8 +32,8 @@ from execwrap.plan import (
     plan_wrap,
     policy_units,
 )
-from tracing import trace_execution_order
-from tracing.order import ExecutionOrder, ParamUse, param_infos, shared_param_map
+from tracing import record_execution_order, trace_execution_order
+from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_infos, shared_param_map
 
 
 # ------------------------------------------------------------------ models
@@ -83,7 +84,7 @@ def unit(
 def test_layer_order_units_follow_execution_not_definition() -> None:
     plan = plan_wrap(LayerOrder(), layer_order())
     assert plan.units == [
-        unit(("",), (), 0, 0, 0),
+        unit(("",), (), 0, 0, 3),  # the root is active until the last call of forward
         unit(("layer0",), ("layer0.weight", "layer0.bias"), 40, 1, 1),
         unit(("layer2",), ("layer2.weight", "layer2.bias"), 144, 2, 2),
         unit(("layer1",), ("layer1.weight", "layer1.bias"), 68, 3, 3),
@@ -144,8 +145,16 @@ def test_gpt_tied_embedding_under_module_wrap_policy() -> None:
     assert root.numel == 256 * 64 + 64 * 64 + 2 * 64
     assert [u.numel for u in plan.units[1:]] == [49984, 49984]
     assert plan.notes == [
-        "Tied parameter 'wte.weight' (also 'lm_head.weight') is used by 'wte', 'lm_head'; "
-        "every name and use lies inside unit <root>, which holds it."
+        "Tied parameter 'wte.weight' (also 'lm_head.weight') is used by modules 'wte' and "
+        "'lm_head'; it stays in unit <root>, which encloses both."
+    ]
+    # calls: 0 <root>, 1 wte, 2-10 blocks.0 and its 8 submodules, 11-19 blocks.1,
+    # 20 ln_f, 21 lm_head
+    assert [(u.first_use, u.last_use) for u in plan.units] == [(0, 21), (2, 10), (11, 19)]
+    bucketed = plan_wrap(model, plan.order, ModuleWrapPolicy({Block}), bucket_numel=10**6)
+    assert [(u.label, u.first_use, u.last_use) for u in bucketed.units] == [
+        ("<root>", 0, 21),
+        ("blocks.0+blocks.1", 2, 19),
     ]
     assert plan.policy_name == "ModuleWrapPolicy({Block})"
     assert plan.stats(1).all_gathers_per_step == 5
@@ -171,8 +180,13 @@ def test_gpt_always_wrap_moves_tied_weight_to_root_and_drops_container() -> None
     assert plan.units[0].param_fqns == ("wte.weight", "wpe")
     assert len(plan.notes) == 2
     assert plan.notes[0].startswith("Module 'blocks' (ModuleList) never runs its own forward")
-    assert "Tied parameter 'wte.weight' (also 'lm_head.weight')" in plan.notes[1]
-    assert "'wte', 'lm_head' are not wrapped" in plan.notes[1]
+    assert plan.notes[0].endswith("'blocks.0.mlp.fc', ... (1 more)).")  # no parameters of its own
+    assert plan.notes[1] == (
+        "Tied parameter 'wte.weight' (also 'lm_head.weight') is used by modules 'wte' and "
+        "'lm_head'; FSDP must never split a tied tensor and needs it unsharded at every use, "
+        "so it goes to unit <root>, which encloses both: the policy's units 'wte' and "
+        "'lm_head' are not wrapped because of the tie."
+    )
 
 
 class Mixed(nn.Module):
@@ -217,9 +231,10 @@ def test_uncalled_and_outside_uses() -> None:
         "Module 'unused' (Linear) is never called in forward and its parameters are never used "
         "(dead code), so it cannot be an FSDP unit: its hooks would never fire. Its parameters "
         "(2 parameters, 12 elements) stay in unit <root>.",
-        "Parameter 'embed.weight' is used by 'embed', <root>; <root> run(s) outside 'embed', "
-        "where FSDP has resharded it, so it goes to their common ancestor unit <root>: 'embed' "
-        "is not wrapped (its other parameters go to <root> too).",
+        "Parameter 'embed.weight' is used by modules 'embed' and <root>; <root> runs outside "
+        "unit 'embed', where FSDP has resharded it, so it goes to unit <root>, which encloses "
+        "both: the policy's unit 'embed' is not wrapped; its other parameters (1 parameter, "
+        "8 elements) go to <root> too.",
     ]
 
 
@@ -366,6 +381,12 @@ def test_bucketing_llama_blocks() -> None:
     assert plan.groups == [[""], ["layers.0", "layers.1"], ["layers.2", "layers.3"]]
     assert [u.numel for u in plan.units] == [32832, 2 * block, 2 * block]
     assert [u.first_use for u in plan.units] == [0, 2, 26]  # 12 calls per block
+    # a group is active until its last block's last nested call; the root until
+    # the last call (52 calls: root, tok_embeddings, 4 x 12, norm, output)
+    assert [u.last_use for u in plan.units] == [51, 25, 49]
+    assert [(u.first_use, u.last_use) for u in plan.atomic_units] == [
+        (0, 51), (2, 13), (14, 25), (26, 37), (38, 49),
+    ]  # fmt: skip
     assert len(plan.atomic_units) == 5
     assert plan.stats(1).all_gathers_per_step == 5
     assert plan.fsdp1_modules() == ["", "layers.0", "layers.1", "layers.2", "layers.3"]
@@ -634,4 +655,252 @@ def test_alias_order_from_hand_built_uses() -> None:
     plan = plan_wrap(model, order, ModuleWrapPolicy({nn.Embedding, nn.Linear}))
     assert plan.groups == [[""], ["mid"]]
     assert plan.units[0].param_fqns == ("emb.weight",)
-    assert len(plan.notes) == 1 and "'emb', 'head' are not wrapped" in plan.notes[0]
+    assert plan.notes == [
+        "Tied parameter 'emb.weight' (also 'head.weight') is used by modules 'emb' and 'head'; "
+        "FSDP must never split a tied tensor and needs it unsharded at every use, so it goes to "
+        "unit <root>, which encloses both: the policy's units 'emb' and 'head' are not wrapped "
+        "because of the tie."
+    ]
+    assert [(u.first_use, u.last_use) for u in plan.units] == [(0, 3), (2, 2)]
+
+
+# ------------------------------------------------------------ stale orders
+def test_stale_order_is_rejected() -> None:
+    order = trace_execution_order(build_demo_model(n_blocks=4))
+    fix = (
+        r"the order was captured from a different model \(or before the model changed\): "
+        r"capture it again, e\.g\. tracing\.capture_execution_order\(model, \.\.\.\)$"
+    )
+    with pytest.raises(ValueError) as info:
+        plan_wrap(build_demo_model(n_blocks=6), order, ModuleWrapPolicy({Block}))
+    assert str(info.value) == (
+        "plan_wrap: the order's parameters do not match those of GPT: 24 parameters differ (in "
+        "the model but not in the order: 'blocks.4.ln1.weight', 'blocks.4.ln1.bias', "
+        "'blocks.4.attn.qkv.weight', ... (21 more)); the order was captured from a different "
+        "model (or before the model changed): capture it again, e.g. "
+        "tracing.capture_execution_order(model, ...)"
+    )
+    # the converse (the order has blocks the model lacks) says the same
+    with pytest.raises(ValueError, match=r"24 parameters differ \(in the order but not in the "):
+        plan_wrap(build_demo_model(n_blocks=2), order, ModuleWrapPolicy({Block}))
+    # same names, other sizes
+    wide = LayerOrder()
+    wide.layer1 = nn.Linear(16, 5)
+    with pytest.raises(ValueError, match=fix) as info:
+        plan_wrap(wide, layer_order())
+    assert "2 parameters differ (of another size: 'layer1.weight' ((4, 16) in the order, " in str(
+        info.value
+    )
+    assert "(5, 16) in the model), 'layer1.bias' ((4,) in the order, (5,) in the model))" in str(
+        info.value
+    )
+
+
+def test_order_params_checked_only_when_recorded() -> None:
+    model = LayerOrder()
+    bare = layer_order()
+    bare.params = {}  # built by hand: nothing to check
+    assert plan_wrap(model, bare).groups == plan_wrap(model, layer_order()).groups
+    # a hand-written ParamInfo without a shape is checked by numel only
+    infos = {fqn: ParamInfo(p.numel(), "float32", True) for fqn, p in model.named_parameters()}
+    assert plan_wrap(model, ExecutionOrder(params=infos)).groups == [
+        [""], ["layer0"], ["layer1"], ["layer2"],
+    ]  # fmt: skip
+    infos["layer0.bias"] = ParamInfo(9, "float32", True)
+    with pytest.raises(
+        ValueError,
+        match=r"1 parameter differs \(of another size: 'layer0\.bias' "
+        r"\(9 elements in the order, \(8,\) in the model\)\)",
+    ):
+        plan_wrap(model, ExecutionOrder(params=infos))
+
+
+# -------------------------------------------------------------- use spans
+def test_unit_span_covers_nested_calls_and_parameter_uses() -> None:
+    model = WithPair()
+    plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Pair}))
+    # calls: 0 <root>, 1 pre, 2 pair, 3 pair.a, 4 pair.b, 5 post
+    assert [(u.label, u.first_use, u.last_use) for u in plan.units] == [
+        ("<root>", 0, 5),
+        ("pair", 2, 4),
+    ]
+    # a use of a unit's parameter extends its span (here written by hand)
+    pair = LayerOrder()
+    order = layer_order()
+    order.param_uses.append(ParamUse("layer0", 3, ("layer0.weight",)))
+    plan = plan_wrap(pair, order)
+    assert [(u.label, u.first_use, u.last_use) for u in plan.units] == [
+        ("<root>", 0, 3),
+        ("layer0", 1, 3),
+        ("layer2", 2, 2),
+        ("layer1", 3, 3),
+    ]
+    assert [(u.first_use, u.last_use) for u in plan_wrap(pair, ExecutionOrder()).units] == [
+        (None, None)
+    ] * 4
+
+
+# ------------------------------------------------------- runtime notes
+class Branch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.b = nn.Linear(2, 2)
+        self.c = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.c(self.a(x))
+        return self.c(self.b(x))
+
+
+_RUNTIME_UNCALLED = (
+    "is never called with the example inputs (runtime capture sees one forward: another input "
+    "may take another branch; execwrap.OrderMonitor warns if it does)"
+)
+
+
+def test_runtime_capture_does_not_call_a_skipped_branch_dead_code() -> None:
+    model = Branch()
+    runtime = record_execution_order(model, torch.ones(1, 2))
+    assert runtime.method == "runtime"
+    assert runtime.module_forward_order == ["", "a", "c"]
+    plan = plan_wrap(model, runtime)
+    assert plan.groups == [[""], ["a"], ["c"]]
+    assert plan.notes == [
+        f"Module 'b' (Linear) {_RUNTIME_UNCALLED} and its parameters are never used, so the "
+        "plan does not make it an FSDP unit. Its parameters (2 parameters, 6 elements) stay in "
+        "unit <root>."
+    ]
+    assert plan_wrap(model, runtime, None).notes == [
+        f"Module 'b' (Linear) {_RUNTIME_UNCALLED} and its parameters (2 parameters, 6 elements) "
+        "are never used; they stay in unit <root>."
+    ]
+    # the same order from a symbolic trace saw every path: the module is dead code
+    symbolic = dataclasses.replace(runtime, method="symbolic")
+    assert plan_wrap(model, symbolic).notes == [
+        "Module 'b' (Linear) is never called in forward and its parameters are never used "
+        "(dead code), so it cannot be an FSDP unit: its hooks would never fire. Its parameters "
+        "(2 parameters, 6 elements) stay in unit <root>."
+    ]
+    assert plan_wrap(model, symbolic, None).notes == [
+        "Module 'b' (Linear) is never called in forward and its parameters (2 parameters, 6 "
+        "elements) are never used (dead code); they stay in unit <root>."
+    ]
+
+
+# ------------------------------------------------- containers and ties
+class TiedList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(4)])  # 272 elements each
+        self.layers[3].weight = self.layers[0].weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_tie_inside_a_container_names_the_unwrapped_units() -> None:
+    model = TiedList()
+    plan = plan_wrap(model, trace_execution_order(model))
+    assert plan.groups == [[""], ["layers.1"], ["layers.2"]]
+    assert plan.units[0].param_fqns == ("layers.0.weight", "layers.0.bias", "layers.3.bias")
+    assert plan.notes == [
+        # the ModuleList holds no parameter itself: no "its own parameters" clause
+        "Module 'layers' (ModuleList) never runs its own forward (only modules inside it are "
+        "called), so it cannot be an FSDP unit: its hooks would never fire. Not wrapped; the "
+        "units inside it stay ('layers.1', 'layers.2').",
+        "Tied parameter 'layers.0.weight' (also 'layers.3.weight') is used by modules "
+        "'layers.0' and 'layers.3'; FSDP must never split a tied tensor and needs it unsharded "
+        "at every use, so it goes to unit <root>, which encloses both: the policy's units "
+        "'layers.0' and 'layers.3' are not wrapped because of the tie; their other parameters "
+        "(2 parameters, 32 elements) go to <root> too.",
+    ]
+
+
+# ------------------------------------------------------- ignored modules
+def test_ignored_modules_by_fqn() -> None:
+    model = Frozen()
+    order = trace_execution_order(model)
+    by_name = plan_wrap(model, order, ModuleWrapPolicy({nn.Linear}), ignored_modules=["a"])
+    by_module = plan_wrap(model, order, ModuleWrapPolicy({nn.Linear}), ignored_modules=[model.a])
+    assert by_name.units == by_module.units and by_name.notes == by_module.notes
+    assert by_name.ignored_modules == ("a",)
+    assert policy_units(model, ModuleWrapPolicy({nn.Linear}), ignored_modules=("b",)) == ["", "a"]
+    gpt = GPT(GPTConfig(n_blocks=2))
+    plan = plan_wrap(
+        gpt, trace_execution_order(gpt), ModuleWrapPolicy({Block}), ignored_modules=["blocks.1"]
+    )
+    assert plan.groups == [[""], ["blocks.0"]]
+    assert plan.ignored_modules == ("blocks.1",)
+
+
+def test_ignored_modules_bad_values() -> None:
+    model, order = LayerOrder(), layer_order()
+    with pytest.raises(TypeError) as info:
+        plan_wrap(model, order, ignored_modules="layer0")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "ignored_modules must be an iterable of nn.Module or module FQN str (e.g. "
+        "[model.lm_head] or ['lm_head']), got a single str 'layer0'; wrap it in a list"
+    )
+    with pytest.raises(TypeError, match=r"got a single Linear; wrap it in a list$"):
+        plan_wrap(model, order, ignored_modules=model.layer0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        plan_wrap(model, order, ignored_modules=["layer3"])
+    assert str(info.value) == (
+        "ignored_modules names module 'layer3', which the model (LayerOrder) does not have; "
+        "closest existing names: 'layer2', 'layer1', 'layer0'"
+    )
+    with pytest.raises(ValueError, match="must not contain the root module"):
+        plan_wrap(model, order, ignored_modules=[""])
+    with pytest.raises(TypeError, match=r"nn\.Module objects or module FQN strings, got int: 3$"):
+        plan_wrap(model, order, ignored_modules=[3])  # type: ignore[list-item]
+
+
+# ------------------------------------------------------- frozen prefix
+class FrozenFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)  # 6 elements, 24 bytes
+        self.b = nn.Linear(2, 2)
+        self.a.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_frozen_units_before_the_first_trainable_use_skip_backward() -> None:
+    model = FrozenFirst()
+    plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.Linear}))
+    assert plan.groups == [[""], ["a"], ["b"]]
+    # a runs (call 1) before b.weight, the first trainable parameter, is used
+    # (call 2): its output needs no grad, so backward never reaches it
+    assert plan.runs_backward() == [True, False, True]
+    assert plan.stats(1) == PlanStats(
+        num_units=3,
+        all_gathers_per_step=3,  # a forward; b forward + backward (4 if a ran backward)
+        all_gathers_per_step_no_reshard=2,
+        reduce_scatters_per_step=1,  # b only: a has no trainable parameter
+        bytes_per_all_gather=(0, 24, 24),
+        largest_unit_bytes=24,
+        peak_unsharded_bytes=48,  # a running, b prefetched
+        prefetch=1,
+        total_bytes=48,
+        peak_unsharded_bytes_no_reshard=48,
+    )
+    # backward: b does not prefetch a, and a's step unshards nothing
+    assert [s.unsharded_bytes for s in plan.unsharded_timeline(1)] == [24, 48, 24, 24, 0, 0]
+    # without reshard after forward a stays unsharded (its post-backward never runs)
+    assert [s.unsharded_bytes for s in plan.unsharded_timeline(1, reshard_after_forward=False)] == [
+        24, 48, 48, 48, 24, 24,
+    ]  # fmt: skip
+    # with b frozen instead, a's output needs grad and both run backward
+    model = FrozenFirst()
+    model.a.requires_grad_(True)
+    model.b.requires_grad_(False)
+    plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.Linear}))
+    assert plan.runs_backward() == [True, True, True]
+    assert plan.stats(1).all_gathers_per_step == 4
+    assert plan.stats(1).reduce_scatters_per_step == 1
