@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from execwrap.plan import WrapPlan
+from execwrap.plan import WrapPlan, _first_trainable_use, _UseSpans
 from execwrap.policy import ParamExecOrderWrapPolicy
 from tracing.order import ExecutionOrder
 
@@ -170,6 +170,9 @@ def prefetch_schedule(
     Returns:
         ``(forward, backward)``: group index -> indices of the groups it
         prefetches, for every group that runs in forward (the root first).
+        Groups that run entirely before the first use of a trainable parameter
+        never run backward (their outputs need no grad) and are left out of
+        the backward lists.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "a", "b", "c"])
@@ -201,6 +204,18 @@ def prefetch_schedule(
                 "prefetch_schedule: groups without gradients in param_backward_order; "
                 "using reverse forward order for backward"
             )
+
+    # Groups that run entirely before the first trainable parameter's use
+    # never run backward (see WrapPlan.runs_backward): never prefetch them there.
+    first_trainable = _first_trainable_use(order)
+    if first_trainable is not None:
+        spans = _UseSpans(order)
+        backward = [
+            i
+            for i in backward
+            if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0)
+            >= first_trainable
+        ]
 
     def lists(sequence: list[int]) -> dict[int, list[int]]:
         result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots if r in uses}

@@ -14,6 +14,7 @@ Sizes: ``numel`` and ``bucket_numel`` count elements; ``bytes`` count bytes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -455,6 +456,35 @@ class WrapPlan:
                         anc.add(j)
             out.append(anc)
         return out
+
+    def reordered(self, order: ExecutionOrder) -> WrapPlan:
+        """The same units (as already applied), ordered by first use in ``order``.
+
+        Used when the units had to be applied before any order existed (a
+        policy with nothing to capture): after the first step records the
+        order, the plan keeps its units and takes the new order's first/last
+        use spans and sequence (never-called units last, in their previous
+        order). A note says so.
+
+        Args:
+            order: the order recorded for this model.
+
+        Returns:
+            A new :class:`WrapPlan`; this one is not changed.
+        """
+        spans = _UseSpans(order)
+        units = []
+        for u in self.units:
+            first_use, last_use = spans.span(u.module_fqns, u.param_fqns)
+            units.append(dataclasses.replace(u, first_use=first_use, last_use=last_use))
+        position = {id(u): i for i, u in enumerate(units)}
+        units.sort(key=lambda u: (u.first_use is None, u.first_use or 0, position[id(u)]))
+        notes = [
+            *self.notes,
+            f"Order recorded during the first step ({order.method}); units kept as applied "
+            "and re-ordered by first use.",
+        ]
+        return dataclasses.replace(self, units=units, order=order, notes=notes)
 
     def backward_unit_order(self) -> list[int]:
         """Unit indices in the order their backward is expected to run.

@@ -41,7 +41,7 @@ from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from execwrap.plan import WrapPlan, WrapUnit, plan_wrap
+from execwrap.plan import WrapPlan, plan_wrap
 from execwrap.ranks import check_order_across_ranks
 from tracing import RuntimeRecorder, TracingConfig, capture_execution_order
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
@@ -306,7 +306,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             self._recording = None
             self.order = order
             if self.plan is not None:
-                self.plan = _reorder_plan(self.plan, order)
+                self.plan = self.plan.reordered(order)
             logger.info(
                 "ParamExecOrderWrapPolicy: recorded the order during the first step "
                 "(%d module calls)",
@@ -353,37 +353,6 @@ def _resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> lis
                 "another model? Capture the order again for this model."
             ) from e
     return modules
-
-
-def _reorder_plan(plan: WrapPlan, order: ExecutionOrder) -> WrapPlan:
-    """The same units, ordered by first use in ``order`` (never-run units last)."""
-    first = order.first_call_index()
-    last: dict[str, int] = {}
-    for i, fqn in enumerate(order.module_forward_order):
-        last[fqn] = i
-
-    def with_uses(unit: WrapUnit) -> WrapUnit:
-        firsts = [first[f] for f in unit.module_fqns if f in first]
-        lasts = [last[f] for f in unit.module_fqns if f in last]
-        return dataclasses.replace(
-            unit,
-            first_use=min(firsts) if firsts else None,
-            last_use=max(lasts) if lasts else None,
-        )
-
-    def key(item: tuple[int, WrapUnit]) -> tuple[int, int, int]:
-        position, unit = item
-        if unit.first_use is None:
-            return (1, 0, position)
-        return (0, unit.first_use, position)
-
-    units = [u for _, u in sorted(enumerate(with_uses(u) for u in plan.units), key=key)]
-    notes = list(plan.notes)
-    notes.append(
-        f"Order recorded during the first step ({order.method}); units kept as applied "
-        "and re-ordered by first use."
-    )
-    return dataclasses.replace(plan, units=units, order=order, notes=notes)
 
 
 class _Phase(Enum):

@@ -25,6 +25,7 @@ from execwrap.fsdp2 import _post_order
 from execwrap.models import GPT, Block, GPTConfig
 from execwrap.policy import _FirstStepRecording
 from tests.distributed._policy_cases import L0L2L1, BranchModel, hook_census
+from tracing import ParamInfo, ParamUse
 
 SMALL = GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=2, n_blocks=2)
 
@@ -191,6 +192,29 @@ def test_prefetch_schedule_follows_gradient_order() -> None:
     # Without gradient positions for every group: reverse forward order.
     fwd, bwd = prefetch_schedule(groups, order, prefetch=1)
     assert bwd == {0: [3], 3: [2], 2: [1], 1: []}
+
+
+def test_prefetch_schedule_skips_frozen_leading_groups_in_backward() -> None:
+    # a is frozen and runs before any trainable parameter: autograd never
+    # reaches it, so nothing prefetches it in backward.
+    order = ExecutionOrder(
+        module_forward_order=["", "a", "b", "c"],
+        param_uses=[
+            ParamUse("a", 1, ("a.w",)),
+            ParamUse("b", 2, ("b.w",)),
+            ParamUse("c", 3, ("c.w",)),
+        ],
+        params={
+            "a.w": ParamInfo(4, "float32", False),
+            "b.w": ParamInfo(4, "float32", True),
+            "c.w": ParamInfo(4, "float32", True),
+        },
+    )
+    groups = [[""], ["a"], ["b"], ["c"]]
+    params = [[], ["a.w"], ["b.w"], ["c.w"]]
+    fwd, bwd = prefetch_schedule(groups, order, param_fqns=params, prefetch=1)
+    assert fwd == {0: [1], 1: [2], 2: [3], 3: []}
+    assert bwd == {0: [3], 3: [2], 2: []}
 
 
 def test_post_order_puts_nested_groups_first() -> None:
