@@ -54,6 +54,17 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+#: The 1-minute load average when this module was first imported (the run's start).
+START_LOAD = _loadavg()
+
+
 def add_output_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--quick``, ``--no-write`` and ``--out DIR`` to ``parser``."""
     parser.add_argument(
@@ -69,11 +80,9 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_average() -> str:
-    """The 1-minute load average when the run started, as text (``"n/a"`` if unknown)."""
-    try:
-        return f"{os.getloadavg()[0]:.2f}"
-    except OSError:
-        return "n/a"
+    """The current 1-minute load average, as text (``"n/a"`` if unknown)."""
+    load = _loadavg()
+    return "n/a" if load is None else f"{load:.2f}"
 
 
 def machine_line() -> str:
@@ -88,9 +97,10 @@ def machine_line() -> str:
 def publish(name: str, note: str, table: str, args: argparse.Namespace) -> Path | None:
     """Print ``table`` and, unless ``--no-write``, write ``note`` + ``table`` as a dated result.
 
-    The result records the load average at the end of the run (full runs made
-    on a busy machine are unreliable; the number says how busy it was) and
-    whether ``--quick`` was used.
+    The result records the 1-minute load average at the start and at the end
+    of the run (full runs made on a busy machine are unreliable; the numbers
+    say how busy it was; a benchmark's own processes count too) and whether
+    ``--quick`` was used.
 
     Returns:
         The path written, or ``None`` with ``--no-write``.
@@ -100,7 +110,11 @@ def publish(name: str, note: str, table: str, args: argparse.Namespace) -> Path 
     if args.no_write:
         return None
     mode = "quick" if args.quick else "full"
-    footer = f"\nMode: {mode}; 1-minute load average at the end of the run: {load_average()}.\n"
+    start = "n/a" if START_LOAD is None else f"{START_LOAD:.2f}"
+    footer = (
+        f"\nMode: {mode}; 1-minute load average at the start of the run: {start}, "
+        f"at the end: {load_average()}.\n"
+    )
     path = write_result(name, note.rstrip() + "\n\n" + table + "\n" + footer, results_dir=args.out)
     print(f"wrote {path}")
     return path

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.blocks or ([12] if args.quick else [12, 48, 192])
     rows = []
     for n in sizes:
-        repeats = args.repeats or (5 if args.quick else (21 if n <= 12 else 11 if n <= 48 else 7))
+        repeats = args.repeats or (5 if args.quick else (21 if n <= 12 else 15 if n <= 48 else 11))
         rows.append(run(n_blocks=n, repeats=repeats, warmup=1))
         print(f"  {n} blocks done", flush=True)
     table = _table(rows)
