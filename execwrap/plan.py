@@ -1296,6 +1296,8 @@ class _Planner:
         self.ignored_top = ignored_top
         self.notes: list[str] = []
         self.calls = Counter(order.module_forward_order)
+        # modules called themselves or with a call nested inside them
+        self.called_at_or_below = {a for c in self.calls for a in _ancestors(c)}
         self.first_call = order.first_call_index()
         self.spans = _UseSpans(order)
         # canonical param -> modules using it, first-seen order
@@ -1343,7 +1345,7 @@ class _Planner:
         for fqn in list(self.units):
             if fqn == "" or self.calls[fqn] > 0:
                 continue
-            called_inside = any(_is_within(c, fqn) and c != fqn for c in self.calls)
+            called_inside = fqn in self.called_at_or_below  # fqn itself is never called
             kind = "container" if called_inside else "uncalled"
             del self.units[fqn]
             dropped.append((fqn, kind))
@@ -1360,13 +1362,16 @@ class _Planner:
             for p in self.params:
                 owners = [self.view.owner(n) for n in self.view.fqns_of[p]]
                 lca_unit = _innermost(_lca([*owners, *self.users[p]]), self.units)
-                drops = [
-                    u
-                    for u in self.units
-                    if u != lca_unit
-                    and _is_within(u, lca_unit)
-                    and any(_is_within(o, u) for o in owners)
-                ]
+                # units strictly inside lca_unit that enclose one of the names:
+                # walk each owner up to lca_unit (O(depth), not O(units))
+                found: set[str] = set()
+                for o in owners:
+                    for a in _ancestors(o):
+                        if a == lca_unit:
+                            break
+                        if a in self.units:
+                            found.add(a)
+                drops = [u for u in self.units if u in found] if found else []
                 if drops:
                     for u in drops:
                         del self.units[u]
@@ -1491,7 +1496,7 @@ class _Planner:
                 continue
             if any(_is_within(fqn, i) for i in self.ignored_top):
                 continue
-            if any(_is_within(c, fqn) for c in self.calls):
+            if fqn in self.called_at_or_below:
                 continue
             params = [p for p in self.params if _is_within(owner_fqn(p), fqn)]
             if not params or any(self.users[p] for p in params):
