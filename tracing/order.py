@@ -367,11 +367,18 @@ def shared_param_map(model: nn.Module) -> tuple[dict[int, str], dict[str, list[s
     return id_to_canonical, shared
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def param_info(param: torch.Tensor) -> ParamInfo:
     """The :class:`ParamInfo` of one parameter (works on the meta device)."""
+    dtype = param.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return ParamInfo(
         numel=param.numel(),
-        dtype=str(param.dtype).removeprefix("torch."),
+        dtype=name,
         requires_grad=param.requires_grad,
         shape=tuple(param.shape),
     )

@@ -298,7 +298,13 @@ class _SymbolicRecorder:
                     if kind == "call_module":
                         pending_append((node, stack[-1]))
                     else:
-                        for n in node.all_input_nodes:
+                        # fx keeps a node's inputs in the dict `_input_nodes`;
+                        # iterating it avoids the list `all_input_nodes` builds
+                        # per node (this runs once per traced op).
+                        inputs = getattr(node, "_input_nodes", None)
+                        if inputs is None:
+                            inputs = node.all_input_nodes
+                        for n in inputs:
                             if n.op == "get_attr" and n.target in param_targets:
                                 pending_append((node, stack[-1]))
                                 break
