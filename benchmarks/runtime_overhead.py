@@ -24,7 +24,8 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import torch
 
-from benchmarks._common import machine_info, markdown_table, median, write_result
+from benchmarks._bench import add_output_args, publish
+from benchmarks._common import markdown_table, median
 from execwrap.models import GPT, GPTConfig
 from tracing import RuntimeRecorder
 
@@ -87,7 +88,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; prints a table and writes a dated result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats (< 30 s)")
+    add_output_args(parser)
     parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--dim", type=int, default=256, help="hidden size")
     parser.add_argument("--heads", type=int, default=8)
@@ -100,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="torch intra-op threads (default 1: stable on a shared machine; 0 = torch default)",
     )
-    parser.add_argument("--no-write", action="store_true", help="do not write a result file")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -142,20 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         ],
     )
-    info = machine_info()
-    print(
-        f"torch {info['torch']} | {info['cpu']} | {info['cores']} cores, "
-        f"{info['torch_threads']} torch threads"
+    note = (
+        "One forward+backward (sum loss) of `execwrap.models.GPT` on CPU, plain vs under "
+        "`tracing.RuntimeRecorder` (hooks + TorchFunctionMode + grad hooks, including "
+        "install/remove), interleaved A/B, medians.\n"
     )
-    print(table)
-    if not args.no_write:
-        note = (
-            "One forward+backward (sum loss) of `execwrap.models.GPT` on CPU, plain vs under "
-            "`tracing.RuntimeRecorder` (hooks + TorchFunctionMode + grad hooks, including "
-            "install/remove), interleaved A/B, medians.\n"
-        )
-        path = write_result("runtime_overhead", note + "\n" + table)
-        print(f"wrote {path}")
+    publish("runtime_overhead", note, table, args)
     return 0
 
 

@@ -26,7 +26,7 @@ CASES = [
     ("plans", ["benchmarks/plans.py"], True),  # script form
     ("fsdp_step", ["-m", "benchmarks.fsdp_step"], True),
     ("monitor_overhead", ["-m", "benchmarks.monitor_overhead"], True),
-    ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], False),  # has --no-write only
+    ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], True),
 ]
 
 
