@@ -137,7 +137,12 @@ def apply_fully_shard(
         def on_recorded(recorded: ExecutionOrder) -> None:
             _set_prefetch(model, groups, applied, recorded, prefetch)
 
-        policy._arm_first_step_recording(model, on_recorded=on_recorded, start_now=True)
+        policy._arm_first_step_recording(
+            model,
+            on_recorded=on_recorded,
+            start_now=True,
+            group=mesh.get_group() if mesh is not None and mesh.ndim == 1 else None,
+        )
     else:
         logger.info(
             "apply_fully_shard: the plan's order has no calls; FSDP2's implicit prefetching is kept"

@@ -88,8 +88,8 @@ class OrderMonitor:
     one WARNING names the iteration, the phase and the first divergent call
     (expected vs found); the same deviation in later iterations stays quiet
     until the order changes again (another deviation, or back to the
-    reference, which is logged at INFO). Every logged change is kept in
-    :attr:`events`.
+    reference, which is logged at INFO only). Every WARNING's drift is kept
+    in :attr:`events`; the return to the reference is not an event.
 
     Eval passes (``torch.no_grad()`` or ``model.eval()``) are their own phase:
     the first one becomes the eval reference and is never reported as drift

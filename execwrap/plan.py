@@ -1323,7 +1323,7 @@ class _Planner:
         if has_calls:
             dropped = self._drop_uncalled()
         else:
-            dropped = []
+            dropped = self._drop_forwardless()
             self.notes.append(
                 "The order has no module calls (nothing captured yet), so units come from "
                 "the init policy alone, in definition order; plan again once an order is "
@@ -1338,6 +1338,20 @@ class _Planner:
         self._note_mixed_requires_grad(units)
         self._note_ignored()
         return units
+
+    def _drop_forwardless(self) -> list[tuple[str, str]]:
+        """Without calls to go by: drop non-root units whose class does not
+        implement ``forward`` (``nn.ModuleList``, ``nn.ModuleDict``); FSDP
+        hooks on them would never fire and FSDP2 refuses them."""
+        dropped: list[tuple[str, str]] = []
+        for fqn in list(self.units):
+            module = self.view.modules.get(fqn)
+            if fqn == "" or module is None or type(module).forward is not nn.Module.forward:
+                continue
+            del self.units[fqn]
+            dropped.append((fqn, "forwardless"))
+            logger.debug("dropping unit %r: %s has no forward", fqn, type(module).__name__)
+        return dropped
 
     def _drop_uncalled(self) -> list[tuple[str, str]]:
         """Step 2: drop non-root units whose module never runs its forward."""
@@ -1438,7 +1452,7 @@ class _Planner:
                 continue  # covered by the enclosing uncalled module's note
             cls = self.view.classes.get(fqn, "?")
             target = _innermost(fqn, self.units)
-            if kind == "container":
+            if kind in ("container", "forwardless"):
                 params = self._direct_params_of(fqn)
                 holders = list(dict.fromkeys(self.holder[p] for p in params))
                 where = (
@@ -1451,9 +1465,14 @@ class _Planner:
                     (u for u in self.units if u != fqn and _is_within(u, fqn)),
                     key=lambda u: self.first_call.get(u, math.inf),
                 )
+                why = (
+                    "does not implement forward"
+                    if kind == "forwardless"
+                    else "never runs its own forward (only modules inside it are called)"
+                )
                 self.notes.append(
-                    f"Module {_name(fqn)} ({cls}) never runs its own forward (only modules inside "
-                    "it are called), so it cannot be an FSDP unit: its hooks would never fire. "
+                    f"Module {_name(fqn)} ({cls}) {why}, so it cannot be an FSDP unit: its "
+                    "hooks would never fire. "
                     f"Not wrapped; the units inside it stay ({_names(children) or 'none'})"
                     f"{where}."
                 )

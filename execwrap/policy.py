@@ -274,7 +274,12 @@ class ParamExecOrderWrapPolicy(_Policy):
                 kwargs["forward_prefetch"] = self.forward_prefetch
             result[module] = kwargs
         if self.order is None:
-            self._arm_first_step_recording(root_module, on_recorded=None, start_now=False)
+            self._arm_first_step_recording(
+                root_module,
+                on_recorded=None,
+                start_now=False,
+                group=group if isinstance(group, dist.ProcessGroup) else None,
+            )
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
 
@@ -284,6 +289,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         on_recorded: Callable[[ExecutionOrder], None] | None,
         *,
         start_now: bool = False,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         """Record the order during the first forward/backward of ``root_module``.
 
@@ -298,6 +304,15 @@ class ParamExecOrderWrapPolicy(_Policy):
                 installed now).
             on_recorded: called with the order once recorded.
             start_now: install the recorder now instead of at the first call.
+            group: process group for the cross-rank check (``None``: the
+                default group).
+
+        Raises:
+            OrderDivergenceError: from the first ``backward()`` (the check runs
+                in an autograd final callback) when ``check_ranks`` is set, a
+                process group is initialised and the ranks recorded different
+                orders. Step 1 has then already run with them: its results are
+                not to be trusted.
         """
         if self._recording is not None:
             self._recording.remove()
@@ -312,6 +327,10 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "(%d module calls)",
                 len(order.module_forward_order),
             )
+            if self.check_ranks and dist.is_available() and dist.is_initialized():
+                # Every rank reaches this callback at the end of its first
+                # backward, so the collective lines up.
+                check_order_across_ranks(order, group=group)
             if on_recorded is not None:
                 on_recorded(order)
 

@@ -68,8 +68,17 @@ def _ranks_worker(rank: int, world_size: int) -> dict[str, Any]:
         policy = ParamExecOrderWrapPolicy(always_wrap_policy, example_inputs=example)
         apply_fully_shard(case.model(), policy, mesh=init_device_mesh("cpu", (world_size,)))
 
+    def fsdp2_recorded() -> None:
+        # Nothing to capture before sharding: the order is recorded during
+        # step 1, and the check runs at the end of that first backward.
+        policy = ParamExecOrderWrapPolicy(always_wrap_policy)
+        model = case.model()
+        apply_fully_shard(model, policy, mesh=init_device_mesh("cpu", (world_size,)))
+        model(*example).sum().backward()
+
     out["fsdp1"] = _error(fsdp1)
     out["fsdp2"] = _error(fsdp2)
+    out["fsdp2_recorded"] = _error(fsdp2_recorded)
     # The ranks are still in step: one more collective completes.
     t = torch.ones(1)
     dist.all_reduce(t)
@@ -94,7 +103,7 @@ def test_check_order_across_ranks() -> None:
         assert (e["index"], e["expected"], e["found"]) == (0, "a.w", "a.b")
         assert "parameter" in e["msg"]
 
-        for key in ("fsdp1", "fsdp2"):
+        for key in ("fsdp1", "fsdp2", "fsdp2_recorded"):
             e = r[key]
             assert e is not None, key
             assert (e["ranks"], e["index"], e["expected"], e["found"]) == ((0, 1), 2, "pos", "neg")

@@ -904,3 +904,23 @@ def test_frozen_units_before_the_first_trainable_use_skip_backward() -> None:
     assert plan.runs_backward() == [True, True, True]
     assert plan.stats(1).all_gathers_per_step == 4
     assert plan.stats(1).reduce_scatters_per_step == 1
+
+
+def test_without_calls_containers_without_forward_are_not_units() -> None:
+    """Nothing captured yet (units from the policy alone): a ModuleList cannot
+    be a unit (FSDP2 refuses it, FSDP1 hooks on it never fire)."""
+    model = GPT(GPTConfig(n_blocks=2))
+    _, shared = shared_param_map(model)
+    empty = ExecutionOrder(method="runtime", params=param_infos(model), shared_params=shared)
+    plan = plan_wrap(model, empty, always_wrap_policy)
+    fqns = [m for u in plan.units for m in u.module_fqns]
+    assert "blocks" not in fqns
+    # wte/lm_head share the tied weight: without an order it goes to the root
+    assert fqns[:3] == ["", "blocks.0", "blocks.0.ln1"]
+    assert fqns[-1] == "ln_f"
+    assert len(fqns) == 1 + 2 * 9 + 1  # root, 9 modules per block, ln_f
+    assert plan.notes[0].startswith("The order has no module calls")
+    assert plan.notes[1].startswith(
+        "Module 'blocks' (ModuleList) does not implement forward, so it cannot be an FSDP unit: "
+        "its hooks would never fire. Not wrapped; the units inside it stay ('blocks.0', "
+    )
