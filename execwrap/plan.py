@@ -28,7 +28,7 @@ from torch.distributed.fsdp.wrap import always_wrap_policy
 from execwrap._policy_utils import expand_ignored_modules, policy_name, policy_unit_modules
 from execwrap.errors import PlanError
 from tracing._fqn import owner_fqn
-from tracing.order import ExecutionOrder, shared_param_map
+from tracing.order import ExecutionOrder, param_info, shared_param_map
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -344,11 +344,12 @@ class _ModelView:
             fqns_of[fqn] = [fqn, *shared.get(fqn, [])]
             for name in fqns_of[fqn]:
                 alias[name] = fqn
-            numel[fqn] = p.numel()
-            nbytes[fqn] = p.numel() * p.element_size()
-            dtype[fqn] = str(p.dtype).removeprefix("torch.")
-            shape[fqn] = tuple(p.shape)
-            rg[fqn] = p.requires_grad
+            info = param_info(p)
+            numel[fqn] = info.numel
+            nbytes[fqn] = info.bytes
+            dtype[fqn] = info.dtype
+            shape[fqn] = info.shape
+            rg[fqn] = info.requires_grad
         return cls(
             modules=modules,
             module_alias=module_alias,
@@ -579,10 +580,6 @@ class WrapPlan:
             out.append(last is None or last >= first_trainable)
         return out
 
-    def _activations(self, unit: WrapUnit) -> int:
-        calls = Counter(self.order.module_forward_order)
-        return max(1, max(calls.get(m, 0) for m in unit.module_fqns))
-
     def unsharded_timeline(
         self, prefetch: int = 1, *, reshard_after_forward: bool = True
     ) -> list[TimelineStep]:
@@ -630,12 +627,25 @@ class WrapPlan:
             ValueError: ``prefetch`` is negative or not an int.
         """
         _check_prefetch(prefetch)
-        n = len(self.units)
-        if n == 0:
+        if not self.units:
             return []
+        return self._timeline(
+            prefetch, reshard_after_forward, self._ancestor_units(), self.runs_backward()
+        )
+
+    def _timeline(
+        self,
+        prefetch: int,
+        reshard_after_forward: bool,
+        anc: list[set[int]],
+        active: list[bool],
+    ) -> list[TimelineStep]:
+        """:meth:`unsharded_timeline` given the enclosing units of each unit
+        and :meth:`runs_backward` (computed once by :meth:`stats` for both
+        reshard settings)."""
+        n = len(self.units)
         nbytes = [u.bytes for u in self.units]
         root = self.root_index
-        anc = self._ancestor_units()
         steps: list[TimelineStep] = []
         for j in range(n):
             if reshard_after_forward:
@@ -647,7 +657,6 @@ class WrapPlan:
                     len(steps), "forward", self.units[j].label, sum(nbytes[i] for i in live)
                 )
             )
-        active = self.runs_backward()
         skipped = {i for i in range(n) if not active[i]}
         for j in range(n - 1, -1, -1):
             if reshard_after_forward:
@@ -706,17 +715,19 @@ class WrapPlan:
         gathers_no_reshard = 0
         reduce_scatters = 0
         backward = self.runs_backward()
+        calls = Counter(self.order.module_forward_order)
         for i, unit in enumerate(self.units):
             if unit.numel <= 0:
                 continue
-            acts = self._activations(unit)
+            acts = max(1, max(calls.get(m, 0) for m in unit.module_fqns))
             gathers += acts if i == root or not backward[i] else 2 * acts
             gathers_no_reshard += 1
             if any(self._requires_grad(p) for p in unit.param_fqns):
                 reduce_scatters += 1
         per_gather = tuple(u.bytes for u in self.units)
-        timeline = self.unsharded_timeline(prefetch)
-        timeline_nr = self.unsharded_timeline(prefetch, reshard_after_forward=False)
+        anc = self._ancestor_units()
+        timeline = self._timeline(prefetch, True, anc, backward) if self.units else []
+        timeline_nr = self._timeline(prefetch, False, anc, backward) if self.units else []
         return PlanStats(
             num_units=len(self.units),
             all_gathers_per_step=gathers,
@@ -749,14 +760,17 @@ class WrapPlan:
         Raises:
             PlanError: naming the FQN, what was expected and what was found.
         """
-        view = _ModelView.build(model, self.ignored_modules)
+        self._check(_ModelView.build(model, self.ignored_modules), type(model).__name__)
+
+    def _check(self, view: _ModelView, model_name: str) -> None:
+        """:meth:`check` against a snapshot of the model."""
         by_module: dict[str, int] = {}
         for i, unit in enumerate(self.units):
             for m in unit.module_fqns:
                 if m not in view.modules:
                     raise PlanError(
                         f"plan unit {unit.label}: module {_name(m)} does not exist in the "
-                        f"model ({type(model).__name__}); was the plan built for another model?"
+                        f"model ({model_name}); was the plan built for another model?"
                     )
                 if m in by_module:
                     raise PlanError(
@@ -779,7 +793,7 @@ class WrapPlan:
                 if p not in view.fqns_of:
                     raise PlanError(
                         f"plan unit {unit.label}: parameter {p!r} is not a canonical parameter "
-                        f"of the model ({type(model).__name__})"
+                        f"of the model ({model_name})"
                     )
                 if p in holder:
                     raise PlanError(
@@ -1041,7 +1055,7 @@ def plan_wrap(
             + "."
         )
     try:
-        plan.check(model)
+        plan._check(view, type(model).__name__)
     except PlanError as e:
         raise PlanError(f"{e} (while checking the plan for policy {plan.policy_name})") from e
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
