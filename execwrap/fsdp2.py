@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import networkx as nx
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -295,10 +296,10 @@ def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
     ``fully_shard`` must run on a module after every nested module it should
     not manage. A group's modules may enclose members of several other groups
     (with bucketing, ``[blocks.0.ln2, blocks.0.mlp]`` encloses the group
-    holding ``blocks.0.mlp.fc``), so this is a topological sort (Kahn's
-    algorithm) of "encloses" between groups, ties broken by the largest
-    post-order index of the group's modules (plain post-order when every
-    group is one module).
+    holding ``blocks.0.mlp.fc``), so this is a topological sort of "is
+    enclosed by" between groups (``networkx.lexicographical_topological_sort``),
+    ties broken by the largest post-order index of the group's modules (plain
+    post-order when every group is one module).
 
     Raises:
         ValueError: two groups enclose each other's modules (no valid order).
@@ -314,36 +315,28 @@ def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
 
     visit(model, "")
 
-    def encloses(outer: str, inner: str) -> bool:
-        return outer != inner and (outer == "" or inner.startswith(outer + "."))
-
-    n = len(groups)
-    after: list[set[int]] = [set() for _ in range(n)]  # i -> groups that must follow i
-    indegree = [0] * n
-    for i in range(n):
-        for j in range(n):
-            if i != j and any(encloses(o, m) for o in groups[j] for m in groups[i]):
-                after[i].add(j)
-                indegree[j] += 1
+    group_of = {fqn: i for i, fqns in enumerate(groups) for fqn in fqns}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(groups)))
+    for i, fqns in enumerate(groups):
+        for fqn in fqns:
+            # every group owning a module that encloses ``fqn`` comes after group i
+            parent = fqn.rpartition(".")[0] if fqn else None
+            while parent is not None:
+                j = group_of.get(parent)
+                if j is not None and j != i:
+                    graph.add_edge(i, j)
+                parent = parent.rpartition(".")[0] if parent else None
     key = [max(index[f] for f in g) for g in groups]
-    ready = sorted((i for i in range(n) if indegree[i] == 0), key=lambda i: key[i])
-    result: list[list[str]] = []
-    while ready:
-        i = ready.pop(0)
-        result.append(groups[i])
-        for j in after[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                ready.append(j)
-        ready.sort(key=lambda k: key[k])
-    if len(result) != n:
-        stuck = [groups[i] for i in range(n) if indegree[i] > 0]
+    try:
+        return [groups[i] for i in nx.lexicographical_topological_sort(graph, key=key.__getitem__)]
+    except nx.NetworkXUnfeasible:
+        stuck = sorted({i for cycle in nx.simple_cycles(graph) for i in cycle})
         raise ValueError(
-            f"apply_fully_shard: groups {stuck} enclose each other's modules, so no "
-            "fully_shard order is bottom-up for all of them; plan with a smaller "
-            "bucket_numel or without bucketing"
-        )
-    return result
+            f"apply_fully_shard: groups {[groups[i] for i in stuck]} enclose each other's "
+            "modules, so no fully_shard order is bottom-up for all of them; plan with a "
+            "smaller bucket_numel or without bucketing"
+        ) from None
 
 
 def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:
