@@ -15,6 +15,7 @@ as is ("not recorded" is ``-1`` for indices and ``""`` for names).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
@@ -203,11 +204,10 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
             ("forward", order.module_forward_order),
             ("backward", order.module_backward_order),
         ):
-            for u, v in zip(calls, calls[1:], strict=False):
-                if phase == "forward":
-                    _add_role(graph, u, v, forward=1)
-                else:
-                    _add_role(graph, u, v, backward=1)
+            for u, v in itertools.pairwise(calls):
+                _add_role(
+                    graph, u, v, forward=int(phase == "forward"), backward=int(phase == "backward")
+                )
         for use in order.param_uses:
             for fqn in use.param_fqns:
                 if fqn not in graph:
