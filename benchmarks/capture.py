@@ -40,8 +40,14 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import torch
 import torch.fx
 
-from benchmarks._bench import add_output_args, fmt_ratio, interleaved, publish
-from benchmarks._common import markdown_table, median
+from benchmarks._bench import (
+    add_output_args,
+    fmt_ratio,
+    interleaved,
+    markdown_table,
+    median,
+    publish,
+)
 from execwrap.models import GPT, GPTConfig
 from tracing import TracingConfig, trace_execution_order
 

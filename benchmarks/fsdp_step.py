@@ -60,8 +60,15 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks._bench import add_output_args, fmt_bytes, fmt_ratio, peak_rss_bytes, publish
-from benchmarks._common import markdown_table, median
+from benchmarks._bench import (
+    add_output_args,
+    fmt_bytes,
+    fmt_ratio,
+    markdown_table,
+    median,
+    peak_rss_bytes,
+    publish,
+)
 
 __all__ = ["VARIANTS", "main", "run"]
 

@@ -45,8 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import torch
 import torch.nn as nn
 
-from benchmarks._bench import add_output_args, fmt_bytes, publish
-from benchmarks._common import markdown_table
+from benchmarks._bench import add_output_args, fmt_bytes, markdown_table, publish
 from execwrap import (
     ModuleWrapPolicy,
     WrapPlan,

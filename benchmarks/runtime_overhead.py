@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -24,8 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import torch
 
-from benchmarks._bench import add_output_args, publish
-from benchmarks._common import markdown_table, median
+from benchmarks._bench import add_output_args, interleaved, markdown_table, median, publish
 from execwrap.models import GPT, GPTConfig
 from tracing import RuntimeRecorder
 
@@ -37,17 +35,6 @@ TARGET_RATIO = 1.15
 def _step(model: torch.nn.Module, idx: torch.Tensor) -> None:
     model(idx).sum().backward()
     model.zero_grad(set_to_none=True)
-
-
-def _timed(model: torch.nn.Module, idx: torch.Tensor, record: bool) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of one step."""
-    start, cpu = time.perf_counter(), time.process_time()
-    if record:
-        with RuntimeRecorder(model):
-            _step(model, idx)
-    else:
-        _step(model, idx)
-    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def run(
@@ -63,18 +50,20 @@ def run(
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_blocks=blocks, dim=dim, n_heads=heads, max_seq_len=seq))
     idx = torch.randint(0, model.config.vocab_size, (batch, seq))
-    for _ in range(warmup):
-        _timed(model, idx, False)
-        _timed(model, idx, True)
-    plain: list[tuple[float, float]] = []
-    recorded: list[tuple[float, float]] = []
-    for i in range(repeats):
-        # alternate which goes first so neither always runs on a warmer cache
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for record in order:
-            (recorded if record else plain).append(_timed(model, idx, record))
-    p, r = median([t[0] for t in plain]), median([t[0] for t in recorded])
-    pc, rc = median([t[1] for t in plain]), median([t[1] for t in recorded])
+
+    def recorded() -> None:
+        # Installing and removing the recorder is part of the timed step.
+        with RuntimeRecorder(model):
+            _step(model, idx)
+
+    # A/B pairs; which variant goes first alternates from pair to pair.
+    timings = interleaved(
+        {"plain": lambda: _step(model, idx), "recorded": recorded},
+        repeats=repeats,
+        warmup=warmup,
+    )
+    p, r = median(timings.wall["plain"]), median(timings.wall["recorded"])
+    pc, rc = median(timings.cpu["plain"]), median(timings.cpu["recorded"])
     return {
         "plain_s": p,
         "recorded_s": r,

@@ -39,8 +39,15 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._bench import add_output_args, fmt_bytes, fmt_ratio, publish, run_child
-from benchmarks._common import markdown_table, median
+from benchmarks._bench import (
+    add_output_args,
+    fmt_bytes,
+    fmt_ratio,
+    markdown_table,
+    median,
+    publish,
+    run_child,
+)
 
 __all__ = ["build_llama", "main", "measure"]
 

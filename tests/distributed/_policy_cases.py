@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.nn.modules import module as nn_module
 
 from execwrap.models import GPT, GPTConfig
@@ -24,6 +25,7 @@ __all__ = [
     "BranchModel",
     "L0L2L1",
     "Case",
+    "dtensor_full_grads",
     "gpt_case",
     "hook_census",
     "l0l2l1_case",
@@ -183,6 +185,17 @@ def run_parity(
         if after_step is not None:
             after_step(step, wrapped)
     return {"losses": losses, "max_grad_diff": max_diff, "wrapped": wrapped}
+
+
+def dtensor_full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
+    """Each parameter's full gradient (or ``None``) by name; FSDP2's ``DTensor`` grads gathered."""
+    grads: dict[str, torch.Tensor | None] = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if isinstance(g, DTensor):
+            g = g.full_tensor()
+        grads[name] = None if g is None else g.detach().clone()
+    return grads
 
 
 def hook_census(model: nn.Module) -> dict[str, int]:

@@ -27,12 +27,12 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
-from torch.distributed.tensor import DTensor
 
 from execwrap import apply_fully_shard, plan_wrap
 from tests._dist import run_ranks
 from tests.cases import models as m
 from tests.cases._expected import CASES, PLANS, build, inputs
+from tests.distributed._policy_cases import dtensor_full_grads
 from tracing import record_execution_order
 
 STEPS = 2
@@ -87,16 +87,6 @@ def _rank_inputs(case: str, rank: int) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def _full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
-    grads: dict[str, torch.Tensor | None] = {}
-    for name, p in model.named_parameters():
-        g = p.grad
-        if isinstance(g, DTensor):
-            g = g.full_tensor()
-        grads[name] = None if g is None else g.detach().clone()
-    return grads
-
-
 def _max_diff(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> float:
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     worst = 0.0
@@ -132,7 +122,7 @@ def _parity(rank: int, world_size: int, name: str, mesh: Any) -> dict[str, Any]:
                 ref_loss_here = ref_loss
         losses.append(loss.item())
         ref_losses.append(ref_loss_here.item())
-        grad_diffs.append(_max_diff(_full_grads(model), _full_grads(reference)))
+        grad_diffs.append(_max_diff(dtensor_full_grads(model), dtensor_full_grads(reference)))
         opt.step()
         ref_opt.step()
         opt.zero_grad(set_to_none=True)
@@ -163,7 +153,7 @@ def _naive_out_proj(rank: int, world_size: int, mesh: Any) -> dict[str, Any]:
         return {"error": type(e).__name__}
     ref_loss = sum(reference(*_rank_inputs("multihead_attention", r)).sum() for r in range(2))
     (ref_loss / world_size).backward()
-    return {"grad_diff": _max_diff(_full_grads(model), _full_grads(reference))}
+    return {"grad_diff": _max_diff(dtensor_full_grads(model), dtensor_full_grads(reference))}
 
 
 def _worker(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:

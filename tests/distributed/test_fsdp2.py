@@ -12,12 +12,10 @@ import functools
 import warnings
 from typing import Any
 
-import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-from torch.distributed.tensor import DTensor
 
 from execwrap import (
     ModuleWrapPolicy,
@@ -31,21 +29,12 @@ from execwrap.models import Block
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import (
     branch_case,
+    dtensor_full_grads,
     gpt_case,
     hook_census,
     l0l2l1_case,
     run_parity,
 )
-
-
-def _full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
-    out: dict[str, torch.Tensor | None] = {}
-    for name, p in model.named_parameters():
-        g = p.grad
-        if isinstance(g, DTensor):
-            g = g.full_tensor()
-        out[name] = None if g is None else g.detach().clone()
-    return out
 
 
 def _prefetch_lists(model: nn.Module) -> dict[str, dict[str, list[list[str]]]]:
@@ -106,7 +95,7 @@ def _fsdp2_worker(rank: int, world_size: int) -> dict[str, Any]:
 
     # 1. layer0 -> layer2 -> layer1.
     policy = ParamExecOrderWrapPolicy(always_wrap_policy, TracingConfig())
-    res = run_parity(rank, world_size, l0l2l1_case(), _shard(policy, mesh), _full_grads)
+    res = run_parity(rank, world_size, l0l2l1_case(), _shard(policy, mesh), dtensor_full_grads)
     out["l0l2l1"] = {
         "losses": res["losses"],
         "diff": res["max_grad_diff"],
@@ -116,7 +105,7 @@ def _fsdp2_worker(rank: int, world_size: int) -> dict[str, Any]:
 
     # 2. GPT with tied embedding/output; bucketed blocks.
     policy = ParamExecOrderWrapPolicy(ModuleWrapPolicy({Block}), TracingConfig())
-    res = run_parity(rank, world_size, gpt_case(), _shard(policy, mesh), _full_grads)
+    res = run_parity(rank, world_size, gpt_case(), _shard(policy, mesh), dtensor_full_grads)
     out["gpt"] = {
         "losses": res["losses"],
         "diff": res["max_grad_diff"],
@@ -128,7 +117,7 @@ def _fsdp2_worker(rank: int, world_size: int) -> dict[str, Any]:
     policy = ParamExecOrderWrapPolicy(
         always_wrap_policy, TracingConfig(), example_inputs=case.example(rank, world_size)
     )
-    res = run_parity(rank, world_size, case, _shard(policy, mesh), _full_grads)
+    res = run_parity(rank, world_size, case, _shard(policy, mesh), dtensor_full_grads)
     out["branch_fallback"] = {
         "losses": res["losses"],
         "diff": res["max_grad_diff"],
@@ -159,7 +148,7 @@ def _fsdp2_worker(rank: int, world_size: int) -> dict[str, Any]:
             seen["prefetch_after"] = _prefetch_lists(model)
             seen["census"] = hook_census(model)
 
-    res = run_parity(rank, world_size, case, wrap, _full_grads, after_step)
+    res = run_parity(rank, world_size, case, wrap, dtensor_full_grads, after_step)
     x, y = case.make_batch(0)
     case.loss(twin(x.chunk(world_size)[rank]), y.chunk(world_size)[rank]).backward()
     out["branch_recorded"] = {
@@ -185,7 +174,7 @@ def _fsdp2_worker(rank: int, world_size: int) -> dict[str, Any]:
         counter.count = 0
 
     try:
-        res = run_parity(rank, world_size, gpt_case(), count_wrap, _full_grads, count_step)
+        res = run_parity(rank, world_size, gpt_case(), count_wrap, dtensor_full_grads, count_step)
     finally:
         counter.__exit__()
     stats = policy.plan.stats()
