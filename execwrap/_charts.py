@@ -79,24 +79,22 @@ def units_timeline_figure(plan: Any) -> Figure:
     units = list(plan.units)
     spans = _forward_spans(plan)
     grads = _backward_spans(plan)
+    # unit index -> (x, width) of its forward and of its backward bar
+    forward: dict[int, tuple[float, float]] = {
+        i: (lo, hi - lo + 1) for i, (lo, hi) in spans.items()
+    }
+    backward: dict[int, tuple[float, float]]
+    if grads is not None:
+        backward = {i: (n + start * n, width * n) for i, (start, width) in grads.items()}
+    else:
+        backward = {i: (2 * n - hi - 1, hi - lo + 1) for i, (lo, hi) in spans.items()}
     height = min(1.5 + 0.25 * len(units), 24.0)
     fig = Figure(figsize=(10, height), layout="constrained")
     ax = fig.subplots()
     for i in range(len(units)):
-        if i in spans:
-            lo, hi = spans[i]
-            ax.broken_barh([(lo, hi - lo + 1)], (i - 0.4, 0.8), facecolors=_FORWARD_COLOR)
-        if grads is not None:
-            if i in grads:
-                start, width = grads[i]
-                ax.broken_barh(
-                    [(n + start * n, width * n)], (i - 0.4, 0.8), facecolors=_BACKWARD_COLOR
-                )
-        elif i in spans:
-            lo, hi = spans[i]
-            ax.broken_barh(
-                [(2 * n - hi - 1, hi - lo + 1)], (i - 0.4, 0.8), facecolors=_BACKWARD_COLOR
-            )
+        for bars, color in ((forward, _FORWARD_COLOR), (backward, _BACKWARD_COLOR)):
+            if i in bars:
+                ax.broken_barh([bars[i]], (i - 0.4, 0.8), facecolors=color)
     ax.axvline(n, color="#888", linestyle="--", linewidth=1)
     ax.set_xlim(0, max(2 * n, 1))
     ax.set_ylim(len(units) - 0.5, -0.5)
@@ -133,10 +131,8 @@ def _forward_spans(plan: Any) -> dict[int, list[int]]:
             if anc not in by_module:
                 by_module[anc] = plan.unit_of_module(anc)
             unit = by_module[anc]
-            if unit is not None:
-                span = spans.setdefault(unit, [t, t])
-                span[0] = min(span[0], t)
-                span[1] = max(span[1], t)
+            if unit is not None:  # calls come in order: the first one set the start
+                spans.setdefault(unit, [t, t])[1] = t
             if not anc:
                 break
             anc = anc.rpartition(".")[0]
@@ -154,16 +150,12 @@ def _backward_spans(plan: Any) -> dict[int, tuple[float, float]] | None:
     for i, unit in enumerate(plan.units):
         for fqn in unit.param_fqns:
             unit_of.setdefault(fqn, i)
-    for canonical, aliases in order.shared_params.items():
-        for alias in aliases:
-            if canonical in unit_of:
-                unit_of.setdefault(alias, unit_of[canonical])
+    canonical = order.alias_to_canonical()
     positions: dict[int, list[int]] = {}
     for k, fqn in enumerate(grads):
-        unit = unit_of.get(fqn)
+        unit = unit_of.get(canonical.get(fqn, fqn))
         if unit is not None:
-            span = positions.setdefault(unit, [k, k])
-            span[1] = k
+            positions.setdefault(unit, [k, k])[1] = k
     total = len(grads)
     return {u: (lo / total, (hi - lo + 1) / total) for u, (lo, hi) in positions.items()}
 

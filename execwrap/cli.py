@@ -541,14 +541,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     from execwrap.errors import ExecwrapError
     from execwrap.plan import plan_wrap
-    from execwrap.report import format_bytes, format_numel, short_reason, write_report
+    from execwrap.report import (
+        REPORT_FORMATS,
+        format_bytes,
+        format_numel,
+        short_reason,
+        write_report,
+    )
     from tracing import TracingConfig, TracingError, capture_execution_order
 
     is_demo = args.model is None
     model_path = args.model or DEFAULT_MODEL
     formats = [f.strip().lower() for f in args.format.split(",") if f.strip()]
-    from execwrap.report import REPORT_FORMATS
-
     bad = [f for f in formats if f not in REPORT_FORMATS]
     if bad or not formats:
         raise CLIError(
@@ -639,7 +643,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     try:
         plan = plan_wrap(model, order, init_policy, bucket_numel=bucket_numel)
-        baselines = _baselines(model, order, plan_wrap, policy_text, init_policy, bucket_numel)
+        baselines = _baselines(model, order, policy_text, init_policy, bucket_numel)
     except (TypeError, ValueError, ExecwrapError) as exc:
         raise CLIError(f"planning failed: {_shorten(exc, 240)}") from exc
     title = f"execwrap report: {type(model).__name__} ({model_path})"
@@ -683,25 +687,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _baselines(
     model: Any,
     order: Any,
-    plan_wrap: Callable[..., Any],
     policy_text: str,
     init_policy: Any,
     bucket_numel: int | None,
 ) -> dict[str, Any]:
-    """Plans of the same order to compare with: always_wrap_policy, and the
-    chosen policy without buckets (or the root alone when the plan is always)."""
+    """Plans of the same order to compare with: the chosen policy without
+    buckets (when bucketed), and always_wrap_policy (or the root alone when
+    the plan is always_wrap_policy without buckets)."""
     from torch.distributed.fsdp.wrap import always_wrap_policy
+
+    from execwrap.plan import plan_wrap
 
     baselines: dict[str, Any] = {}
     if bucket_numel is not None:
-        base = plan_wrap(model, order, init_policy)
-        baselines[f"{policy_text} (no buckets)"] = base
-    if policy_text != "always" or bucket_numel is not None:
-        base = plan_wrap(model, order, always_wrap_policy)
-        baselines["always"] = base
+        baselines[f"{policy_text} (no buckets)"] = plan_wrap(model, order, init_policy)
     if policy_text == "always" and bucket_numel is None:
-        base = plan_wrap(model, order, _root_only_policy)
-        baselines["none (root only)"] = base
+        baselines["none (root only)"] = plan_wrap(model, order, _root_only_policy)
+    else:
+        baselines["always"] = plan_wrap(model, order, always_wrap_policy)
     return baselines
 
 
@@ -883,21 +886,18 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
     order_a, _, _ = _load_report_json(args.a)
     order_b, _, _ = _load_report_json(args.b)
-    name_a, name_b = args.a, args.b
     div = first_divergence(order_a, order_b, context=args.context)
-    index = None if div is None else div.index
     calls_a, calls_b = order_a.module_forward_order, order_b.module_forward_order
-    if index is not None:
-        a_at = calls_a[index] if index < len(calls_a) else None
-        b_at = calls_b[index] if index < len(calls_b) else None
+    if div is not None:
+        index = div.index
         print(
             f"orders differ: first divergence at forward call {index}: "
-            f"A runs {_show_call(a_at)}, B runs {_show_call(b_at)}"
+            f"A runs {_show_call(div.expected)}, B runs {_show_call(div.found)}"
         )
-        print(f"  A = {name_a} ({len(calls_a)} calls, {order_a.method})")
-        print(f"  B = {name_b} ({len(calls_b)} calls, {order_b.method})")
+        print(f"  A = {args.a} ({len(calls_a)} calls, {order_a.method})")
+        print(f"  B = {args.b} ({len(calls_b)} calls, {order_b.method})")
         lo, hi = max(0, index - args.context), index + args.context + 1
-        width = max([len(_show_call(c)) for c in calls_a[lo:hi]] + [len("A")])
+        width = max([len(_show_call(c)) for c in div.context_a] + [len("A")])
         print(f"\n  {'':>6}  {'A':<{width}}   B")
         for i in range(lo, hi):
             x = calls_a[i] if i < len(calls_a) else None
@@ -907,12 +907,15 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             mark = ">>" if i == index else ("  " if x == y else "!=")
             print(f"  {mark}{i:>4}  {_show_call(x):<{width}}   {_show_call(y)}")
         return EXIT_FINDING
-    for label, xs, ys in (
-        ("parameter forward order", order_a.param_forward_order, order_b.param_forward_order),
-        ("parameter backward order", order_a.param_backward_order, order_b.param_backward_order),
-    ):
-        if label.startswith("parameter backward") and not (xs and ys):
-            continue  # symbolic capture records no backward order
+    param_orders = [
+        ("parameter forward order", order_a.param_forward_order, order_b.param_forward_order)
+    ]
+    if order_a.param_backward_order and order_b.param_backward_order:
+        # (symbolic capture records no backward order)
+        param_orders.append(
+            ("parameter backward order", order_a.param_backward_order, order_b.param_backward_order)
+        )
+    for label, xs, ys in param_orders:
         param_div = first_divergence(xs, ys, context=0)
         if param_div is not None:
             print(

@@ -161,21 +161,17 @@ def write_report(
                 "plan every baseline from the same order as the report"
             )
     ctx = _ReportContext(order, plan, prefetch, baselines, title)
-
-    writers: dict[str, Callable[[IO[bytes]], None]] = {}
-    for fmt in formats:
-        if fmt == "json":
-            writers["json"] = ctx.write_json
-        elif fmt == "csv":
-            writers["calls_csv"] = ctx.write_calls_csv
-            writers["params_csv"] = ctx.write_params_csv
-        elif fmt == "graphml":
-            writers["graphml"] = ctx.write_graphml
-        elif fmt == "html":
-            writers["html"] = ctx.write_html
-    names = {key: name for files in REPORT_FILES.values() for key, name in files.items()}
-    targets = {key: Path(out_dir) / names[key] for key in writers}
-    _write_all_atomically({targets[k]: w for k, w in writers.items()})
+    writers: dict[str, Callable[[IO[bytes]], None]] = {
+        "json": ctx.write_json,
+        "calls_csv": ctx.write_calls_csv,
+        "params_csv": ctx.write_params_csv,
+        "graphml": ctx.write_graphml,
+        "html": ctx.write_html,
+    }
+    targets = {
+        key: Path(out_dir) / name for fmt in formats for key, name in REPORT_FILES[fmt].items()
+    }
+    _write_all_atomically({path: writers[key] for key, path in targets.items()})
     logger.debug("wrote report files %s", {k: str(p) for k, p in targets.items()})
     return targets
 
@@ -382,7 +378,6 @@ def _graphml_safe(graph: Any) -> Any:
     ``None`` values are dropped, sequences become ``";"``-joined strings, and a
     key that holds several types is unified (int+float -> float, else str).
     """
-    import networkx as nx
 
     def scalar(v: Any) -> Any:
         if isinstance(v, (bool, int, float, str)):
@@ -391,9 +386,7 @@ def _graphml_safe(graph: Any) -> Any:
             return ";".join(str(x) for x in v)
         return str(v)
 
-    out = nx.DiGraph() if not graph.is_multigraph() else nx.MultiDiGraph()
-    if not graph.is_directed():
-        out = out.to_undirected()
+    out = type(graph)()
     out.graph.update({k: scalar(v) for k, v in graph.graph.items() if v is not None})
     for n, data in graph.nodes(data=True):
         out.add_node(n, **{k: scalar(v) for k, v in data.items() if v is not None})
@@ -443,35 +436,21 @@ class _ReportContext:
             for i, unit in enumerate(plan.units):
                 for fqn in unit.param_fqns:
                     self.param_unit.setdefault(fqn, i)
-        self._stats: dict[str, Any] = {}
+        self._stats: dict[str | None, Any] = {}
 
     # shared pieces ------------------------------------------------------
     def stats(self, name: str | None = None) -> Any:
         """Stats of the plan (``name=None``) or of a baseline, cached."""
-        key = name or ""
-        if key not in self._stats:
+        if name not in self._stats:
             plan = self.plan if name is None else self.baselines[name]
-            self._stats[key] = plan.stats(self.prefetch)
-        return self._stats[key]
+            self._stats[name] = plan.stats(self.prefetch)
+        return self._stats[name]
 
-    def comparison(self) -> list[dict[str, Any]]:
-        """Rows: the plan and each baseline, with their headline stats."""
-        rows = []
-        plans = [(None, self.plan)] + list(self.baselines.items())
-        for name, plan in plans:
-            st = self.stats(name)
-            rows.append(
-                {
-                    "name": name or "plan",
-                    "policy_name": str(getattr(plan, "policy_name", "") or ""),
-                    "bucket_numel": getattr(plan, "bucket_numel", None),
-                    "num_units": int(st.num_units),
-                    "all_gathers_per_step": int(st.all_gathers_per_step),
-                    "largest_unit_bytes": int(st.largest_unit_bytes),
-                    "peak_unsharded_bytes": int(st.peak_unsharded_bytes),
-                }
-            )
-        return rows
+    def named_plans(self) -> list[tuple[str, Any, Any]]:
+        """``(name, plan, stats)``: the plan (named ``"plan"``), then each baseline."""
+        return [("plan", self.plan, self.stats())] + [
+            (name, base, self.stats(name)) for name, base in self.baselines.items()
+        ]
 
     def unit_of(self, module_fqn: str) -> int | None:
         """Index of the unit managing ``module_fqn`` (``None`` without a plan)."""
@@ -485,7 +464,7 @@ class _ReportContext:
         plan = None
         baselines: dict[str, Any] = {}
         if self.plan is not None:
-            plan = plan_to_dict(self.plan, self.prefetch)
+            plan = {**self.plan.to_dict(), "stats": stats_to_dict(self.stats())}
             for name, base in self.baselines.items():
                 baselines[name] = {
                     "policy_name": str(getattr(base, "policy_name", "") or ""),
@@ -666,11 +645,9 @@ class _ReportContext:
             logger.debug("no charts: %s", exc)
             out += [f'<p class="no-charts">{html.escape(NO_CHARTS_LINE)}</p>', "</section>"]
             return out
-        timelines = {"plan": unsharded_timeline(self.plan, self.prefetch)}
-        for name, base in self.baselines.items():
-            timelines[name] = unsharded_timeline(base, self.prefetch)
-        peaks = {"plan": int(self.stats().peak_unsharded_bytes)}
-        peaks.update({n: int(self.stats(n).peak_unsharded_bytes) for n in self.baselines})
+        named = self.named_plans()
+        timelines = {name: unsharded_timeline(plan, self.prefetch) for name, plan, _ in named}
+        peaks = {name: int(st.peak_unsharded_bytes) for name, _, st in named}
         try:
             timeline_svg = _charts.units_timeline_svg(self.plan)
             memory_svg = _charts.memory_svg(timelines, peaks, prefetch=self.prefetch)
@@ -749,14 +726,14 @@ class _ReportContext:
                 ),
                 (
                     (
-                        r["name"],
-                        r["policy_name"] or "-",
-                        r["num_units"],
-                        r["all_gathers_per_step"],
-                        format_bytes(r["largest_unit_bytes"]),
-                        format_bytes(r["peak_unsharded_bytes"]),
+                        name,
+                        str(getattr(plan, "policy_name", "") or "-"),
+                        st.num_units,
+                        st.all_gathers_per_step,
+                        format_bytes(st.largest_unit_bytes),
+                        format_bytes(st.peak_unsharded_bytes),
                     )
-                    for r in self.comparison()
+                    for name, plan, st in self.named_plans()
                 ),
             )
         )
@@ -776,26 +753,14 @@ class _ReportContext:
         return out
 
     def _html_calls(self) -> list[str]:
-        rows = list(self.calls_rows())
-        return [
-            '<section id="calls">',
-            "<h2>Module calls</h2>",
-            f"<details><summary>{len(rows)} calls</summary>",
-            _html_table("calls", CALLS_CSV_COLUMNS, rows),
-            "</details>",
-            "</section>",
-        ]
+        return _html_folded_table(
+            "calls", "Module calls", "calls", CALLS_CSV_COLUMNS, self.calls_rows()
+        )
 
     def _html_params(self) -> list[str]:
-        rows = list(self.params_rows())
-        return [
-            '<section id="params">',
-            "<h2>Parameters</h2>",
-            f"<details><summary>{len(rows)} parameters</summary>",
-            _html_table("params", PARAMS_CSV_COLUMNS, rows),
-            "</details>",
-            "</section>",
-        ]
+        return _html_folded_table(
+            "params", "Parameters", "parameters", PARAMS_CSV_COLUMNS, self.params_rows()
+        )
 
 
 def _blank(value: int | None) -> int | str:
@@ -816,6 +781,21 @@ def _write_csv(f: IO[bytes], header: Sequence[str], rows: Iterable[Sequence[Any]
         text.flush()
     finally:
         text.detach()
+
+
+def _html_folded_table(
+    name: str, heading: str, noun: str, header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> list[str]:
+    """A ``<section id=name>`` holding a folded table of ``rows`` (class ``name``)."""
+    rows = list(rows)
+    return [
+        f'<section id="{name}">',
+        f"<h2>{heading}</h2>",
+        f"<details><summary>{len(rows)} {noun}</summary>",
+        _html_table(name, header, rows),
+        "</details>",
+        "</section>",
+    ]
 
 
 def _html_table(cls: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
