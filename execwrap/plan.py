@@ -277,6 +277,10 @@ class PlanStats:
     total_bytes: int = 0
     peak_unsharded_bytes_no_reshard: int = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (tuples as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
 
 class TimelineStep(NamedTuple):
     """One step of :meth:`WrapPlan.unsharded_timeline`.
@@ -845,7 +849,7 @@ class WrapPlan:
             "groups": self.groups,
             "fsdp1_modules": self.fsdp1_modules(),
             "notes": list(self.notes),
-            "stats": _stats_to_dict(self.stats(1)),
+            "stats": self.stats(1).to_dict(),
         }
 
     @classmethod
@@ -879,10 +883,6 @@ class WrapPlan:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed WrapPlan dict: {e!r}") from e
-
-
-def _stats_to_dict(stats: PlanStats) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(stats).items()}
 
 
 def _check_prefetch(prefetch: int) -> None:

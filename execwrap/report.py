@@ -27,7 +27,6 @@ found before anything is written.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import errno
 import html
 import io
@@ -284,7 +283,7 @@ def plan_to_dict(plan: Any, prefetch: int = 1) -> dict[str, Any]:
 
 def stats_to_dict(stats: Any) -> dict[str, Any]:
     """A :class:`~execwrap.plan.PlanStats` as a JSON-ready dict (tuples as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(stats).items()}
+    return dict(stats.to_dict())
 
 
 def unsharded_timeline(plan: Any, prefetch: int = 1) -> list[int]:
