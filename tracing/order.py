@@ -277,9 +277,7 @@ class ExecutionOrder:
             )
         except KeyError as e:
             raise ValueError(f"{source}: malformed ExecutionOrder: missing field {e}") from e
-        except (TypeError, AttributeError) as e:
-            raise ValueError(f"{source}: malformed ExecutionOrder: {e}") from e
-        except ValueError as e:
+        except (TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"{source}: malformed ExecutionOrder: {e}") from e
         return order
 

@@ -37,7 +37,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from tracing._fqn import clean_fqn, is_wrapper_module, original_class_name
+from tracing._fqn import clean_fqn, is_wrapper_module, join_fqn, original_class_name, owner_fqn
 from tracing._uses import METADATA_METHODS
 from tracing.errors import TracingError
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
@@ -99,7 +99,6 @@ class _Frame(NamedTuple):
     """One running module call on the recorder's stack."""
 
     module: nn.Module
-    kind: _CallKind
     #: (module FQN, call index) whose torch calls are uses; None unless FORWARD.
     target: tuple[str, int] | None
     #: this frame pushed the TorchFunctionMode (the outermost frame).
@@ -131,16 +130,7 @@ class _ParamUseMode(TorchFunctionMode):
             kwargs = {}
         if self._recorder._target is not None:
             get = self._param_of.get
-            found: list[str] | None = None
-            for a in args:
-                fqn = get(id(a))
-                if fqn is not None:
-                    if found is None:
-                        found = [fqn]
-                    else:
-                        found.append(fqn)
-                elif type(a) in _CONTAINERS:
-                    found = _scan(a, get, found)
+            found = _scan(args, get, None)
             if kwargs:
                 found = _scan(kwargs.values(), get, found)
             if found is not None:
@@ -151,6 +141,7 @@ class _ParamUseMode(TorchFunctionMode):
 def _scan(
     values: Iterable[Any], get: Callable[[int], str | None], found: list[str] | None
 ) -> list[str] | None:
+    """Append the FQN of every parameter in ``values`` (lists/tuples looked into)."""
     for a in values:
         fqn = get(id(a))
         if fqn is not None:
@@ -238,7 +229,6 @@ class RuntimeRecorder:
         # that an id can never be reused by another object while recording.
         self._param_of: dict[int, str] = {}
         self._keep: list[torch.Tensor] = []
-        self._grad_hooked: set[int] = set()
         # id(module) -> [(attribute name, canonical FQN)] of its direct params.
         self._direct: dict[int, list[tuple[str, str]]] = {}
 
@@ -290,7 +280,7 @@ class RuntimeRecorder:
             for pname, p in module._parameters.items():
                 if p is None:
                     continue
-                pfqn = f"{fqn}.{pname}" if fqn else pname
+                pfqn = join_fqn(fqn, pname)
                 canonical = id_to_canonical.setdefault(id(p), pfqn)
                 if canonical == pfqn:
                     self._param_tensors[canonical] = p
@@ -315,25 +305,28 @@ class RuntimeRecorder:
             )
 
     def _map_tensor(self, t: torch.Tensor, fqn: str) -> None:
-        """Know ``t`` as parameter ``fqn`` and hook its gradient."""
+        """Know ``t`` as parameter ``fqn`` and hook its gradient.
+
+        Called once per tensor: every caller skips tensors already in
+        ``_param_of``, so a tensor is never hooked twice.
+        """
         self._param_of[id(t)] = fqn
         self._keep.append(t)
-        if not t.requires_grad or id(t) in self._grad_hooked:
+        if not t.requires_grad:
             return
-        self._grad_hooked.add(id(t))
         if t.is_leaf:
             self._handles.append(
                 t.register_post_accumulate_grad_hook(functools.partial(self._on_grad_ready, fqn))
             )
         else:  # a view swapped in by a wrapper (FSDP1 use_orig_params=True)
-            self._handles.append(t.register_hook(functools.partial(self._on_view_grad, fqn)))
+            self._handles.append(t.register_hook(functools.partial(self._on_grad_ready, fqn)))
 
     # ----------------------------------------------------------------- hooks
     def _push(self, module: nn.Module, kind: _CallKind, target: tuple[str, int] | None) -> None:
         pushed = not self._stack and kind is not _CallKind.RECOMPUTE
         if pushed:
             self._mode.__enter__()
-        self._stack.append(_Frame(module, kind, target, pushed))
+        self._stack.append(_Frame(module, target, pushed))
         self._target = target
 
     def _pre_wrapper(self, fqn: str, module: nn.Module, args: Any) -> None:
@@ -399,6 +392,8 @@ class RuntimeRecorder:
         self._param_uses.append(ParamUse(target[0], target[1], tuple(fqns), op))
 
     def _on_grad_ready(self, fqn: str, param: torch.Tensor) -> None:
+        # Also the tensor hook of a view a wrapper swapped in (FSDP1
+        # use_orig_params=True), which passes the gradient as `param`.
         # The same leaf can accumulate more than once per backward (a tied
         # weight under reentrant checkpointing: one accumulation per inner
         # backward); it is ready at its *last* accumulation, so move it there.
@@ -413,9 +408,6 @@ class RuntimeRecorder:
         else:
             return
         self._param_backward_order.append(fqn)
-
-    def _on_view_grad(self, fqn: str, grad: torch.Tensor) -> None:
-        self._on_grad_ready(fqn, grad)
 
     def _pop_mode(self) -> None:
         stack = torch.overrides._get_current_function_mode_stack()
@@ -553,7 +545,7 @@ class RuntimeRecorder:
                 continue
             owner = pfqn
             while owner:
-                owner = owner.rpartition(".")[0]
+                owner = owner_fqn(owner)
                 if owner in self._module_classes and finish.get(owner, -1) < step:
                     finish[owner] = step
         keyed = [
@@ -678,7 +670,7 @@ def record_execution_order(
         >>> order.param_forward_order
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
-    params = list({id(p): p for p in model.parameters()}.values())
+    params = list(model.parameters())  # each tensor once, tied ones included
     saved_grads = [(p, p.grad) for p in params]
     saved_buffers = [
         (module, name, b, b.detach().clone())
