@@ -27,7 +27,6 @@ Three ways to an order, tried in this sequence:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
@@ -45,6 +44,7 @@ from execwrap.plan import WrapPlan, plan_wrap
 from execwrap.ranks import check_order_across_ranks
 from tracing import RuntimeRecorder, TracingConfig, capture_execution_order
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
+from tracing.runtime import tensors_in
 
 __all__ = ["ParamExecOrderWrapPolicy"]
 
@@ -461,7 +461,7 @@ class _FirstStepRecording:
             logger.debug("first-step recording: forward gave no output; re-armed")
             self._arm()
             return None
-        tensors = [t for t in _tensors(output) if t.requires_grad]
+        tensors = [t for t in tensors_in(output) if t.requires_grad]
         if not tensors:
             self._finish()
             return None
@@ -492,26 +492,3 @@ class _FirstStepRecording:
         self._phase = _Phase.DONE
         if recorder is not None:
             recorder.remove(failed=True)
-
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    """Tensors in ``output`` (nested tuples, lists, dicts, dataclasses)."""
-    found: list[torch.Tensor] = []
-    stack = [output]
-    seen: set[int] = set()
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            found.append(obj)
-        elif id(obj) in seen:
-            continue
-        elif isinstance(obj, (list, tuple)):
-            seen.add(id(obj))
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            seen.add(id(obj))
-            stack.extend(obj.values())
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            seen.add(id(obj))
-            stack.extend(getattr(obj, f.name) for f in dataclasses.fields(obj))
-    return found

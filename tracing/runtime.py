@@ -42,7 +42,13 @@ from tracing._uses import METADATA_METHODS
 from tracing.errors import TracingError
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 
-__all__ = ["RecorderState", "RuntimeRecorder", "default_loss", "record_execution_order"]
+__all__ = [
+    "RecorderState",
+    "RuntimeRecorder",
+    "default_loss",
+    "record_execution_order",
+    "tensors_in",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -557,23 +563,39 @@ class RuntimeRecorder:
 
 
 # --------------------------------------------------------- record_execution_order
-def _floating_tensors(obj: Any, out: list[torch.Tensor], seen: set[int]) -> None:
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            out.append(obj)
-        return
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, Mapping):  # dicts, transformers' ModelOutput
-        for v in obj.values():
-            _floating_tensors(v, out, seen)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _floating_tensors(v, out, seen)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            _floating_tensors(getattr(obj, f.name, None), out, seen)
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in ``obj``, found through nested tuples, lists, mappings
+    (dicts, transformers' ``ModelOutput``) and dataclasses, in order; each
+    container is visited once.
+
+    Example:
+        >>> t = torch.ones(1)
+        >>> tensors_in({"a": (t, [t]), "b": 3}) == [t, t]
+        True
+    """
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+            return
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, Mapping):
+            items: Iterable[Any] = value.values()
+        elif isinstance(value, (list, tuple)):
+            items = value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            items = (getattr(value, f.name, None) for f in dataclasses.fields(value))
+        else:
+            return
+        for item in items:
+            visit(item)
+
+    visit(obj)
+    return out
 
 
 def default_loss(output: Any) -> torch.Tensor | None:
@@ -585,9 +607,7 @@ def default_loss(output: Any) -> torch.Tensor | None:
     Returns:
         A scalar tensor, or ``None`` when no output tensor requires grad.
     """
-    tensors: list[torch.Tensor] = []
-    _floating_tensors(output, tensors, set())
-    tensors = [t for t in tensors if t.requires_grad]
+    tensors = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
         return None
     device = tensors[0].device
@@ -615,11 +635,7 @@ class _RngState:
 def _is_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     if any(p.is_meta for p in model.parameters()):
         return True
-    found: list[torch.Tensor] = []
-    _floating_tensors((args, kwargs), found, set())
-    return any(t.is_meta for t in found) or any(
-        isinstance(a, torch.Tensor) and a.is_meta for a in (*args, *kwargs.values())
-    )
+    return any(t.is_meta for t in tensors_in((args, kwargs)))
 
 
 def record_execution_order(
