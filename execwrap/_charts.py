@@ -21,6 +21,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
+from tracing._fqn import ROOT_NAME
+
 __all__ = [
     "memory_figure",
     "memory_svg",
@@ -161,7 +163,7 @@ def _backward_spans(plan: Any) -> dict[int, tuple[float, float]] | None:
 
 
 def _unit_label(i: int, unit: Any) -> str:
-    names = [m if m else "<root>" for m in unit.module_fqns]
+    names = [m if m else ROOT_NAME for m in unit.module_fqns]
     label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
     if len(label) > 40:
         label = "…" + label[-39:]

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tracing._fqn import ROOT_NAME
+
 __all__ = ["main", "parse_input_spec", "parse_numel", "parse_policy"]
 
 logger = logging.getLogger(__name__)
@@ -934,7 +936,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _show_call(fqn: str | None) -> str:
     if fqn is None:
         return "(end)"
-    return fqn or "<root>"
+    return fqn or ROOT_NAME
 
 
 # ------------------------------------------------------------------ output

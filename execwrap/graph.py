@@ -23,7 +23,7 @@ from typing import Literal
 
 import networkx as nx
 
-from tracing._fqn import owner_fqn
+from tracing._fqn import ROOT_NAME, owner_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = [
@@ -147,7 +147,7 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
         graph.add_node(
             fqn,
             kind="module",
-            label=fqn or "<root>",
+            label=fqn or ROOT_NAME,
             class_name=class_names.get(fqn, ""),
             own_numel=0,
             call_count=0,
@@ -307,7 +307,7 @@ class Divergence:
         def name(fqn: str | None) -> str:
             if fqn is None:
                 return "<end of order>"
-            return repr(fqn) if fqn else "<root>"
+            return repr(fqn) if fqn else ROOT_NAME
 
         return (
             f"orders differ at call {self.index}: expected {name(self.expected)}, "

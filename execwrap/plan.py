@@ -27,7 +27,7 @@ from torch.distributed.fsdp.wrap import always_wrap_policy
 
 from execwrap._policy_utils import expand_ignored_modules, policy_name, policy_unit_modules
 from execwrap.errors import PlanError
-from tracing._fqn import owner_fqn
+from tracing._fqn import ROOT_NAME, owner_fqn
 from tracing.order import ExecutionOrder, param_info, shared_param_map
 
 __all__ = [
@@ -47,9 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Version of the layout written by :meth:`WrapPlan.to_dict`.
 PLAN_SCHEMA_VERSION = 1
-
-#: How the root module (FQN ``""``) is written in notes and labels.
-ROOT_NAME = "<root>"
 
 
 # ---------------------------------------------------------------- FQN helpers

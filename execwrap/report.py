@@ -40,6 +40,7 @@ from typing import IO, Any
 
 import torch
 
+from tracing._fqn import ROOT_NAME
 from tracing.order import ExecutionOrder
 
 __all__ = [
@@ -767,7 +768,7 @@ def _blank(value: int | None) -> int | str:
 
 
 def _root_name(fqn: str) -> str:
-    return fqn if fqn else "<root>"
+    return fqn if fqn else ROOT_NAME
 
 
 def _write_csv(f: IO[bytes], header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 __all__: list[str] = []
 
+#: How the root module (FQN ``""``) is written in messages, notes and labels.
+ROOT_NAME = "<root>"
+
 # Prefixes that wrappers insert into module/parameter names: FSDP1's
 # FullyShardedDataParallel, activation checkpointing's CheckpointWrapper,
 # torch.compile's OptimizedModule, DDP/DataParallel.

@@ -43,6 +43,7 @@ import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
+from tracing._fqn import ROOT_NAME
 from tracing._uses import METADATA_METHODS
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
@@ -53,7 +54,6 @@ __all__ = ["trace_execution_order"]
 logger = logging.getLogger(__name__)
 
 #: How the root module is written in messages (its FQN is ``""``).
-ROOT_NAME = "<root>"
 
 _PATCHED_METHODS = ("call_module", "create_proxy")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
