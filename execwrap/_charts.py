@@ -21,7 +21,7 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-from tracing._fqn import ROOT_NAME
+from tracing.fqn import ROOT_NAME
 
 __all__ = [
     "memory_figure",

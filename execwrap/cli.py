@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tracing._fqn import ROOT_NAME
+from tracing.fqn import ROOT_NAME
 
 __all__ = ["main", "parse_input_spec", "parse_numel", "parse_policy"]
 

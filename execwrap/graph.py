@@ -23,7 +23,7 @@ from typing import Literal
 
 import networkx as nx
 
-from tracing._fqn import ROOT_NAME, owner_fqn
+from tracing.fqn import ROOT_NAME, owner_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = [

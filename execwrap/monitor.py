@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from tracing._fqn import clean_fqn
+from tracing.fqn import clean_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = ["DriftEvent", "OrderMonitor", "Phase"]

@@ -27,7 +27,7 @@ from torch.distributed.fsdp.wrap import always_wrap_policy
 
 from execwrap._policy_utils import expand_ignored_modules, policy_name, policy_unit_modules
 from execwrap.errors import PlanError
-from tracing._fqn import ROOT_NAME, owner_fqn
+from tracing.fqn import ROOT_NAME, owner_fqn
 from tracing.order import ExecutionOrder, param_info, shared_param_map
 
 __all__ = [

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import torch
 
-from tracing._fqn import ROOT_NAME
+from tracing.fqn import ROOT_NAME
 from tracing.order import ExecutionOrder
 
 __all__ = [

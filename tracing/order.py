@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,10 +18,11 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
+from tracing.atomic import atomic_write_text
+
 __all__ = [
     "SCHEMA_VERSION",
     "CaptureMethod",
-    "atomic_write_text",
     "ExecutionOrder",
     "ParamInfo",
     "ParamUse",
@@ -313,26 +313,6 @@ class ExecutionOrder:
         if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
             data = data["order"]
         return cls.from_dict(data, source=str(path))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        # mkstemp creates 0600; give the file the mode open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _str_list(value: Any) -> list[str]:

@@ -37,10 +37,10 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from tracing._fqn import clean_fqn, is_wrapper_module, join_fqn, original_class_name, owner_fqn
-from tracing._uses import METADATA_METHODS
 from tracing.errors import TracingError
+from tracing.fqn import clean_fqn, is_wrapper_module, join_fqn, original_class_name, owner_fqn
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
+from tracing.uses import METADATA_METHODS
 
 __all__ = [
     "RecorderState",

@@ -43,11 +43,11 @@ import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
-from tracing._fqn import ROOT_NAME
-from tracing._uses import METADATA_METHODS
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
+from tracing.fqn import ROOT_NAME
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
+from tracing.uses import METADATA_METHODS
 
 __all__ = ["trace_execution_order"]
 

@@ -26,7 +26,7 @@ from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfi
 from execwrap.plan import plan_wrap, policy_units
 from tests._dist import run_ranks
 from tracing import trace_execution_order
-from tracing._fqn import clean_fqn, join_fqn
+from tracing.fqn import clean_fqn, join_fqn
 
 
 class LayerOrder(nn.Module):

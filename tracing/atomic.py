@@ -1,0 +1,71 @@
+"""Atomic file writes: a temporary file in the target's folder, then a rename.
+
+A reader sees either the old file or the complete new one, never a partial
+write (``os.replace`` is atomic on POSIX and Windows within one file system).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_write", "atomic_write_text", "file_mode", "write_temp"]
+
+
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file: ``0o666 & ~umask``."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_temp(folder: Path, name: str, writer: Callable[[IO[bytes]], None]) -> Path:
+    """Write a temporary file ``.<name>.<random>.tmp`` in ``folder`` with ``writer``.
+
+    The file gets :func:`file_mode` (``mkstemp`` creates ``0600``). If
+    ``writer`` raises, the temporary file is removed and the error propagates.
+
+    Returns:
+        The temporary file's path; rename it into place with ``os.replace``.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
+        os.chmod(tmp, file_mode())
+    except BaseException:
+        _unlink(Path(tmp))
+        raise
+    return Path(tmp)
+
+
+def atomic_write(path: Path, writer: Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` atomically: ``writer`` fills a temporary file in the same
+    folder (created if missing), which then replaces ``path``.
+
+    Raises:
+        OSError: the folder cannot be created or the rename fails; the
+            temporary file is removed and ``path`` keeps its old content.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = write_temp(path.parent, path.name, writer)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write` of ``text`` encoded as UTF-8."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
