@@ -1,6 +1,6 @@
 """Symbolic capture cost: ``trace_execution_order`` vs a bare fx trace vs torch's tracer.
 
-For GPT-style models (``execwrap.models.GPT``, GPT-2-small width: dim 768,
+For GPT-style models (``execwrap.demo_models.GPT``, GPT-2-small width: dim 768,
 12 heads, vocab 50257) with 12, 48 and 192 blocks, built on the meta device
 (no weight memory, same graph), times three ways of tracing the same model,
 interleaved round by round (the first variant rotates), medians of the
@@ -48,7 +48,7 @@ from benchmarks._bench import (
     median,
     publish,
 )
-from execwrap.models import GPT, GPTConfig
+from execwrap.demo_models import GPT, GPTConfig
 from tracing import TracingConfig, trace_execution_order
 
 __all__ = ["build_gpt", "main", "run", "torch_exec_order_tracer"]
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         else "torch's `_ExecOrderTracer` is absent from this torch; its column is left out."
     )
     note = (
-        "Symbolic capture of `execwrap.models.GPT` (dim 768, 12 heads, vocab 50257, tied, "
+        "Symbolic capture of `execwrap.demo_models.GPT` (dim 768, 12 heads, vocab 50257, tied, "
         "built on the meta device): a bare `torch.fx.Tracer().trace`, "
         "`tracing.trace_execution_order`, and torch's private `_ExecOrderTracer` "
         "(`patch_tracer` + `trace`), interleaved round by round, fresh tracer per call, "

@@ -2,7 +2,7 @@
 
 Spawns ``--world-size`` ranks (default 2; gloo on CPU with one intra-op
 thread per rank, or NCCL with ``--device cuda``, one GPU per rank) and trains
-``execwrap.models.GPT`` (24 blocks by default, sized so one step takes about a
+``execwrap.demo_models.GPT`` (24 blocks by default, sized so one step takes about a
 second on one CPU thread) with AdamW, each rank on its own random batch.
 Sharding variants, each its own model (same initial weights):
 
@@ -128,7 +128,7 @@ class _CollectiveCounter:
 
 
 def _gpt_config(job: dict[str, Any]) -> Any:
-    from execwrap.models import GPTConfig
+    from execwrap.demo_models import GPTConfig
 
     return GPTConfig(
         vocab_size=job["vocab"],
@@ -144,7 +144,7 @@ def _shard(variant: str, model: nn.Module, mesh: Any, job: dict[str, Any]) -> in
     from torch.distributed.fsdp import fully_shard
 
     from execwrap import ModuleWrapPolicy, apply_fully_shard, plan_wrap
-    from execwrap.models import Block
+    from execwrap.demo_models import Block
     from tracing import trace_execution_order
 
     blocks = [m for m in model.modules() if isinstance(m, Block)]
@@ -183,7 +183,7 @@ class _Trainer:
     def __init__(
         self, variant: str, job: dict[str, Any], rank: int, device: torch.device, mesh: Any
     ) -> None:
-        from execwrap.models import GPT
+        from execwrap.demo_models import GPT
 
         torch.manual_seed(0)  # same initial weights for every variant and rank
         with device:
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _count_params(job: dict[str, Any]) -> int:
-    from execwrap.models import GPT
+    from execwrap.demo_models import GPT
 
     with torch.device("meta"):
         return sum(p.numel() for p in GPT(_gpt_config(job)).parameters())

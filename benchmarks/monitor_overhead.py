@@ -1,6 +1,6 @@
 """Order-drift monitor overhead: a training step with and without ``execwrap.OrderMonitor``.
 
-Runs ``execwrap.models.GPT`` (24 blocks by default) on CPU: one step is a
+Runs ``execwrap.demo_models.GPT`` (24 blocks by default) on CPU: one step is a
 forward, a sum loss and a backward. The monitored step runs with an
 ``OrderMonitor(model, order)`` attached (its forward pre-hook on every module
 hashes the call sequence and compares it with the captured order); the plain
@@ -40,7 +40,7 @@ from benchmarks._bench import (
     publish,
 )
 from execwrap import OrderMonitor
-from execwrap.models import GPT, GPTConfig
+from execwrap.demo_models import GPT, GPTConfig
 from tracing import trace_execution_order
 
 __all__ = ["main", "run"]
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     note = (
-        "One forward+backward (sum loss) of `execwrap.models.GPT` on CPU, plain vs with an "
+        "One forward+backward (sum loss) of `execwrap.demo_models.GPT` on CPU, plain vs with an "
         "`execwrap.OrderMonitor` attached (attach/remove untimed), and with a no-op forward "
         "pre-hook on every module (the floor any per-module hook pays in "
         "`nn.Module._call_impl`), interleaved, medians of wall time (and of process CPU "

@@ -4,7 +4,7 @@ Two models built on the meta device (nothing is run; the numbers are the
 plans' predicted cost from :meth:`execwrap.WrapPlan.stats`, prefetch 1,
 reshard after forward):
 
-* GPT-2 small shape: ``execwrap.models.GPT`` with 12 blocks, dim 768,
+* GPT-2 small shape: ``execwrap.demo_models.GPT`` with 12 blocks, dim 768,
   12 heads, vocab 50257, 1024 positions, tied input/output embedding;
 * Llama at 32 layers with Llama-3-70B widths (dim 8192, 64 heads, MLP 28672,
   vocab 128256).
@@ -55,7 +55,7 @@ from execwrap import (
     policy_units,
     size_based_auto_wrap_policy,
 )
-from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
+from execwrap.demo_models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
 from tracing import trace_execution_order
 
 __all__ = ["gathering_groups", "lower_bound", "main", "model_rows"]

@@ -1,6 +1,6 @@
 """Overhead of runtime order capture: one forward+backward recorded vs plain.
 
-Runs ``execwrap.models.GPT`` (24 blocks by default) on CPU, alternating a plain
+Runs ``execwrap.demo_models.GPT`` (24 blocks by default) on CPU, alternating a plain
 step (forward, sum loss, backward) and the same step under a
 :class:`tracing.RuntimeRecorder` (A/B interleaved so drift hits both alike),
 and reports the medians and their ratio. Target: ratio <= 1.15.
@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import torch
 
 from benchmarks._bench import add_output_args, interleaved, markdown_table, median, publish
-from execwrap.models import GPT, GPTConfig
+from execwrap.demo_models import GPT, GPTConfig
 from tracing import RuntimeRecorder
 
 __all__ = ["main", "run"]
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     note = (
-        "One forward+backward (sum loss) of `execwrap.models.GPT` on CPU, plain vs under "
+        "One forward+backward (sum loss) of `execwrap.demo_models.GPT` on CPU, plain vs under "
         "`tracing.RuntimeRecorder` (hooks + TorchFunctionMode + grad hooks, including "
         "install/remove), interleaved A/B, medians.\n"
     )

@@ -1,7 +1,7 @@
 """Scale: capture and planning for Llama-shaped models of 8 to 160 layers on the meta device.
 
 Each size (Llama-3-70B widths: dim 8192, 64 heads, MLP 28672, vocab 128256;
-``execwrap.models.Llama`` built under ``torch.device("meta")``) is measured in
+``execwrap.demo_models.Llama`` built under ``torch.device("meta")``) is measured in
 fresh Python processes, so each peak RSS (``resource.getrusage``) belongs to
 that size alone: one process for the symbolic path, one for the runtime path.
 
@@ -60,10 +60,10 @@ TARGET_FLATNESS = 1.5
 
 
 def build_llama(n_layers: int) -> Any:
-    """Llama-3-70B-wide ``execwrap.models.Llama`` with ``n_layers`` layers, on meta."""
+    """Llama-3-70B-wide ``execwrap.demo_models.Llama`` with ``n_layers`` layers, on meta."""
     import torch
 
-    from execwrap.models import Llama, LlamaConfig
+    from execwrap.demo_models import Llama, LlamaConfig
 
     with torch.device("meta"):
         return Llama(LlamaConfig(n_layers=n_layers, **LLAMA_70B))
@@ -98,7 +98,7 @@ def measure(n_layers: int, method: str, repeats: int) -> dict[str, Any]:
 
     from benchmarks._bench import peak_rss_bytes
     from execwrap import ModuleWrapPolicy, plan_wrap
-    from execwrap.models import LlamaBlock
+    from execwrap.demo_models import LlamaBlock
     from tracing import record_execution_order, trace_execution_order
 
     base_rss = peak_rss_bytes()
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"- peak RSS after `import torch, execwrap` alone: {fmt_bytes(base)}")
     body = "\n".join(lines)
     note = (
-        "`execwrap.models.Llama` at Llama-3-70B widths (dim 8192, 64 heads, MLP 28672, vocab "
+        "`execwrap.demo_models.Llama` at Llama-3-70B widths (dim 8192, 64 heads, MLP 28672, vocab "
         "128256) built on the meta device; each size in fresh processes (one for symbolic "
         "capture + plan, one for runtime capture), so each peak RSS is that size's alone "
         "(process peak, `import torch` included). Plan: `ModuleWrapPolicy({LlamaBlock})`, "

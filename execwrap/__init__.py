@@ -3,37 +3,94 @@
 Captures the order in which a model really uses its parameters (``tracing``),
 plans FSDP units and size-capped buckets from it, applies the plan to FSDP1
 and FSDP2, and writes reports.
+
+Importing ``execwrap`` loads nothing heavy: each name below is imported from
+its module the first time it is used (PEP 562), so ``execwrap --help`` starts
+without torch and ``torch.distributed.fsdp`` is loaded only by what needs it
+(the FSDP1 policy, ``apply_fully_shard``, torch's wrap policies).
+
+Besides its own names and ``tracing``'s, ``execwrap`` re-exports torch's FSDP
+auto-wrap policies that are passed as ``init_policy``, so that one import
+serves both FSDP1 and FSDP2 users: ``ModuleWrapPolicy``, ``CustomPolicy``,
+``always_wrap_policy``, ``size_based_auto_wrap_policy``,
+``transformer_auto_wrap_policy`` and ``lambda_auto_wrap_policy`` (from
+``torch.distributed.fsdp.wrap``). torch's ``enable_wrap``/``wrap`` context
+managers are not re-exported: they wrap by hand, which a plan replaces.
 """
 
-from torch.distributed.fsdp.wrap import (
-    CustomPolicy,
-    ModuleWrapPolicy,
-    always_wrap_policy,
-    enable_wrap,
-    lambda_auto_wrap_policy,
-    size_based_auto_wrap_policy,
-    transformer_auto_wrap_policy,
-    wrap,
-)
+from __future__ import annotations
 
-from execwrap.errors import ExecwrapError, OrderDivergenceError, PlanError
-from execwrap.fsdp2 import apply_fully_shard, prefetch_schedule
-from execwrap.graph import Divergence, build_order_graph, first_divergence, order_subgraph
-from execwrap.monitor import DriftEvent, OrderMonitor
-from execwrap.plan import (
-    PlanStats,
-    TimelineStep,
-    WrapPlan,
-    WrapUnit,
-    compare_plans,
-    min_contiguous_groups,
-    plan_wrap,
-    policy_units,
-)
-from execwrap.policy import ParamExecOrderWrapPolicy
-from execwrap.ranks import check_order_across_ranks, order_fingerprint
-from execwrap.report import write_report
-from tracing import ExecutionOrder, TracingConfig, TracingError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.wrap import (
+        CustomPolicy,
+        ModuleWrapPolicy,
+        always_wrap_policy,
+        lambda_auto_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    from execwrap.divergence import Divergence, first_divergence
+    from execwrap.errors import ExecwrapError, OrderDivergenceError, PlanError
+    from execwrap.fsdp1 import ParamExecOrderWrapPolicy
+    from execwrap.fsdp2 import apply_fully_shard, prefetch_schedule
+    from execwrap.graph import build_order_graph, order_subgraph
+    from execwrap.monitor import DriftEvent, OrderMonitor
+    from execwrap.plan import (
+        PlanStats,
+        TimelineStep,
+        WrapPlan,
+        WrapUnit,
+        compare_plans,
+        min_contiguous_groups,
+        plan_wrap,
+        policy_units,
+    )
+    from execwrap.ranks import check_order_across_ranks, order_fingerprint
+    from execwrap.report import write_report
+    from tracing import ExecutionOrder, TracingConfig, TracingError
+
+#: Public name -> module that defines it (imported on first use).
+_EXPORTS: dict[str, str] = {
+    # torch's auto-wrap policies, passed as init_policy
+    "CustomPolicy": "torch.distributed.fsdp.wrap",
+    "ModuleWrapPolicy": "torch.distributed.fsdp.wrap",
+    "always_wrap_policy": "torch.distributed.fsdp.wrap",
+    "lambda_auto_wrap_policy": "torch.distributed.fsdp.wrap",
+    "size_based_auto_wrap_policy": "torch.distributed.fsdp.wrap",
+    "transformer_auto_wrap_policy": "torch.distributed.fsdp.wrap",
+    # tracing
+    "ExecutionOrder": "tracing",
+    "TracingConfig": "tracing",
+    "TracingError": "tracing",
+    # execwrap
+    "Divergence": "execwrap.divergence",
+    "first_divergence": "execwrap.divergence",
+    "ExecwrapError": "execwrap.errors",
+    "OrderDivergenceError": "execwrap.errors",
+    "PlanError": "execwrap.errors",
+    "ParamExecOrderWrapPolicy": "execwrap.fsdp1",
+    "apply_fully_shard": "execwrap.fsdp2",
+    "prefetch_schedule": "execwrap.fsdp2",
+    "build_order_graph": "execwrap.graph",
+    "order_subgraph": "execwrap.graph",
+    "DriftEvent": "execwrap.monitor",
+    "OrderMonitor": "execwrap.monitor",
+    "PlanStats": "execwrap.plan",
+    "TimelineStep": "execwrap.plan",
+    "WrapPlan": "execwrap.plan",
+    "WrapUnit": "execwrap.plan",
+    "compare_plans": "execwrap.plan",
+    "min_contiguous_groups": "execwrap.plan",
+    "plan_wrap": "execwrap.plan",
+    "policy_units": "execwrap.plan",
+    "check_order_across_ranks": "execwrap.ranks",
+    "order_fingerprint": "execwrap.ranks",
+    "write_report": "execwrap.report",
+}
 
 __all__ = [
     "CustomPolicy",
@@ -57,7 +114,6 @@ __all__ = [
     "build_order_graph",
     "check_order_across_ranks",
     "compare_plans",
-    "enable_wrap",
     "first_divergence",
     "lambda_auto_wrap_policy",
     "min_contiguous_groups",
@@ -68,6 +124,18 @@ __all__ = [
     "prefetch_schedule",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
-    "wrap",
     "write_report",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execwrap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

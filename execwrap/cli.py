@@ -40,7 +40,7 @@ __all__ = ["main", "parse_input_spec", "parse_numel", "parse_policy"]
 logger = logging.getLogger(__name__)
 
 PROG = "execwrap"
-DEFAULT_MODEL = "execwrap.models:build_demo_model"
+DEFAULT_MODEL = "execwrap.demo_models:build_demo_model"
 DEFAULT_OUT = "execwrap-report"
 DEFAULT_DEMO_POLICY = "transformer:Block"
 DEFAULT_DEMO_BUCKET = "100K"
@@ -884,7 +884,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from execwrap.graph import first_divergence
+    from execwrap.divergence import first_divergence
 
     order_a, _, _ = _load_report_json(args.a)
     order_b, _, _ = _load_report_json(args.b)

@@ -21,8 +21,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from execwrap.plan import WrapPlan, _first_trainable_use, _UseSpans
-from execwrap.policy import ParamExecOrderWrapPolicy
+from execwrap.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.plan import WrapPlan
+from execwrap.spans import UseSpans, first_trainable_use
 from tracing.order import ExecutionOrder
 
 __all__ = ["apply_fully_shard", "prefetch_schedule"]
@@ -213,9 +214,9 @@ def prefetch_schedule(
 
     # Groups that run entirely before the first trainable parameter's use
     # never run backward (see WrapPlan.runs_backward): never prefetch them there.
-    first_trainable = _first_trainable_use(order)
+    first_trainable = first_trainable_use(order)
     if first_trainable is not None:
-        spans = _UseSpans(order)
+        spans = UseSpans(order)
         backward = [
             i
             for i in backward

@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import always_wrap_policy
 
-from execwrap._policy_utils import expand_ignored_modules, policy_name, policy_unit_modules
+from execwrap.auto_wrap import expand_ignored_modules, policy_name, policy_unit_modules
 from execwrap.errors import PlanError
+from execwrap.spans import UseSpans, first_trainable_use, order_requires_grad
 from tracing.fqn import ROOT_NAME, owner_fqn
 from tracing.order import ExecutionOrder, param_info, shared_param_map
 
@@ -119,61 +120,6 @@ def _names(fqns: Iterable[str], limit: int = 8) -> str:
     if len(items) > limit:
         return ", ".join(items[:limit]) + f", ... ({len(items) - limit} more)"
     return ", ".join(items)
-
-
-# ------------------------------------------------------------ use spans
-class _UseSpans:
-    """Call-index spans of units in one order (see :class:`WrapUnit`).
-
-    Built once per order in O(calls x depth + uses); :meth:`span` then costs
-    O(modules + params) per unit.
-    """
-
-    def __init__(self, order: ExecutionOrder) -> None:
-        self.first_call = order.first_call_index()
-        # module FQN -> last call of it or of any module nested inside it
-        self.last_within: dict[str, int] = {}
-        for i, fqn in enumerate(order.module_forward_order):
-            for anc in _ancestors(fqn):
-                self.last_within[anc] = i
-        canonical = order.alias_to_canonical()
-        self.param_last: dict[str, int] = {}
-        for use in order.param_uses:
-            for p in use.param_fqns:
-                name = canonical.get(p, p)
-                self.param_last[name] = max(self.param_last.get(name, -1), use.call_index)
-
-    def span(self, modules: Iterable[str], params: Iterable[str]) -> tuple[int | None, int | None]:
-        """``(first_use, last_use)`` of a unit with these modules and
-        canonical parameters (``(None, None)`` if no module is called)."""
-        modules = list(modules)
-        firsts = [self.first_call[m] for m in modules if m in self.first_call]
-        if not firsts:
-            return None, None
-        lasts = [self.last_within[m] for m in modules if m in self.last_within]
-        lasts += [self.param_last[p] for p in params if p in self.param_last]
-        return min(firsts), max(lasts)
-
-
-def _first_trainable_use(order: ExecutionOrder) -> float | None:
-    """Call index of the first ``param_uses`` entry with a trainable
-    parameter; ``math.inf`` if no use is trainable; ``None`` if the order
-    records no parameter uses at all (nothing is known)."""
-    if not order.param_uses:
-        return None
-    canonical = order.alias_to_canonical()
-    trainable = [
-        use.call_index
-        for use in order.param_uses
-        if any(_order_requires_grad(order, canonical.get(p, p)) for p in use.param_fqns)
-    ]
-    return min(trainable, default=math.inf)
-
-
-def _order_requires_grad(order: ExecutionOrder, fqn: str) -> bool:
-    """``requires_grad`` recorded for canonical ``fqn`` (``True`` if unknown)."""
-    info = order.params.get(fqn)
-    return True if info is None else info.requires_grad
 
 
 # ------------------------------------------------------------- data model
@@ -474,7 +420,7 @@ class WrapPlan:
         Returns:
             A new :class:`WrapPlan`; this one is not changed.
         """
-        spans = _UseSpans(order)
+        spans = UseSpans(order)
         units = []
         for u in self.units:
             first_use, last_use = spans.span(u.module_fqns, u.param_fqns)
@@ -571,10 +517,10 @@ class WrapPlan:
         Returns:
             One bool per unit, in :attr:`units` order.
         """
-        first_trainable = _first_trainable_use(self.order)
+        first_trainable = first_trainable_use(self.order)
         if first_trainable is None:
             return [True] * len(self.units)
-        spans = _UseSpans(self.order)
+        spans = UseSpans(self.order)
         out: list[bool] = []
         for unit in self.units:
             _, last = spans.span(unit.module_fqns, unit.param_fqns)
@@ -745,7 +691,7 @@ class WrapPlan:
         )
 
     def _requires_grad(self, fqn: str) -> bool:
-        return _order_requires_grad(self.order, fqn)
+        return order_requires_grad(self.order, fqn)
 
     # ---------------------------------------------------------------- lint
     def check(self, model: nn.Module) -> None:
@@ -991,7 +937,7 @@ def plan_wrap(
 
     Example:
         >>> from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        >>> from execwrap.models import GPT, GPTConfig, Block
+        >>> from execwrap.demo_models import GPT, GPTConfig, Block
         >>> from tracing import trace_execution_order
         >>> model = GPT(GPTConfig(n_blocks=2))
         >>> plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block}))
@@ -1310,7 +1256,7 @@ class _Planner:
         # modules called themselves or with a call nested inside them
         self.called_at_or_below = {a for c in self.calls for a in _ancestors(c)}
         self.first_call = order.first_call_index()
-        self.spans = _UseSpans(order)
+        self.spans = UseSpans(order)
         # canonical param -> modules using it, first-seen order
         self.users: dict[str, dict[str, None]] = {p: {} for p in view.fqns_of}
         for use in order.param_uses:

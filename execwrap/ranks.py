@@ -25,8 +25,8 @@ import logging
 
 import torch.distributed as dist
 
+from execwrap.divergence import Divergence, first_divergence
 from execwrap.errors import OrderDivergenceError
-from execwrap.graph import Divergence, first_divergence
 from tracing.order import ExecutionOrder
 
 __all__ = ["check_order_across_ranks", "order_fingerprint"]

@@ -133,7 +133,7 @@ def write_report(
             behind in it.
 
     Example:
-        >>> from execwrap.models import build_demo_model
+        >>> from execwrap.demo_models import build_demo_model
         >>> from tracing import trace_execution_order
         >>> order = trace_execution_order(build_demo_model(2))
         >>> paths = write_report(order, "out", formats=("json",))  # doctest: +SKIP

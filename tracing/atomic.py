@@ -61,7 +61,12 @@ def atomic_write(path: Path, writer: Callable[[IO[bytes]], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write` of ``text`` encoded as UTF-8."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    data = text.encode("utf-8")
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    atomic_write(path, write)
 
 
 def _unlink(path: Path) -> None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.nn.modules import module as nn_module
 
-from execwrap.models import GPT, GPTConfig
+from execwrap.demo_models import GPT, GPTConfig
 
 __all__ = [
     "BranchModel",

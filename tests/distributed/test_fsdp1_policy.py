@@ -19,7 +19,7 @@ from execwrap import (
     TracingConfig,
     always_wrap_policy,
 )
-from execwrap.models import Block
+from execwrap.demo_models import Block
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import (
     branch_case,

@@ -25,7 +25,7 @@ from execwrap import (
     apply_fully_shard,
     plan_wrap,
 )
-from execwrap.models import Block
+from execwrap.demo_models import Block
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import (
     branch_case,

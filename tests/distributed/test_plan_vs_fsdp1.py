@@ -22,7 +22,7 @@ from torch.distributed.fsdp.wrap import (
     transformer_auto_wrap_policy,
 )
 
-from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
+from execwrap.demo_models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
 from execwrap.plan import plan_wrap, policy_units
 from tests._dist import run_ranks
 from tracing import trace_execution_order

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from execwrap.models import Block, build_demo_model
+from execwrap.demo_models import Block, build_demo_model
 
 __all__ = [
     "NUMBER",

@@ -25,7 +25,7 @@ from execwrap.cli import (
     parse_numel,
     parse_policy,
 )
-from execwrap.models import Block, build_demo_model
+from execwrap.demo_models import Block, build_demo_model
 from tracing import ExecutionOrder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_bare_report_writes_all_formats_to_default_dir(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
     lines = _summary(out)
-    assert "GPT (execwrap.models:build_demo_model)" in lines["model"]
+    assert "GPT (execwrap.demo_models:build_demo_model)" in lines["model"]
     assert lines["capture"].split()[-3] == "symbolic"
     assert lines["fallback reason"].endswith("  -")
     assert lines["policy"].endswith("transformer:Block")
@@ -97,7 +97,7 @@ def test_report_options(tmp_path, capsys):
         [
             "report",
             "--model", f"{FACTORIES}:demo2",
-            "--policy", "module:Block,execwrap.models:MLP",
+            "--policy", "module:Block,execwrap.demo_models:MLP",
             "--bucket-size", "none",
             "--prefetch", "0",
             "--format", "json,csv",
@@ -290,7 +290,7 @@ def test_report_summary_fallback_reason_is_short(tmp_path, capsys):
         (["--format", "json,pdf"], "unknown format pdf"),
         (["--prefetch", "-1"], "--prefetch must be >= 0"),
         (["--prefetch", "x"], "argument --prefetch: invalid int value: 'x'"),
-        (["--tracer", "execwrap.models:GPT"], "is not a torch.fx.Tracer subclass"),
+        (["--tracer", "execwrap.demo_models:GPT"], "is not a torch.fx.Tracer subclass"),
         (["--device", "cuda"], "argument --device: invalid choice: 'cuda'"),
     ],
 )
@@ -753,7 +753,7 @@ def test_parse_policy_resolves_classes():
     policy = parse_policy("module:Block,LayerNorm", model)
     assert isinstance(policy, ModuleWrapPolicy)
     assert {c.__name__ for c in policy._module_classes} == {"Block", "LayerNorm"}
-    transformer = parse_policy("transformer:execwrap.models:Block", model)
+    transformer = parse_policy("transformer:execwrap.demo_models:Block", model)
     assert transformer.keywords["transformer_layer_cls"] == {Block}
     assert parse_policy("size:1K", model).keywords["min_num_params"] == 1000
     with pytest.raises(CLIError, match="classes present: .*Block"):

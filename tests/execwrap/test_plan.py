@@ -20,8 +20,16 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
 )
 
+from execwrap.demo_models import (
+    GPT,
+    Block,
+    GPTConfig,
+    Llama,
+    LlamaBlock,
+    LlamaConfig,
+    build_demo_model,
+)
 from execwrap.errors import PlanError
-from execwrap.models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig, build_demo_model
 from execwrap.plan import (
     PlanStats,
     TimelineStep,

@@ -14,7 +14,7 @@ import pytest
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
 
 from execwrap import report as report_mod
-from execwrap.models import Block, build_demo_model
+from execwrap.demo_models import Block, build_demo_model
 from execwrap.plan import WrapPlan, plan_wrap
 from execwrap.report import (
     NO_CHARTS_LINE,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from execwrap.models import GPT, GPTConfig, Llama, LlamaConfig
+from execwrap.demo_models import GPT, GPTConfig, Llama, LlamaConfig
 from tests.tracing.test_runtime import RootFunctional, Tied, Twice
 from tracing import (
     ExecutionOrder,

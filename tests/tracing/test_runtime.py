@@ -10,9 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from execwrap.models import GPT, GPTConfig
+from execwrap.demo_models import GPT, GPTConfig
 from tracing import ExecutionOrder, ParamUse, RuntimeRecorder, TracingError, record_execution_order
-from tracing.runtime import RecorderState, default_loss
+from tracing.nested import default_loss
+from tracing.runtime import RecorderState
 
 # ------------------------------------------------------------------ models
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from execwrap.models import GPT, Block, GPTConfig
+from execwrap.demo_models import GPT, Block, GPTConfig
 from tests._dist import run_ranks
 from tracing import ExecutionOrder, RuntimeRecorder, record_execution_order
 

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from execwrap.models import GPT, GPTConfig, Llama, LlamaConfig
+from execwrap.demo_models import GPT, GPTConfig, Llama, LlamaConfig
 from tests.tracing import models as M
 from tracing import ExecutionOrder, ParamUse, TracingConfig, TracingError, trace_execution_order
 from tracing.order import param_infos, shared_param_map

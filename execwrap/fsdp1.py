@@ -43,8 +43,8 @@ from torch.utils.hooks import RemovableHandle
 from execwrap.plan import WrapPlan, plan_wrap
 from execwrap.ranks import check_order_across_ranks
 from tracing import RuntimeRecorder, TracingConfig, capture_execution_order
+from tracing.nested import tensors_in
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
-from tracing.runtime import tensors_in
 
 __all__ = ["ParamExecOrderWrapPolicy"]
 
