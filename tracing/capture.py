@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
+from tracing.fqn import module_phrase
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 from tracing.symbolic import trace_execution_order
@@ -89,35 +90,9 @@ def capture_execution_order(
         try:
             return trace_execution_order(model, tracing_config)
         except TracingError as e:
-            if e.module_fqn is None:
-                where = "an unknown module"
-            elif e.module_fqn == "":
-                where = "the root module <root>"
-            else:
-                where = f"module {e.module_fqn!r}"
-            cls = f" ({e.module_class})" if e.module_class else ""
-            what = e.reason or str(e).splitlines()[0]
             if not has_inputs:
-                raise TracingError(
-                    f"cannot capture the execution order: symbolic tracing failed in "
-                    f"{where}{cls} and no example inputs were given for runtime capture "
-                    f"({what}). Pass example_inputs (and example_kwargs) to "
-                    "capture_execution_order to capture at run time instead.\n"
-                    f"Tracing error: {e}",
-                    module_fqn=e.module_fqn,
-                    module_class=e.module_class,
-                    reason=e.reason,
-                ) from e
-            reason = f"symbolic tracing failed in {where}{cls}: {what}"
-            logger.info(
-                "symbolic capture failed in %s%s; falling back to runtime capture "
-                "with the example inputs",
-                where,
-                cls,
-            )
-            order = record_execution_order(model, *args, backward=backward, **kwargs)
-            order.fallback_reason = reason
-            return order
+                raise _no_inputs_error(e) from e
+            return _fall_back(e, model, args, kwargs, backward=backward)
     if not has_inputs:
         raise TracingError(
             "cannot capture the execution order: no tracing_config (for symbolic capture) "
@@ -126,3 +101,47 @@ def capture_execution_order(
             "symbolically traceable model."
         )
     return record_execution_order(model, *args, backward=backward, **kwargs)
+
+
+def _failed_where(e: TracingError) -> str:
+    """``module 'a' (Cls)``, ``the root module <root> (Cls)`` or ``an unknown module``."""
+    where = "an unknown module" if e.module_fqn is None else module_phrase(e.module_fqn)
+    return where + (f" ({e.module_class})" if e.module_class else "")
+
+
+def _failed_what(e: TracingError) -> str:
+    """What failed, in one line."""
+    return e.reason or str(e).splitlines()[0]
+
+
+def _no_inputs_error(e: TracingError) -> TracingError:
+    """Symbolic capture failed and there is nothing to run: say to pass inputs."""
+    return TracingError(
+        f"cannot capture the execution order: symbolic tracing failed in "
+        f"{_failed_where(e)} and no example inputs were given for runtime capture "
+        f"({_failed_what(e)}). Pass example_inputs (and example_kwargs) to "
+        "capture_execution_order to capture at run time instead.\n"
+        f"Tracing error: {e}",
+        module_fqn=e.module_fqn,
+        module_class=e.module_class,
+        reason=e.reason,
+    )
+
+
+def _fall_back(
+    e: TracingError,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    backward: bool,
+) -> ExecutionOrder:
+    """Runtime capture after symbolic capture failed with ``e``; one INFO line."""
+    where = _failed_where(e)
+    logger.info(
+        "symbolic capture failed in %s; falling back to runtime capture with the example inputs",
+        where,
+    )
+    order = record_execution_order(model, *args, backward=backward, **kwargs)
+    order.fallback_reason = f"symbolic tracing failed in {where}: {_failed_what(e)}"
+    return order

@@ -1,12 +1,8 @@
-"""Symbolic execution-order capture with ``torch.fx``.
+"""What symbolic capture records while ``torch.fx`` builds its graph.
 
-:func:`trace_execution_order` runs one ``torch.fx`` symbolic trace of a model
-(no inputs, no real compute, so a model on the meta device works) and records,
-while the tracer builds its graph, which modules are called and which
-parameters each operation uses.
-
-How it works: for the duration of exactly one ``tracer.trace()`` call the
-tracer *instance*'s ``call_module`` and ``create_proxy`` are wrapped:
+For the duration of exactly one ``tracer.trace()`` call the tracer
+*instance*'s ``call_module`` and ``create_proxy`` are wrapped
+(:meth:`SymbolicRecorder.patched`):
 
 * ``call_module`` is called by fx for every submodule call (the root's
   ``forward`` is traced directly). The wrapper appends the module's FQN to the
@@ -35,25 +31,22 @@ exactly, and names the failing module when tracing fails.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
-from tracing.config import TracingConfig
-from tracing.errors import TracingError
-from tracing.fqn import ROOT_NAME
+from tracing.fqn import join_fqn
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 from tracing.uses import METADATA_METHODS
 
-__all__ = ["trace_execution_order"]
+__all__ = ["SymbolicRecorder"]
 
 logger = logging.getLogger(__name__)
-
-#: How the root module is written in messages (its FQN is ``""``).
 
 _PATCHED_METHODS = ("call_module", "create_proxy")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
@@ -74,103 +67,7 @@ _METADATA_ATTRS = frozenset(
 )
 
 
-def trace_execution_order(model: nn.Module, config: TracingConfig | None = None) -> ExecutionOrder:
-    """Capture a model's execution order by symbolic tracing (no inputs needed).
-
-    Traces ``model.forward`` once with ``config.tracer`` and records every
-    module call (repeats kept) and every group of parameters used together:
-    a leaf module's parameters (leaf as the tracer's ``is_leaf_module``
-    decides; a custom tracer that makes a whole block a leaf gives all of that
-    block's parameters at that point), and the parameter arguments of each
-    functional op or tensor method at any depth, positional, by keyword or
-    inside lists/tuples/dicts (``F.linear(x, self.w)``,
-    ``F.linear(x, weight=self.w)``, ``torch.cat([self.a, self.b])``,
-    ``self.w.t()``, ``self.w * 2``). Reading only a parameter's metadata
-    (``w.shape``, ``w.size(0)``, ``w.dtype``) is not a use. Buffers are not
-    parameters.
-
-    The model is never changed: no hooks, attributes, dtype, device,
-    ``requires_grad`` or training-mode changes; a model on the meta device
-    works (no memory for weights is needed). The tracer's ``call_module`` and
-    ``create_proxy`` are wrapped for this one trace only and restored
-    afterwards, also when tracing fails. The cost is one ``tracer.trace()``
-    plus O(1) work per graph node.
-
-    Args:
-        model: the root module. Its ``forward`` must be symbolically
-            traceable by ``config.tracer`` given ``config.concrete_args``.
-        config: the tracer and concrete arguments; ``TracingConfig()`` (a
-            fresh plain ``torch.fx.Tracer``, no concrete arguments) if
-            ``None``.
-
-    Returns:
-        An :class:`~tracing.order.ExecutionOrder` with ``method="symbolic"``:
-        ``module_forward_order`` starts with the root ``""``;
-        ``param_uses[i].call_index`` indexes ``module_forward_order`` (the
-        innermost module being traced when the op ran); parameter names are
-        canonical FQNs (a tied tensor's first name in ``named_parameters()``
-        order, other names in ``shared_params``); ``param_backward_order`` is
-        empty (symbolic capture cannot see backward).
-
-    Raises:
-        TracingError: the tracer raised (e.g. a data-dependent ``if``, or
-            a tensor factory given a traced size such as
-            ``torch.zeros(x.size(0), 4)``). The message names the innermost
-            module being traced (FQN, ``<root>`` for the root, and class), the
-            original error's type and text, and what to do; ``module_fqn`` and
-            ``module_class`` are set; the original error is chained as
-            ``__cause__``.
-        TypeError: ``config`` is not a :class:`~tracing.config.TracingConfig`.
-
-    Example:
-        >>> import torch.nn as nn
-        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-        >>> order = trace_execution_order(model)
-        >>> order.module_forward_order
-        ['', '0', '1', '2']
-        >>> order.param_forward_order
-        ['0.weight', '0.bias', '2.weight', '2.bias']
-    """
-    if config is None:
-        config = TracingConfig()
-    elif not isinstance(config, TracingConfig):
-        raise TypeError(
-            f"trace_execution_order: config must be a TracingConfig or None, "
-            f"got {type(config).__name__}"
-        )
-    tracer = config.tracer
-    recorder = _SymbolicRecorder(model)
-    saved = {name: vars(tracer)[name] for name in _PATCHED_METHODS if name in vars(tracer)}
-    # fx's Tracer.create_arg stores tensors made in forward (constants) on the
-    # root as `_tensor_constantN` / `_param_constantN`; capture must leave the
-    # model as it was, so anything new in its __dict__ is removed afterwards.
-    model_attrs = set(vars(model))
-    recorder.patch(tracer)
-    try:
-        tracer.trace(model, concrete_args=config.concrete_args)
-    except Exception as e:
-        raise recorder.tracing_error(e) from e
-    finally:
-        for name in _PATCHED_METHODS:
-            if name in saved:
-                setattr(tracer, name, saved[name])
-            else:
-                delattr(tracer, name)
-        for name in set(vars(model)) - model_attrs:
-            delattr(model, name)
-    order = recorder.result()
-    logger.debug(
-        "traced %s: %d module calls, %d parameter uses, %d of %d parameters used",
-        type(model).__name__,
-        len(order.module_forward_order),
-        len(order.param_uses),
-        len(order.param_forward_order),
-        len(order.params),
-    )
-    return order
-
-
-class _SymbolicRecorder:
+class SymbolicRecorder:
     """Records module calls and parameter uses during one fx trace.
 
     All lookups are precomputed dicts keyed by ``id()`` or FQN, so each event
@@ -200,12 +97,11 @@ class _SymbolicRecorder:
             modules_by_fqn.setdefault(module_fqn, module)
             if not module._parameters:
                 continue
-            prefix = f"{module_fqn}." if module_fqn else ""
             own: list[str] = []
             for name, p in module._parameters.items():
                 if p is None:
                     continue
-                fqn = prefix + name
+                fqn = join_fqn(module_fqn, name)
                 canonical = id_to_canonical.setdefault(id(p), fqn)
                 param_targets[fqn] = canonical
                 own.append(canonical)
@@ -236,21 +132,36 @@ class _SymbolicRecorder:
         self.pending: list[tuple[Node, tuple[str, int]]] = []
         # The innermost module when an exception first passed through a
         # module call, keyed by the exception object.
-        self.failed_exc: BaseException | None = None
-        self.failed_fqn = ""
+        self._failed_exc: BaseException | None = None
+        self._failed_fqn = ""
         self.debug = logger.isEnabledFor(logging.DEBUG)
 
     # ------------------------------------------------------------- patching
-    def patch(self, tracer: torch.fx.Tracer) -> None:
-        """Set wrapping ``call_module``/``create_proxy`` as instance attributes."""
-        orig_call_module = tracer.call_module
-        orig_create_proxy = tracer.create_proxy
+    @contextlib.contextmanager
+    def patched(self, tracer: torch.fx.Tracer) -> Iterator[None]:
+        """Wrap ``tracer``'s ``call_module``/``create_proxy`` for one trace.
+
+        The wrappers are set as instance attributes; afterwards (also when
+        tracing fails) the instance is exactly as before: attributes it had
+        are put back, the others deleted.
+        """
+        saved = {name: vars(tracer)[name] for name in _PATCHED_METHODS if name in vars(tracer)}
+        tracer.call_module = self._wrap_call_module(tracer.call_module)  # type: ignore[method-assign]
+        tracer.create_proxy = self._wrap_create_proxy(tracer.create_proxy)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for name in _PATCHED_METHODS:
+                if name in saved:
+                    setattr(tracer, name, saved[name])
+                else:
+                    delattr(tracer, name)
+
+    def _wrap_call_module(self, orig_call_module: Callable[..., Any]) -> Callable[..., Any]:
+        """``call_module`` that records the call and keeps the module stack."""
         module_fqns = self.module_fqns
         module_forward_order = self.module_forward_order
         stack = self.stack
-        pending_append = self.pending.append
-        param_targets = self.param_targets
-        use_kinds = _USE_KINDS
         debug = self.debug
 
         def call_module(
@@ -270,12 +181,23 @@ class _SymbolicRecorder:
             try:
                 return orig_call_module(m, forward, args, kwargs)
             except BaseException as e:
-                if self.failed_exc is not e:  # the innermost call sees it first
-                    self.failed_exc = e
-                    self.failed_fqn = fqn
+                if self._failed_exc is not e:  # the innermost call sees it first
+                    self._failed_exc = e
+                    self._failed_fqn = fqn
                 raise
             finally:
                 stack.pop()
+
+        return call_module
+
+    def _wrap_create_proxy(
+        self, orig_create_proxy: Callable[..., torch.fx.Proxy]
+    ) -> Callable[..., torch.fx.Proxy]:
+        """``create_proxy`` that notes each node using a parameter with its module call."""
+        stack = self.stack
+        pending_append = self.pending.append
+        param_targets = self.param_targets
+        use_kinds = _USE_KINDS
 
         def create_proxy(
             kind: str,
@@ -310,8 +232,7 @@ class _SymbolicRecorder:
                                 break
             return proxy
 
-        tracer.call_module = call_module  # type: ignore[method-assign]
-        tracer.create_proxy = create_proxy  # type: ignore[method-assign]
+        return create_proxy
 
     # -------------------------------------------------------------- results
     def result(self) -> ExecutionOrder:
@@ -380,36 +301,18 @@ class _SymbolicRecorder:
         self.leaf_params[key] = result
         return result
 
-    def tracing_error(self, error: Exception) -> TracingError:
-        """A :class:`TracingError` for ``error`` naming the innermost module."""
+    def failed_module(self, error: BaseException) -> tuple[str, str]:
+        """``(FQN, class name)`` of the innermost module being traced when
+        ``error`` was raised (the root ``""`` when no module call saw it)."""
         fqn = ""
         cause: BaseException | None = error
         while cause is not None:  # the tracer may have wrapped our exception
-            if cause is self.failed_exc:
-                fqn = self.failed_fqn
+            if cause is self._failed_exc:
+                fqn = self._failed_fqn
                 break
             cause = cause.__cause__ or cause.__context__
         module = self.modules_by_fqn.get(fqn, self.model)
-        cls = type(module).__name__
-        where = f"the root module {ROOT_NAME}" if fqn == "" else f"module {fqn!r}"
-        leaf_hint = (
-            ""
-            if fqn == ""
-            else f"use a tracer whose is_leaf_module() returns True for {fqn!r} (or a "
-            "module above it) so that fx does not trace inside it; "
-        )
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        reason = f"{type(error).__name__}: {first_line}".rstrip(": ")
-        message = (
-            f"symbolic tracing failed in {where} ({cls}): "
-            f"{type(error).__name__}: {error}\n"
-            "To fix it, do one of: pass concrete_args in TracingConfig for the "
-            "forward arguments that the failing code depends on (e.g. flags that "
-            f"select a branch); {leaf_hint}or capture the order at run time with "
-            "example inputs: capture_execution_order(model, example_inputs=...)."
-        )
-        logger.debug("symbolic tracing failed in %s (%s): %r", fqn or ROOT_NAME, cls, error)
-        return TracingError(message, module_fqn=fqn, module_class=cls, reason=reason)
+        return fqn, type(module).__name__
 
 
 def _op_name(target: Target) -> str:

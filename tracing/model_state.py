@@ -1,0 +1,70 @@
+"""What a capture may change, saved before and put back after: grads, buffers, RNG.
+
+Capture must leave the model as it found it. Running a forward and backward
+changes three things besides the hooks: the parameters' ``.grad``, buffers
+that the forward updates (BatchNorm running statistics, counters), and the
+random number generators that dropout and other random ops draw from.
+:class:`SavedModelState` saves them and restores them. The training flag and
+``requires_grad`` are never touched by capture, so they are not saved.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+__all__ = ["SavedModelState"]
+
+
+class _RngState:
+    """CPU (and initialised CUDA) RNG states, restored on :meth:`restore`."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda: list[torch.Tensor] | None = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.cuda = torch.cuda.get_rng_state_all()
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+class SavedModelState:
+    """A model's gradients, buffers and the RNG states, as they were when saved.
+
+    :meth:`restore` puts back every parameter's ``.grad`` exactly (``None``
+    stays ``None``; an existing gradient keeps its tensor and values), every
+    buffer (the same tensor object, with its saved values) and the CPU and
+    CUDA RNG states, so the user's random stream does not shift.
+
+    Args:
+        model: the model; each parameter tensor is saved once, tied ones included.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._params = list(model.parameters())
+        self._grads = [(p, p.grad) for p in self._params]
+        self._buffers = [
+            (module, name, b, b.detach().clone())
+            for module in model.modules()
+            for name, b in module._buffers.items()
+            if b is not None
+        ]
+        self._rng = _RngState()
+
+    def clear_grads(self) -> None:
+        """Set every parameter's ``.grad`` to ``None`` (fresh gradients for a capture)."""
+        for p in self._params:
+            p.grad = None
+
+    def restore(self) -> None:
+        """Put the buffers, gradients and RNG states back as they were saved."""
+        with torch.no_grad():
+            for module, name, b, saved in self._buffers:
+                module._buffers[name] = b
+                b.copy_(saved)
+        for p, g in self._grads:
+            p.grad = g
+        self._rng.restore()

@@ -1,0 +1,143 @@
+"""Self-contained runtime capture: one forward (and backward) that leaves no trace.
+
+:func:`record_execution_order` runs the model once under a
+:class:`~tracing.runtime.recorder.RuntimeRecorder` and puts back what running
+changed (:class:`~tracing.model_state.SavedModelState`: gradients, buffers,
+RNG states). When the model raises, the error names the module it came from:
+on the meta device as a :class:`~tracing.errors.TracingError` that says why
+meta execution failed, otherwise as a note added to the model's own error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from tracing.errors import TracingError
+from tracing.fqn import module_phrase
+from tracing.model_state import SavedModelState
+from tracing.nested import default_loss, tensors_in
+from tracing.order import ExecutionOrder
+from tracing.runtime.recorder import RuntimeRecorder
+
+__all__ = ["record_execution_order"]
+
+logger = logging.getLogger(__name__)
+
+
+def record_execution_order(
+    model: nn.Module,
+    *args: Any,
+    backward: bool = True,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> ExecutionOrder:
+    """Capture the execution order by running one forward (and backward).
+
+    Runs ``model(*args, **kwargs)`` once under a :class:`RuntimeRecorder`,
+    then, when ``backward``, ``loss_fn(output).backward()``. Afterwards the
+    model is as before: hooks removed, ``.grad`` of every parameter exactly
+    what it was (``None`` stays ``None``; existing gradients keep their tensor
+    and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
+    CUDA RNG states restored so the user's random stream does not shift. The
+    training flag and ``requires_grad`` are never touched.
+
+    Runs on the meta device too (meta model and meta inputs): no memory is
+    allocated for weights or activations, provided the model's control flow
+    depends on shapes only.
+
+    Args:
+        model: the model; may be wrapped by FSDP1/FSDP2 (see
+            :class:`RuntimeRecorder`).
+        *args: positional inputs of ``model``.
+        backward: also run one backward pass and record gradient-ready order,
+            module backward order and checkpoint recomputation.
+        loss_fn: maps the output to a scalar loss; default: the sum of every
+            floating-point tensor in the output (nested tuples, lists, dicts,
+            dataclasses, ``ModelOutput``).
+        **kwargs: keyword inputs of ``model``.
+
+    Returns:
+        An :class:`ExecutionOrder` with ``method == "runtime"``.
+
+    Raises:
+        TracingError: on the meta device, an op needed tensor values
+            (``.item()``, a tensor-valued ``if``); the message names the module.
+        TypeError: ``loss_fn`` did not return a tensor.
+        Exception: whatever the model raises otherwise, unchanged (with a
+            note naming the innermost module).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> order = record_execution_order(model, torch.randn(3, 4))
+        >>> order.param_forward_order
+        ['0.weight', '0.bias', '1.weight', '1.bias']
+    """
+    saved = SavedModelState(model)
+    recorder: RuntimeRecorder | None = None
+    try:
+        if backward:
+            saved.clear_grads()  # fresh grads; the originals are put back below
+        recorder = RuntimeRecorder(model)
+        with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+            _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn)
+    except Exception as e:
+        where = recorder.error_location(e) if recorder is not None else None
+        if _is_meta(model, args, kwargs) and not isinstance(e, TypeError):
+            raise _meta_error(e, where) from e
+        if where is not None and hasattr(e, "add_note"):
+            e.add_note(f"While recording the execution order, in {_located(*where)}")
+        raise
+    finally:
+        saved.restore()
+    return recorder.order
+
+
+def _run_step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+) -> None:
+    """One forward, then (when ``backward``) one backward of its loss."""
+    output = model(*args, **kwargs)
+    if not backward:
+        return
+    loss = (loss_fn or default_loss)(output)
+    if loss is not None and not isinstance(loss, torch.Tensor):
+        raise TypeError(f"loss_fn must return a torch.Tensor, got {type(loss).__name__}")
+    if loss is None or not loss.requires_grad:
+        logger.debug("runtime capture: the loss needs no grad; skipping backward")
+    else:
+        (loss if loss.dim() == 0 else loss.sum()).backward()
+
+
+def _is_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if any(p.is_meta for p in model.parameters()):
+        return True
+    return any(t.is_meta for t in tensors_in((args, kwargs)))
+
+
+def _located(fqn: str, cls: str) -> str:
+    """``module 'a.b' (Linear)``; ``the root module <root> (Net)`` for the root."""
+    return f"{module_phrase(fqn)} ({cls})"
+
+
+def _meta_error(error: Exception, where: tuple[str, str] | None) -> TracingError:
+    """The :class:`TracingError` for ``error`` raised while running on meta."""
+    fqn, cls = where if where is not None else (None, None)
+    loc = _located(*where) if where is not None else "the model"
+    return TracingError(
+        f"runtime capture on the meta device failed in {loc}: {error}. Meta execution "
+        "needs shape-only control flow: a value-dependent op (e.g. .item(), "
+        "`if tensor:`, nonzero) cannot run on meta tensors. Make that control "
+        "flow depend on shapes only, or capture with small real inputs on CPU.",
+        module_fqn=fqn,
+        module_class=cls,
+    )

@@ -1,0 +1,245 @@
+"""The runtime recorder: a model's execution order, recorded while it really runs.
+
+:class:`RuntimeRecorder` installs its hooks (:mod:`tracing.runtime.hooks`)
+when created and records, until it is removed, every module call (repeats
+kept), every parameter use (:mod:`tracing.runtime.use_mode`), gradient-ready
+order (:mod:`tracing.runtime.backward`) and activation-checkpointing
+recomputation: a module call made while autograd runs a backward pass
+(``torch._C._current_graph_task_id() != -1``) is a recompute, kept apart from
+the forward order. Names come from :mod:`tracing.runtime.param_map`.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from tracing.fqn import is_wrapper_module, original_class_name
+from tracing.order import ExecutionOrder, ParamUse
+from tracing.runtime.backward import GradReadyOrder, module_backward_order
+from tracing.runtime.call_stack import CallKind, CallStack
+from tracing.runtime.hooks import HookSet
+from tracing.runtime.param_map import ParamMap
+from tracing.runtime.use_mode import ParamUseMode
+
+__all__ = ["RecorderState", "RuntimeRecorder"]
+
+
+class RecorderState(enum.Enum):
+    """Life cycle of a :class:`RuntimeRecorder` (like FSDP2's ``TrainingState``)."""
+
+    #: Hooks installed, recording every forward/backward that runs.
+    RECORDING = "recording"
+    #: Hooks removed; :attr:`RuntimeRecorder.order` is available.
+    FINISHED = "finished"
+    #: Hooks removed after the recorded block raised; no order.
+    FAILED = "failed"
+
+
+class RuntimeRecorder:
+    """Record a model's execution order while it really runs.
+
+    Creating the recorder installs forward pre-/post-hooks on every module and
+    gradient-ready hooks on every trainable parameter; every forward and
+    backward that runs until :meth:`remove` (or the end of the ``with`` block)
+    is recorded. While a module's forward runs, a
+    :class:`torch.overrides.TorchFunctionMode` reports every torch call that
+    takes a parameter (at any nesting depth, by keyword, inside lists or
+    tuples). The mode is pushed when the outermost recorded module starts and
+    popped when it ends, so backward and code outside the model run without it.
+
+    Names are those of the original model: on a model wrapped by FSDP1
+    (``FullyShardedDataParallel``), ``CheckpointWrapper`` or ``torch.compile``
+    the wrappers are skipped and their prefixes (``_fsdp_wrapped_module.``,
+    ``_checkpoint_wrapped_module.``, ``_orig_mod.``) removed; FSDP2
+    (``fully_shard``) keeps names, and its ``FSDP<Name>`` classes are reported
+    as ``<Name>``. Parameters that a wrapper swaps in during forward (FSDP2's
+    unsharded parameters, FSDP1's unsharded views with ``use_orig_params=True``)
+    are recognised by module and attribute name when the module is called.
+    A wrapper's own tensor calls (FSDP1's unshard/reshard around the wrapped
+    module) are not recorded as uses. With FSDP1 ``use_orig_params=True`` the
+    gradient-ready order comes from tensor hooks on the unsharded views, which
+    autograd runs in the views' creation order: it is exact per FSDP unit, but
+    inside a unit it can differ from the unwrapped model's order.
+    With FSDP1 ``use_orig_params=False`` the original parameters no longer
+    exist as tensors of their own: ``params`` and the backward order name the
+    ``FlatParameter`` of each unit (``<unit>._flat_param``), and forward uses
+    of the original parameters are not seen.
+
+    The recorder never changes the model and does not touch ``.grad`` or the
+    RNG (use :func:`record_execution_order` for a self-contained capture that
+    restores them).
+
+    Args:
+        model: the model (wrapped or not); any ``nn.Module``.
+
+    Attributes:
+        state: the recorder's :class:`RecorderState`.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> with RuntimeRecorder(model) as rec:
+        ...     model(torch.randn(3, 4)).sum().backward()
+        >>> rec.order.module_forward_order
+        ['', '0', '1', '2']
+        >>> rec.order.param_backward_order
+        ['2.bias', '2.weight', '0.bias', '0.weight']
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"RuntimeRecorder needs an nn.Module, got {type(model).__name__}")
+        self.state = RecorderState.RECORDING
+        self._order: ExecutionOrder | None = None
+
+        self._params = ParamMap(model)
+        self._module_forward_order: list[str] = []
+        self._param_forward_order: list[str] = []
+        self._seen_params: set[str] = set()
+        self._param_uses: list[ParamUse] = []
+        self._recompute_order: list[str] = []
+        self._backward = GradReadyOrder()
+        self._calls = CallStack(ParamUseMode(self._params.fqn_of, self._on_use))
+        #: innermost module an exception unwound through: (fqn, class, exc).
+        self._error: tuple[str, str, BaseException] | None = None
+
+        self._hooks = HookSet()
+        try:
+            for fqn, t in self._params.tensors.items():
+                self._hooks.add_grad_ready_hook(t, fqn, self._backward.on_ready)
+            self._hooks.add_forward_hooks(
+                self._params.modules,
+                pre_forward=self._pre_forward,
+                pre_wrapper=self._pre_wrapper,
+                post_forward=self._post_forward,
+            )
+        except BaseException:
+            self._hooks.remove()
+            raise
+
+    # ----------------------------------------------------------------- hooks
+    def _pre_wrapper(self, fqn: str, module: nn.Module, args: Any) -> None:
+        self._calls.push(module, CallKind.WRAPPER, None)
+
+    def _pre_forward(self, fqn: str, module: nn.Module, args: Any) -> None:
+        calls = self._calls
+        calls.suspend()  # the recorder's own tensor calls below are no uses
+        for t, pfqn in self._params.swapped_in(module):
+            self._hooks.add_grad_ready_hook(t, pfqn, self._backward.on_ready)
+        if torch._C._current_graph_task_id() != -1:
+            self._recompute_order.append(fqn)
+            calls.push(module, CallKind.RECOMPUTE, None)
+            return
+        target = (fqn, len(self._module_forward_order))
+        self._module_forward_order.append(fqn)
+        calls.push(module, CallKind.FORWARD, target)
+
+    def _post_forward(self, fqn: str, module: nn.Module, args: Any, output: Any) -> None:
+        if self._error is None:
+            exc = sys.exc_info()[1]
+            if exc is not None and not is_wrapper_module(module):
+                self._error = (fqn, original_class_name(module), exc)
+        self._calls.pop(module)
+
+    def _on_use(self, target: tuple[str, int], op: str, fqns: list[str]) -> None:
+        if len(fqns) > 1:
+            fqns = list(dict.fromkeys(fqns))
+        for fqn in fqns:
+            if fqn not in self._seen_params:
+                self._seen_params.add(fqn)
+                self._param_forward_order.append(fqn)
+        self._param_uses.append(ParamUse(target[0], target[1], tuple(fqns), op))
+
+    # ------------------------------------------------------------ life cycle
+    def __enter__(self) -> RuntimeRecorder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove(failed=exc is not None)
+
+    def remove(self, *, failed: bool = False) -> None:
+        """Remove every hook and mode; build :attr:`order` unless ``failed``.
+
+        Safe to call more than once.
+
+        Args:
+            failed: the recorded code raised; no order is built.
+        """
+        if self.state is not RecorderState.RECORDING:
+            return
+        try:
+            self._calls.clear()
+        finally:
+            self._hooks.remove()
+            self._params.clear()
+        if failed:
+            self.state = RecorderState.FAILED
+            return
+        self._order = self._build_order()
+        self.state = RecorderState.FINISHED
+
+    @property
+    def order(self) -> ExecutionOrder:
+        """The recorded order (available after :meth:`remove` / the ``with`` block).
+
+        Raises:
+            RuntimeError: still recording, or the recorded block raised.
+        """
+        if self._order is None:
+            if self.state is RecorderState.FAILED:
+                raise RuntimeError(
+                    "RuntimeRecorder has no order: the recorded forward/backward raised"
+                )
+            raise RuntimeError(
+                "RuntimeRecorder.order is available after the `with` block ends or "
+                "remove() is called"
+            )
+        return self._order
+
+    def error_location(self, exc: BaseException) -> tuple[str, str] | None:
+        """``(module FQN, class name)`` of the innermost module ``exc`` unwound through.
+
+        Returns ``None`` if ``exc`` (or an exception it chains to) was not
+        raised inside a recorded module's forward.
+        """
+        if self._error is None:
+            return None
+        fqn, cls, err = self._error
+        seen: set[int] = set()
+        e: BaseException | None = exc
+        while e is not None and id(e) not in seen:
+            if e is err:
+                return fqn, cls
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return None
+
+    def _build_order(self) -> ExecutionOrder:
+        params = self._params
+        return ExecutionOrder(
+            module_forward_order=list(self._module_forward_order),
+            param_forward_order=list(self._param_forward_order),
+            param_uses=list(self._param_uses),
+            param_backward_order=list(self._backward.order),
+            module_backward_order=module_backward_order(
+                self._backward.order,
+                self._module_forward_order,
+                params.names,
+                params.module_classes,
+            ),
+            recompute_order=list(self._recompute_order),
+            shared_params={k: list(v) for k, v in params.shared.items()},
+            params=params.param_infos(),
+            module_classes=dict(params.module_classes),
+            method="runtime",
+        )

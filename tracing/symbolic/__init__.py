@@ -1,0 +1,13 @@
+"""Symbolic execution-order capture with ``torch.fx`` (no inputs, no compute).
+
+* :mod:`~tracing.symbolic.trace`: :func:`trace_execution_order`, the public
+  verb: validates the config, runs one trace, restores tracer and model, and
+  turns a tracer failure into a :class:`~tracing.errors.TracingError` naming
+  the module;
+* :mod:`~tracing.symbolic.recorder`: what is recorded while fx builds its
+  graph (module calls, parameter uses) and how the tracer is wrapped.
+"""
+
+from tracing.symbolic.trace import trace_execution_order
+
+__all__ = ["trace_execution_order"]
