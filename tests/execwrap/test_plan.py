@@ -20,6 +20,8 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
 )
 
+from execwrap.bucketing import min_contiguous_groups
+from execwrap.compare import compare_plans
 from execwrap.demo_models import (
     GPT,
     Block,
@@ -30,16 +32,10 @@ from execwrap.demo_models import (
     build_demo_model,
 )
 from execwrap.errors import PlanError
-from execwrap.plan import (
-    PlanStats,
-    TimelineStep,
-    WrapPlan,
-    WrapUnit,
-    compare_plans,
-    min_contiguous_groups,
-    plan_wrap,
-    policy_units,
-)
+from execwrap.plan import WrapPlan
+from execwrap.plan_stats import PlanStats, TimelineStep
+from execwrap.planner import plan_wrap, policy_units
+from execwrap.unit import WrapUnit
 from tracing import record_execution_order, trace_execution_order
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_infos, shared_param_map
 
@@ -932,3 +928,4 @@ def test_without_calls_containers_without_forward_are_not_units() -> None:
         "Module 'blocks' (ModuleList) does not implement forward, so it cannot be an FSDP unit: "
         "its hooks would never fire. Not wrapped; the units inside it stay ('blocks.0', "
     )
+
