@@ -33,24 +33,20 @@ if TYPE_CHECKING:
         transformer_auto_wrap_policy,
     )
 
+    from execwrap.bucketing import min_contiguous_groups
+    from execwrap.compare import compare_plans
     from execwrap.divergence import Divergence, first_divergence
     from execwrap.errors import ExecwrapError, OrderDivergenceError, PlanError
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp2 import apply_fully_shard, prefetch_schedule
     from execwrap.graph import build_order_graph, order_subgraph
     from execwrap.monitor import DriftEvent, OrderMonitor
-    from execwrap.plan import (
-        PlanStats,
-        TimelineStep,
-        WrapPlan,
-        WrapUnit,
-        compare_plans,
-        min_contiguous_groups,
-        plan_wrap,
-        policy_units,
-    )
+    from execwrap.plan import WrapPlan
+    from execwrap.plan_stats import PlanStats, TimelineStep
+    from execwrap.planner import plan_wrap, policy_units
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.report import write_report
+    from execwrap.unit import WrapUnit
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
 #: Public name -> module that defines it (imported on first use).
@@ -79,14 +75,14 @@ _EXPORTS: dict[str, str] = {
     "order_subgraph": "execwrap.graph",
     "DriftEvent": "execwrap.monitor",
     "OrderMonitor": "execwrap.monitor",
-    "PlanStats": "execwrap.plan",
-    "TimelineStep": "execwrap.plan",
+    "min_contiguous_groups": "execwrap.bucketing",
+    "compare_plans": "execwrap.compare",
     "WrapPlan": "execwrap.plan",
-    "WrapUnit": "execwrap.plan",
-    "compare_plans": "execwrap.plan",
-    "min_contiguous_groups": "execwrap.plan",
-    "plan_wrap": "execwrap.plan",
-    "policy_units": "execwrap.plan",
+    "PlanStats": "execwrap.plan_stats",
+    "TimelineStep": "execwrap.plan_stats",
+    "plan_wrap": "execwrap.planner",
+    "policy_units": "execwrap.planner",
+    "WrapUnit": "execwrap.unit",
     "check_order_across_ranks": "execwrap.ranks",
     "order_fingerprint": "execwrap.ranks",
     "write_report": "execwrap.report",

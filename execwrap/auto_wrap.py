@@ -1,4 +1,4 @@
-"""Private helpers: evaluate an FSDP auto-wrap policy exactly as FSDP1 does.
+"""Evaluate an FSDP auto-wrap policy exactly as FSDP1 does, without wrapping.
 
 FSDP1 (``FullyShardedDataParallel(model, auto_wrap_policy=...)``) decides its
 units in ``torch/distributed/fsdp/_wrap_utils.py::_auto_wrap``:
@@ -14,6 +14,12 @@ units in ``torch/distributed/fsdp/_wrap_utils.py::_auto_wrap``:
   visited with ``only_wrap_children=True`` (FSDP wraps the root itself).
 
 :func:`policy_unit_modules` replays both paths without wrapping anything.
+
+Nothing here imports ``torch.distributed.fsdp``: an object can only be a
+``_Policy`` once ``torch.distributed.fsdp.wrap`` has been imported (by whoever
+built it), so :func:`is_fsdp_policy` looks the class up in ``sys.modules``;
+and the default policy, :func:`always_wrap_policy`, is our own copy of
+torch's.
 """
 
 from __future__ import annotations
@@ -22,18 +28,47 @@ import difflib
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.nn as nn
-from torch.distributed.fsdp.wrap import _Policy
 
-__all__ = ["expand_ignored_modules", "policy_name", "policy_unit_modules"]
+__all__ = [
+    "always_wrap_policy",
+    "expand_ignored_modules",
+    "is_fsdp_policy",
+    "policy_name",
+    "policy_unit_modules",
+]
 
 logger = logging.getLogger(__name__)
 
 _NEW_NUMEL_ARG = "nonwrapped_numel"
 _OLD_NUMEL_ARG = "unwrapped_params"  # torch 1.12 / 1.13, the original API
+_FSDP_WRAP_MODULE = "torch.distributed.fsdp.wrap"
+
+
+def always_wrap_policy(*args: Any, **kwargs: Any) -> bool:
+    """Wrap every module: the default ``init_policy`` of the planner.
+
+    Behaves exactly like ``torch.distributed.fsdp.wrap.always_wrap_policy``
+    (it returns ``True`` for every call) and has the same name in reports
+    (:func:`policy_name` gives ``"always_wrap_policy"``), but planning with it
+    does not import ``torch.distributed.fsdp``.
+    """
+    return True
+
+
+def is_fsdp_policy(policy: Any) -> bool:
+    """Whether ``policy`` is a torch ``_Policy`` (``ModuleWrapPolicy``,
+    ``CustomPolicy``, ``ParamExecOrderWrapPolicy``, ...).
+
+    Never imports FSDP: an object can only be an instance of
+    ``torch.distributed.fsdp.wrap._Policy`` if that module was imported.
+    """
+    wrap = sys.modules.get(_FSDP_WRAP_MODULE)
+    return wrap is not None and isinstance(policy, wrap._Policy)
 
 
 def expand_ignored_modules(
@@ -152,73 +187,99 @@ def policy_unit_modules(
     Raises:
         TypeError: ``policy`` is neither a ``_Policy`` nor a callable.
     """
-    chosen: list[nn.Module] = [model]
-    seen: set[int] = {id(model)}
     if policy is None:
-        return chosen
-    if isinstance(policy, _Policy):
-        target = policy._run_policy(model, ignored_modules, {})
-        # FSDP applies the targets in post-order (_post_order_apply); report
-        # them in definition (named_modules) order for determinism.
-        for m in model.modules():
-            if m in target and id(m) not in seen:
-                seen.add(id(m))
-                chosen.append(m)
-        return chosen
+        return [model]
+    if is_fsdp_policy(policy):
+        return _run_policy_units(model, policy, ignored_modules)
     if not callable(policy):
         raise TypeError(
             f"init_policy must be a policy callable (e.g. always_wrap_policy, "
             f"functools.partial(size_based_auto_wrap_policy, min_num_params=...)) or a "
             f"ModuleWrapPolicy / CustomPolicy instance, got {type(policy).__name__}"
         )
-    numel_arg = _numel_arg_name(policy)
-    ignored_param_ids = {id(p) for m in ignored_modules for p in m.parameters(recurse=False)}
-    wrapped_numel_of: dict[int, int] = {}
+    chosen = _RecursiveWrap(model, policy, ignored_modules).run()
+    position = {id(m): i for i, m in enumerate(model.modules())}
+    return sorted(chosen, key=lambda m: position[id(m)])
 
-    def ask(module: nn.Module, recurse: bool, numel: int) -> bool:
-        return bool(policy(module=module, recurse=recurse, **{numel_arg: numel}))
 
-    # Parameters inside a module already wrapped. FSDP1 shards them at once,
-    # so when a tied weight is met again under a later module, torch counts
-    # only its local shard (which depends on world size and rank); it is
-    # counted as 0 here, which agrees whenever that shard is below the
-    # policy's threshold.
-    wrapped_param_ids: set[int] = set()
+def _run_policy_units(
+    model: nn.Module, policy: Any, ignored_modules: set[nn.Module]
+) -> list[nn.Module]:
+    """The targets of a ``_Policy``'s ``_run_policy``, root first."""
+    chosen: list[nn.Module] = [model]
+    seen: set[int] = {id(model)}
+    target = policy._run_policy(model, ignored_modules, {})
+    # FSDP applies the targets in post-order (_post_order_apply); report
+    # them in definition (named_modules) order for determinism.
+    for m in model.modules():
+        if m in target and id(m) not in seen:
+            seen.add(id(m))
+            chosen.append(m)
+    return chosen
 
-    def recursive_wrap(module: nn.Module, only_wrap_children: bool) -> int:
+
+class _RecursiveWrap:
+    """Replays ``torch.distributed.fsdp.wrap._recursive_wrap`` for a policy
+    callable, recording the modules it would wrap instead of wrapping them."""
+
+    def __init__(
+        self, model: nn.Module, policy: Callable[..., Any], ignored_modules: set[nn.Module]
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self.numel_arg = _numel_arg_name(policy)
+        self.ignored_modules = ignored_modules
+        self.ignored_param_ids = {
+            id(p) for m in ignored_modules for p in m.parameters(recurse=False)
+        }
+        self.wrapped_numel_of: dict[int, int] = {}
+        # Parameters inside a module already wrapped. FSDP1 shards them at once,
+        # so when a tied weight is met again under a later module, torch counts
+        # only its local shard (which depends on world size and rank); it is
+        # counted as 0 here, which agrees whenever that shard is below the
+        # policy's threshold.
+        self.wrapped_param_ids: set[int] = set()
+        self.chosen: list[nn.Module] = [model]
+        self.seen: set[int] = {id(model)}
+
+    def run(self) -> list[nn.Module]:
+        """The root, then every module wrapped, in visiting order."""
+        self._visit(self.model, True)
+        return self.chosen
+
+    def _ask(self, module: nn.Module, recurse: bool, numel: int) -> bool:
+        return bool(self.policy(module=module, recurse=recurse, **{self.numel_arg: numel}))
+
+    def _visit(self, module: nn.Module, only_wrap_children: bool) -> int:
         # Mirrors torch.distributed.fsdp.wrap._recursive_wrap line by line.
         nonwrapped_numel = sum(
             p.numel()
             for p in module.parameters()
-            if id(p) not in ignored_param_ids and id(p) not in wrapped_param_ids
+            if id(p) not in self.ignored_param_ids and id(p) not in self.wrapped_param_ids
         )
-        if not ask(module, True, nonwrapped_numel):
+        if not self._ask(module, True, nonwrapped_numel):
             return 0
         total_wrapped_numel = 0
         for _, child in module.named_children():
-            if child in ignored_modules:
+            if child in self.ignored_modules:
                 continue
-            if id(child) in wrapped_numel_of:
+            if id(child) in self.wrapped_numel_of:
                 # A shared module is visited once (as _post_order_apply and
                 # named_modules do); later parents count what it wrapped.
-                total_wrapped_numel += wrapped_numel_of[id(child)]
+                total_wrapped_numel += self.wrapped_numel_of[id(child)]
                 continue
-            wrapped_numel_of[id(child)] = 0
-            n = recursive_wrap(child, False)
-            wrapped_numel_of[id(child)] = n
+            self.wrapped_numel_of[id(child)] = 0
+            n = self._visit(child, False)
+            self.wrapped_numel_of[id(child)] = n
             total_wrapped_numel += n
         remainder = nonwrapped_numel - total_wrapped_numel
-        if not only_wrap_children and ask(module, False, remainder):
-            if id(module) not in seen:
-                seen.add(id(module))
-                chosen.append(module)
-            wrapped_param_ids.update(id(p) for p in module.parameters())
+        if not only_wrap_children and self._ask(module, False, remainder):
+            if id(module) not in self.seen:
+                self.seen.add(id(module))
+                self.chosen.append(module)
+            self.wrapped_param_ids.update(id(p) for p in module.parameters())
             return nonwrapped_numel
         return total_wrapped_numel
-
-    recursive_wrap(model, True)
-    position = {id(m): i for i, m in enumerate(model.modules())}
-    return sorted(chosen, key=lambda m: position[id(m)])
 
 
 def policy_name(policy: Any) -> str:
@@ -234,11 +295,11 @@ def policy_name(policy: Any) -> str:
         args = [repr(a) for a in policy.args]
         args += [f"{k}={_short(v)}" for k, v in sorted(policy.keywords.items())]
         return f"{policy_name(policy.func)}({', '.join(args)})"
-    classes = getattr(policy, "_module_classes", None)
-    if isinstance(policy, _Policy) and isinstance(classes, (set, frozenset)):
-        names = sorted(c.__name__ for c in classes)
-        return f"{type(policy).__name__}({{{', '.join(names)}}})"
-    if isinstance(policy, _Policy):
+    if is_fsdp_policy(policy):
+        classes = getattr(policy, "_module_classes", None)
+        if isinstance(classes, (set, frozenset)):
+            names = sorted(c.__name__ for c in classes)
+            return f"{type(policy).__name__}({{{', '.join(names)}}})"
         return type(policy).__name__
     name = getattr(policy, "__qualname__", None) or getattr(policy, "__name__", None)
     return str(name) if name else type(policy).__name__

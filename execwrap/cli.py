@@ -542,7 +542,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import torch.fx
 
     from execwrap.errors import ExecwrapError
-    from execwrap.plan import plan_wrap
+    from execwrap.planner import plan_wrap
     from execwrap.report import (
         REPORT_FORMATS,
         format_bytes,
@@ -698,7 +698,7 @@ def _baselines(
     the plan is always_wrap_policy without buckets)."""
     from torch.distributed.fsdp.wrap import always_wrap_policy
 
-    from execwrap.plan import plan_wrap
+    from execwrap.planner import plan_wrap
 
     baselines: dict[str, Any] = {}
     if bucket_numel is not None:

@@ -40,7 +40,8 @@ from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from execwrap.plan import WrapPlan, plan_wrap
+from execwrap.plan import WrapPlan
+from execwrap.planner import plan_wrap
 from execwrap.ranks import check_order_across_ranks
 from tracing import RuntimeRecorder, TracingConfig, capture_execution_order
 from tracing.nested import tensors_in

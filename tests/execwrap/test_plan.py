@@ -6,6 +6,10 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,8 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
 )
 
+from execwrap.bucketing import min_contiguous_groups
+from execwrap.compare import compare_plans
 from execwrap.demo_models import (
     GPT,
     Block,
@@ -30,16 +36,10 @@ from execwrap.demo_models import (
     build_demo_model,
 )
 from execwrap.errors import PlanError
-from execwrap.plan import (
-    PlanStats,
-    TimelineStep,
-    WrapPlan,
-    WrapUnit,
-    compare_plans,
-    min_contiguous_groups,
-    plan_wrap,
-    policy_units,
-)
+from execwrap.plan import WrapPlan
+from execwrap.plan_stats import PlanStats, TimelineStep
+from execwrap.planner import plan_wrap, policy_units
+from execwrap.unit import WrapUnit
 from tracing import record_execution_order, trace_execution_order
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_infos, shared_param_map
 
@@ -932,3 +932,43 @@ def test_without_calls_containers_without_forward_are_not_units() -> None:
         "Module 'blocks' (ModuleList) does not implement forward, so it cannot be an FSDP unit: "
         "its hooks would never fire. Not wrapped; the units inside it stay ('blocks.0', "
     )
+
+
+# ------------------------------------------------------------ import cost
+REPO = Path(__file__).resolve().parents[2]
+
+#: Prints the torch modules loaded by ``import execwrap``, then the FSDP
+#: modules loaded by planning with the default policy.
+_PLAN_WITHOUT_FSDP = """
+import sys
+import execwrap
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+import torch.nn as nn
+import execwrap.planner
+from tracing import trace_execution_order
+model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+plan = execwrap.plan_wrap(model, trace_execution_order(model), bucket_numel=100)
+plan.check(model)
+execwrap.compare_plans({"plan": plan, "policy": execwrap.plan_wrap(model, plan.order)})
+print(plan.policy_name, plan.groups)
+print(sorted(m for m in sys.modules if m.startswith("torch.distributed.fsdp")))
+"""
+
+
+def test_planning_with_the_default_policy_imports_no_fsdp() -> None:
+    """``import execwrap`` loads no torch; planning with a policy callable
+    (the default, our own always_wrap_policy) loads no torch.distributed.fsdp."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLAN_WITHOUT_FSDP],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "[]",
+        "always_wrap_policy [[''], ['0', '2'], ['1']]",
+        "[]",
+    ]

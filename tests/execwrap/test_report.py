@@ -15,7 +15,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
 
 from execwrap import report as report_mod
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.plan import WrapPlan, plan_wrap
+from execwrap.plan import WrapPlan
+from execwrap.planner import plan_wrap
 from execwrap.report import (
     NO_CHARTS_LINE,
     REPORT_SCHEMA_VERSION,

@@ -1,0 +1,308 @@
+"""The sentences in ``WrapPlan.notes``: why the plan departs from the policy.
+
+Each function returns the notes of one kind of decision, written for the
+person who chose the policy: which module was not wrapped and why, where its
+parameters went, which tied or shared parameter moved to which unit, which
+unit mixes frozen and trainable parameters, what is ignored, which FSDP2
+group FSDP1 cannot realise. FQNs are quoted (``'blocks.0'``), the root is
+written ``<root>``, counts say what they count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from execwrap.model_view import ModelView, OrderView
+from execwrap.text import fqn_and_list, fqn_list, modules_named, param_count, plural
+from execwrap.unit import WrapUnit
+from tracing.fqn import innermost, is_within, owner_fqn, quoted
+
+__all__ = [
+    "dead_module_notes",
+    "dropped_notes",
+    "fsdp1_split_note",
+    "ignored_notes",
+    "mixed_requires_grad_notes",
+    "no_calls_note",
+    "relocation_notes",
+    "reordered_note",
+]
+
+
+def no_calls_note() -> str:
+    """An order without module calls: units come from the policy alone."""
+    return (
+        "The order has no module calls (nothing captured yet), so units come from "
+        "the init policy alone, in definition order; plan again once an order is "
+        "captured."
+    )
+
+
+def reordered_note(method: str) -> str:
+    """Units applied before any order existed, re-ordered by ``method``'s order."""
+    return (
+        f"Order recorded during the first step ({method}); units kept as applied "
+        "and re-ordered by first use."
+    )
+
+
+def fsdp1_split_note(split: Sequence[WrapUnit], num_units: int) -> str:
+    """FSDP2 groups ``split`` that FSDP1 cannot wrap as one module."""
+    return (
+        f"FSDP1 wraps single modules: {len(split)} of {num_units} FSDP2 groups have no "
+        "module that holds exactly their units and runs its own forward, so "
+        "fsdp1_modules() wraps their members separately: "
+        + "; ".join("[" + ", ".join(quoted(m) for m in u.module_fqns) + "]" for u in split)
+        + "."
+    )
+
+
+def dropped_notes(
+    view: ModelView,
+    uses: OrderView,
+    dropped: Sequence[tuple[str, str]],
+    units: Collection[str],
+    holder: dict[str, str],
+) -> list[str]:
+    """Policy units that were not wrapped because their module never runs.
+
+    Args:
+        view: the model's snapshot.
+        uses: the order's view.
+        dropped: ``(module FQN, kind)`` for each dropped unit, kind one of
+            ``"container"``, ``"forwardless"``, ``"uncalled"``.
+        units: the module FQNs that remain units.
+        holder: canonical parameter -> the unit module holding it.
+    """
+    notes: list[str] = []
+    for fqn, kind in dropped:
+        if any(o != fqn and is_within(fqn, o) for o, k in dropped if k == "uncalled"):
+            continue  # covered by the enclosing uncalled module's note
+        if kind in ("container", "forwardless"):
+            notes.append(_container_note(view, uses, fqn, kind, units, holder))
+        else:
+            nested = [o for o, _ in dropped if o != fqn and is_within(o, fqn)]
+            notes.append(_uncalled_note(view, uses, fqn, nested, units))
+    return notes
+
+
+def _container_note(
+    view: ModelView,
+    uses: OrderView,
+    fqn: str,
+    kind: str,
+    units: Collection[str],
+    holder: dict[str, str],
+) -> str:
+    """A container (only its children run) or a class without ``forward``."""
+    params = _direct_params_of(view, fqn)
+    holders = list(dict.fromkeys(holder[p] for p in params))
+    where = (
+        f", and its own parameters ({param_count(params, view.numel)}) go to unit"
+        f"{'s' if len(holders) > 1 else ''} {fqn_list(holders)}"
+        if params
+        else ""
+    )
+    children = sorted(
+        (u for u in units if u != fqn and is_within(u, fqn)),
+        key=lambda u: uses.first_call.get(u, math.inf),
+    )
+    why = (
+        "does not implement forward"
+        if kind == "forwardless"
+        else "never runs its own forward (only modules inside it are called)"
+    )
+    return (
+        f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) {why}, so it cannot be an FSDP "
+        "unit: its hooks would never fire. "
+        f"Not wrapped; the units inside it stay ({fqn_list(children) or 'none'}){where}."
+    )
+
+
+def _uncalled_note(
+    view: ModelView, uses: OrderView, fqn: str, nested: list[str], units: Collection[str]
+) -> str:
+    """A module whose forward never runs (its parameters may be used elsewhere)."""
+    moved = [p for p in view.params if is_within(owner_fqn(p), fqn)]
+    users = sorted(
+        {m for p in moved for m in uses.users[p] if not is_within(m, fqn)},
+        key=lambda m: uses.first_call.get(m, math.inf),
+    )
+    runtime_dead = not users and uses.order.method == "runtime"
+    if users:
+        why = f"never runs its own forward (its parameters are used by {fqn_list(users)})"
+    elif runtime_dead:
+        why = f"{_never_called(uses)} and its parameters are never used"
+    else:
+        why = "is never called in forward and its parameters are never used (dead code)"
+    if runtime_dead:
+        # another input may call it: say what the plan does, not that it cannot work
+        verdict = "so the plan does not make it an FSDP unit"
+        extra = f" (nor the units inside it: {fqn_list(nested)})" if nested else ""
+        tail = f"{extra}."
+    else:
+        verdict = "so it cannot be an FSDP unit"
+        extra = f" (nor can the units inside it: {fqn_list(nested)})" if nested else ""
+        tail = f"{extra}: its hooks would never fire."
+    return (
+        f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) {why}, {verdict}{tail} Its "
+        f"parameters ({param_count(moved, view.numel)}) stay in unit "
+        f"{quoted(innermost(fqn, units))}."
+    )
+
+
+def dead_module_notes(
+    view: ModelView, uses: OrderView, units: Collection[str], policy_fqns: Sequence[str]
+) -> list[str]:
+    """Modules with parameters that are neither called nor used, and were not
+    policy units (those are noted by :func:`dropped_notes`); outermost only."""
+    noted: list[str] = []
+    notes: list[str] = []
+    for fqn in view.modules:
+        if fqn == "" or any(is_within(fqn, n) for n in noted):
+            continue
+        if any(is_within(fqn, i) for i in view.ignored_modules):
+            continue
+        if fqn in uses.called_at_or_below:
+            continue
+        params = [p for p in view.params if is_within(owner_fqn(p), fqn)]
+        if not params or any(uses.users[p] for p in params):
+            continue
+        if any(is_within(u, fqn) for u in policy_fqns if u not in units):
+            continue
+        noted.append(fqn)
+        dead = "" if uses.order.method == "runtime" else " (dead code)"
+        notes.append(
+            f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) {_never_called(uses)} "
+            f"and its parameters ({param_count(params, view.numel)}) are never used{dead}; "
+            f"they stay in unit {quoted(innermost(fqn, units))}."
+        )
+    return notes
+
+
+def relocation_notes(
+    view: ModelView,
+    uses: OrderView,
+    events: dict[str, tuple[str, list[str]]],
+    holder: dict[str, str],
+) -> list[str]:
+    """Tied parameters (where they stay) and parameters that moved up to an
+    enclosing unit because they are used outside their own.
+
+    Args:
+        view: the model's snapshot.
+        uses: the order's view.
+        events: canonical parameter -> (holding unit, policy units dropped
+            for it), from the planner's relocation step.
+        holder: canonical parameter -> the unit module holding it.
+    """
+    notes: list[str] = []
+    for p in view.params:
+        names = view.fqns_of[p]
+        users = list(uses.users[p])
+        tied = len(names) > 1
+        subject = (
+            f"Tied parameter {p!r} (also {fqn_list(names[1:])})" if tied else f"Parameter {p!r}"
+        )
+        used = f"is used by {modules_named(users)}" if users else "is not used in forward"
+        owners = {view.owner(n) for n in names}
+        if users and owners <= set(users):
+            encloses = {1: "it", 2: "both"}.get(len(users), "all of them")
+        else:
+            encloses = "every name and use of it" if tied else "every use of it"
+        if p in events:
+            moved = _moved_note(view, p, events[p][1], holder, users, tied, encloses)
+            notes.append(f"{subject} {used}; {moved}")
+        elif tied:
+            notes.append(
+                f"{subject} {used}; it stays in unit {quoted(holder[p])}, which encloses "
+                f"{encloses}."
+            )
+    return notes
+
+
+def _moved_note(
+    view: ModelView,
+    p: str,
+    dropped: list[str],
+    holder: dict[str, str],
+    users: list[str],
+    tied: bool,
+    encloses: str,
+) -> str:
+    """Why parameter ``p`` left the ``dropped`` policy units, and where it went."""
+    unit = holder[p]
+    verb = "is" if len(dropped) == 1 else "are"
+    others = [
+        q
+        for q in view.params
+        if q != p and holder[q] == unit and any(is_within(owner_fqn(q), d) for d in dropped)
+    ]
+    rest = (
+        f"; {'its' if len(dropped) == 1 else 'their'} other parameters "
+        f"({param_count(others, view.numel)}) go to {quoted(unit)} too"
+        if others
+        else ""
+    )
+    policy_units = f"the policy's unit{'s' if len(dropped) > 1 else ''} {fqn_and_list(dropped)}"
+    if tied:
+        return (
+            "FSDP must never split a tied tensor and needs it unsharded at every use, so it "
+            f"goes to unit {quoted(unit)}, which encloses {encloses}: {policy_units} {verb} "
+            f"not wrapped because of the tie{rest}."
+        )
+    outside = [m for m in users if not any(is_within(m, d) for d in dropped)]
+    return (
+        f"{fqn_and_list(outside)} run{'s' if len(outside) == 1 else ''} "
+        f"outside unit{'s' if len(dropped) > 1 else ''} {fqn_and_list(dropped)}, where FSDP "
+        f"has resharded it, so it goes to unit {quoted(unit)}, which encloses "
+        f"{encloses}: {policy_units} {verb} not wrapped{rest}."
+    )
+
+
+def mixed_requires_grad_notes(view: ModelView, units: Sequence[WrapUnit]) -> list[str]:
+    """Units holding both frozen and trainable parameters."""
+    notes: list[str] = []
+    for unit in units:
+        frozen = [p for p in unit.param_fqns if not view.requires_grad[p]]
+        trainable = [p for p in unit.param_fqns if view.requires_grad[p]]
+        if frozen and trainable:
+            notes.append(
+                f"Unit {fqn_list(unit.module_fqns)} mixes requires_grad=True "
+                f"({plural(len(trainable))}) and requires_grad=False "
+                f"({plural(len(frozen))}: {', '.join(repr(p) for p in frozen[:5])}"
+                f"{', ...' if len(frozen) > 5 else ''}): FSDP1 needs use_orig_params=True for "
+                "it (FSDP2 accepts it); wrap the frozen parameters' modules separately to "
+                "avoid it."
+            )
+    return notes
+
+
+def ignored_notes(view: ModelView) -> list[str]:
+    """The ignored modules and their parameters (no note when none)."""
+    if not view.ignored_modules:
+        return []
+    params = sorted(view.ignored_params)
+    return [
+        f"Ignored modules {fqn_list(view.ignored_modules)}: their parameters "
+        f"({param_count(params, view.numel)}) are in no unit; FSDP leaves them unsharded "
+        "on every rank."
+    ]
+
+
+def _direct_params_of(view: ModelView, fqn: str) -> list[str]:
+    """Canonical params that module ``fqn`` holds directly (one of their
+    names is ``fqn.<name>``), not through a submodule."""
+    return [p for p in view.params if any(view.owner(n) == fqn for n in view.fqns_of[p])]
+
+
+def _never_called(uses: OrderView) -> str:
+    """How a module that the order never calls is described: a symbolic
+    trace sees every path of ``forward``, a runtime capture only one."""
+    if uses.order.method == "runtime":
+        return (
+            "is never called with the example inputs (runtime capture sees one forward: "
+            "another input may take another branch; execwrap.OrderMonitor warns if it does)"
+        )
+    return "is never called in forward"
