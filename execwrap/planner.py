@@ -203,7 +203,7 @@ def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
             "plan_wrap: bucket_numel",
             minimum=1,
             unit="elements",
-            hint="; bucket_numel must be > 0 elements, or None for no bucketing",
+            hint="; pass None for no bucketing",
         )
 
 

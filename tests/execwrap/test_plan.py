@@ -468,7 +468,7 @@ def test_bucketing_never_puts_a_unit_and_its_parameter_holding_parent_in_one_gro
 
 def test_bad_arguments() -> None:
     model, order = LayerOrder(), layer_order()
-    with pytest.raises(ValueError, match="bucket_numel must be > 0 elements"):
+    with pytest.raises(ValueError, match=r"bucket_numel must be an int >= 1 \(elements\), got 0"):
         plan_wrap(model, order, bucket_numel=0)
     with pytest.raises(TypeError, match="bucket_numel must be an int"):
         plan_wrap(model, order, bucket_numel=1.5)  # type: ignore[arg-type]
