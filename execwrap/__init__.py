@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         policy_units,
     )
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
-    from execwrap.report import write_report
+    from execwrap.report.writer import write_report
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
 #: Public name -> module that defines it (imported on first use).
@@ -89,7 +89,7 @@ _EXPORTS: dict[str, str] = {
     "policy_units": "execwrap.plan",
     "check_order_across_ranks": "execwrap.ranks",
     "order_fingerprint": "execwrap.ranks",
-    "write_report": "execwrap.report",
+    "write_report": "execwrap.report.writer",
 }
 
 __all__ = [
