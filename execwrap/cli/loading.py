@@ -31,7 +31,7 @@ from execwrap.cli.options import parse_policy_spec, split_object_path
 from execwrap.cli.text import article
 from tracing import TracingConfig
 
-__all__ = ["import_object", "load_model", "parse_policy", "root_only_policy", "tracing_config"]
+__all__ = ["baseline_policies", "import_object", "load_model", "parse_policy", "tracing_config"]
 
 
 def import_object(path: str, what: str) -> Any:
@@ -118,7 +118,7 @@ def tracing_config(tracer_path: str | None, concrete_args: dict[str, Any]) -> Tr
     return TracingConfig(tracer=tracer, concrete_args=concrete_args or None)
 
 
-def root_only_policy(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
+def _root_only_policy(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
     """Wrap nothing below the root (every parameter in the root unit)."""
     return recurse
 
@@ -134,13 +134,29 @@ def parse_policy(text: str, model: Any) -> Any:
     if spec.kind == "always":
         return always_wrap_policy
     if spec.kind == "none":
-        return root_only_policy
+        return _root_only_policy
     if spec.kind == "size":
         return functools.partial(size_based_auto_wrap_policy, min_num_params=spec.min_num_params)
     classes = _resolve_classes(spec.class_names, model, spec.what)
     if spec.kind == "transformer":
         return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
     return ModuleWrapPolicy(classes)
+
+
+def baseline_policies(
+    policy_text: str, init_policy: Any, bucket_numel: int | None
+) -> dict[str, Any]:
+    """The policies a report compares its plan with, by baseline name: the
+    chosen policy without buckets (when bucketed), and always_wrap_policy (or
+    the root alone when the plan is always_wrap_policy without buckets)."""
+    policies: dict[str, Any] = {}
+    if bucket_numel is not None:
+        policies[f"{policy_text} (no buckets)"] = init_policy
+    if policy_text == "always" and bucket_numel is None:
+        policies["none (root only)"] = _root_only_policy
+    else:
+        policies["always"] = always_wrap_policy
+    return policies
 
 
 def _resolve_classes(names: tuple[str, ...], model: Any, what: str) -> set[type]:

@@ -15,12 +15,11 @@ import time
 from typing import Any
 
 import torch.nn as nn
-from torch.distributed.fsdp.wrap import always_wrap_policy
 
 import execwrap.plan as planning  # plan_wrap is looked up at call time (tests replace it)
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
-from execwrap.cli.loading import load_model, parse_policy, root_only_policy, tracing_config
+from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
@@ -104,18 +103,9 @@ def _plan(
 def _baselines(
     model: nn.Module, order: ExecutionOrder, init_policy: Any, options: ReportOptions
 ) -> dict[str, WrapPlan]:
-    """Plans of the same order to compare with: the chosen policy without
-    buckets (when bucketed), and always_wrap_policy (or the root alone when
-    the plan is always_wrap_policy without buckets)."""
-    policy_text, bucket_numel = options.policy.text, options.bucket_numel
-    baselines: dict[str, WrapPlan] = {}
-    if bucket_numel is not None:
-        baselines[f"{policy_text} (no buckets)"] = planning.plan_wrap(model, order, init_policy)
-    if policy_text == "always" and bucket_numel is None:
-        baselines["none (root only)"] = planning.plan_wrap(model, order, root_only_policy)
-    else:
-        baselines["always"] = planning.plan_wrap(model, order, always_wrap_policy)
-    return baselines
+    """Plans of the same order with the :func:`~execwrap.cli.loading.baseline_policies`."""
+    policies = baseline_policies(options.policy.text, init_policy, options.bucket_numel)
+    return {name: planning.plan_wrap(model, order, policy) for name, policy in policies.items()}
 
 
 def _write(
