@@ -12,6 +12,7 @@ and how to fix it.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
@@ -110,7 +111,7 @@ def _baselines(
 
 def _write(
     model: nn.Module, plan: WrapPlan, baselines: dict[str, WrapPlan], options: ReportOptions
-) -> dict[str, Any]:
+) -> dict[str, Path]:
     title = f"execwrap report: {type(model).__name__} ({options.model_path})"
     try:
         return write_report(
