@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from execwrap.plan_stats import PlanStats, TimelineStep
     from execwrap.planner import plan_wrap, policy_units
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
-    from execwrap.report import write_report
+    from execwrap.report.writer import write_report
     from execwrap.unit import WrapUnit
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
@@ -85,7 +85,7 @@ _EXPORTS: dict[str, str] = {
     "WrapUnit": "execwrap.unit",
     "check_order_across_ranks": "execwrap.ranks",
     "order_fingerprint": "execwrap.ranks",
-    "write_report": "execwrap.report",
+    "write_report": "execwrap.report.writer",
 }
 
 __all__ = [

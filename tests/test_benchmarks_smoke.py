@@ -27,6 +27,7 @@ CASES = [
     ("fsdp_step", ["-m", "benchmarks.fsdp_step"], True),
     ("monitor_overhead", ["-m", "benchmarks.monitor_overhead"], True),
     ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], True),
+    ("startup", ["-m", "benchmarks.startup"], True),
 ]
 
 

@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from execwrap.cli import (
-    CLIError,
-    build_inputs,
-    main,
-    parse_input_spec,
-    parse_numel,
-    parse_policy,
-)
+from execwrap.cli import main
+from execwrap.cli.errors import CLIError
+from execwrap.cli.input_spec import parse_input_spec
+from execwrap.cli.inputs import build_inputs
+from execwrap.cli.loading import parse_policy
+from execwrap.cli.options import parse_numel
 from execwrap.demo_models import Block, build_demo_model
 from tracing import ExecutionOrder
 
@@ -201,7 +199,7 @@ def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
 
 
 def test_untraceable_message_names_submodule_and_cuts_long_reasons():
-    from execwrap.cli import _tracing_error_message
+    from execwrap.cli.report import _tracing_error_message
     from tracing import TracingError
 
     exc = TracingError(
@@ -220,7 +218,7 @@ def test_untraceable_message_names_submodule_and_cuts_long_reasons():
 
 
 def test_runtime_capture_failure_on_meta_uses_cli_spelling():
-    from execwrap.cli import _tracing_error_message
+    from execwrap.cli.report import _tracing_error_message
     from tracing import TracingError
 
     try:
@@ -354,7 +352,7 @@ def test_report_input_that_torch_cannot_build(error, tmp_path, capsys, monkeypat
 
 
 def test_report_input_larger_than_memory(tmp_path, capsys, monkeypatch):
-    import execwrap.cli as cli
+    import execwrap.cli.inputs as cli
 
     monkeypatch.setattr(cli, "_machine_memory_bytes", lambda: 16 * 2**30)
     rc = main(["report", "--input", "long:100000x100000", "--out", str(tmp_path / "out")])
@@ -392,12 +390,12 @@ def test_report_folder_in_the_way_writes_nothing(tmp_path, capsys):
 
 
 def test_report_interrupted_while_writing_leaves_no_folder(tmp_path, capsys, monkeypatch):
-    import execwrap.report as report_mod
+    import execwrap.report.context as report_mod
 
     def interrupt(self, f):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod._ReportContext, "write_html", interrupt)
+    monkeypatch.setattr(report_mod.ReportContext, "write_html", interrupt)
     assert main(["report", "--out", str(tmp_path / "a" / "b")]) == 130
     assert capsys.readouterr().err == "execwrap: interrupted\n"
     assert list(tmp_path.iterdir()) == []
@@ -412,7 +410,7 @@ def test_report_out_dir_not_writable(tmp_path, capsys):
 
 
 def test_report_write_failure_is_bad_output(tmp_path, capsys, monkeypatch):
-    import execwrap.report as report_mod
+    import tracing.atomic as report_mod  # its tempfile module, which writes every report file
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path))
@@ -738,7 +736,7 @@ def test_input_file_contents_are_checked(spec, value, message, tmp_path, monkeyp
 
 
 def test_article():
-    from execwrap.cli import _a
+    from execwrap.cli.text import article as _a
 
     assert [_a(w) for w in ("int", "dict", "object", "NoneType", "Linear", "unicode")] == [
         "an int", "a dict", "an object", "a NoneType", "a Linear", "a unicode",
@@ -831,3 +829,81 @@ def test_subprocess_diff_exit_1(demo_report, tmp_path):
     proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "first divergence at forward call 3" in proc.stdout
+
+
+# ------------------------------------------------------------------ fast start
+#: Modules that ``--help`` and argument errors must not import (torch, and
+#: what imports it: tracing, networkx, numpy).
+HEAVY = ("torch", "tracing", "networkx", "numpy")
+
+
+def _imported_modules(importtime_stderr: str) -> list[str]:
+    """Module names from ``python -X importtime`` output."""
+    return [
+        line.split("|")[2].strip()
+        for line in importtime_stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    ][1:]  # (the first line is the header)
+
+
+@pytest.mark.parametrize(
+    "args, rc, message",
+    [
+        ([], 2, "a command is required"),
+        (["--help"], 0, None),
+        (["report", "--help"], 0, None),
+        (["show", "--help"], 0, None),
+        (["diff", "--help"], 0, None),
+        (["report", "--nope"], 2, "unrecognized arguments: --nope"),
+        (["report", "--bucket-size", "2Q"], 2, "--bucket-size: invalid element count '2Q'"),
+        (["report", "--input", "long:2xq"], 2, "shape '2xq' must be sizes joined by 'x'"),
+        (["report", "--input", "complex7:2"], 2, "unknown dtype 'complex7'"),
+        (["report", "--input", "@missing.pt"], 2, "input file 'missing.pt' does not exist"),
+        (["report", "--format", "json,pdf"], 2, "unknown format pdf"),
+        (["report", "--prefetch", "-1"], 2, "--prefetch must be >= 0, got -1"),
+        (["report", "--policy", "weird"], 2, "unknown policy"),
+        (["report", "--policy", "size:lots"], 2, "invalid element count 'lots'"),
+        (["report", "--model", "no_colon"], 2, "expected PKG.MODULE:NAME"),
+        (["report", "--tracer", "tracers.py:T"], 2, "not a file path"),
+        (["report", "--concrete-arg", "flag"], 2, "expected NAME=VALUE"),
+        (["show", "missing.json"], 2, "missing.json: no such file"),
+        (["diff", "a.json", "b.json", "--context", "-3"], 2, "--context must be >= 0, got -3"),
+    ],
+)
+def test_help_and_argument_errors_do_not_import_torch(args, rc, message, tmp_path):
+    (tmp_path / "a.json").write_text("{}")
+    (tmp_path / "b.json").write_text("{}")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "execwrap", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == rc, proc.stderr
+    modules = _imported_modules(proc.stderr)
+    assert "execwrap.cli.parser" in modules
+    assert [m for m in modules if m.split(".")[0] in HEAVY] == []
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    if message is None:
+        assert errors == [] and proc.stdout.startswith("usage: execwrap")
+    else:
+        assert len(errors) == 1 and errors[0].startswith("execwrap: error: ")
+        assert message in errors[0]
+
+
+def test_diff_negative_context_is_a_usage_error(demo_report, capsys):
+    assert main(["diff", str(demo_report), str(demo_report), "--context", "-3"]) == 2
+    assert _err_line(capsys) == "execwrap: error: --context must be >= 0, got -3"
+
+
+def test_dtype_table_names_torch_dtypes():
+    from execwrap.cli.input_spec import DTYPE_NAMES
+
+    for name, attr in DTYPE_NAMES.items():
+        dtype = getattr(torch, attr)
+        assert isinstance(dtype, torch.dtype) and getattr(torch, name) is dtype
+        assert parse_input_spec(f"{name}:2")[0].dtype is dtype
+    assert {"long", "int", "float", "half", "bfloat16", "float64", "bool"} <= set(DTYPE_NAMES)

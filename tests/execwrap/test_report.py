@@ -13,7 +13,6 @@ import networkx as nx
 import pytest
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
 
-from execwrap import report as report_mod
 from execwrap.demo_models import Block, build_demo_model
 from execwrap.plan import WrapPlan
 from execwrap.planner import plan_wrap
@@ -25,6 +24,7 @@ from execwrap.report import (
     unsharded_timeline,
     write_report,
 )
+from execwrap.report import context as report_mod
 from tracing import ExecutionOrder, trace_execution_order
 
 ALL_FILES = {"report.json", "calls.csv", "params.csv", "order.graphml", "report.html"}
@@ -291,7 +291,7 @@ def test_html_structure_and_charts(written, plan):
 
 def test_html_without_matplotlib(plan, baseline, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    monkeypatch.delitem(sys.modules, "execwrap._charts", raising=False)
+    monkeypatch.delitem(sys.modules, "execwrap.report.charts", raising=False)
     paths = write_report(plan, tmp_path, formats=["html"], baselines={"always": baseline})
     doc, text = _parse(paths["html"])
     assert doc.tags.count("svg") == 0
@@ -328,7 +328,7 @@ def test_interrupted_write_leaves_no_file(plan, tmp_path, monkeypatch):
         yield ["wte.weight"] + [""] * 9
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(report_mod._ReportContext, "params_rows", rows_then_fail)
+    monkeypatch.setattr(report_mod.ReportContext, "params_rows", rows_then_fail)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_report(plan, tmp_path)
     assert list(tmp_path.iterdir()) == []  # no partial file, no temp file
@@ -342,7 +342,7 @@ def test_interrupted_rewrite_keeps_previous_report(plan, tmp_path, monkeypatch):
         f.write(b"<!DOCTYPE html><html><body>half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod._ReportContext, "write_html", boom)
+    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path, formats=["json", "csv", "html"], prefetch=0)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -442,7 +442,7 @@ def test_html_summary_shortens_long_fallback_reason(order, plan, tmp_path):
 
 
 def test_timeline_caption_says_how_backward_is_drawn(order, plan):
-    ctx = report_mod._ReportContext(order, plan, 1, {}, None)
+    ctx = report_mod.ReportContext(order, plan, 1, {}, None)
     assert ctx.timeline_caption() == (
         "Units over one step: each forward bar spans the forward calls of a unit's modules "
         "(and their submodules); backward is drawn mirrored (this capture recorded no "
@@ -451,7 +451,7 @@ def test_timeline_caption_says_how_backward_is_drawn(order, plan):
     recorded = dataclasses.replace(
         order, param_backward_order=list(reversed(order.param_forward_order)), method="runtime"
     )
-    ctx = report_mod._ReportContext(recorded, plan, 1, {}, None)
+    ctx = report_mod.ReportContext(recorded, plan, 1, {}, None)
     assert ctx.timeline_caption() == (
         "Units over one step: each forward bar spans the forward calls of a unit's modules "
         "(and their submodules); each backward bar spans the unit's parameters in the "
@@ -475,7 +475,7 @@ def _bars(ax) -> list[tuple[float, float, str]]:
 
 def test_units_timeline_backward_from_recorded_order(order, plan):
     pytest.importorskip("matplotlib")
-    from execwrap import _charts
+    from execwrap.report import charts as _charts
 
     n = len(order.module_forward_order)  # 22
     fig = _charts.units_timeline_figure(plan)
@@ -511,7 +511,7 @@ def test_units_timeline_backward_from_recorded_order(order, plan):
 
 def test_unit_tick_labels_thin_out():
     pytest.importorskip("matplotlib")
-    from execwrap._charts import MAX_UNIT_LABELS, unit_tick_indices
+    from execwrap.report.charts import MAX_UNIT_LABELS, unit_tick_indices
 
     assert MAX_UNIT_LABELS == 60
     assert unit_tick_indices(0) == []
@@ -522,7 +522,7 @@ def test_unit_tick_labels_thin_out():
 
 def test_memory_chart_unit_matches_tables(plan, baseline):
     pytest.importorskip("matplotlib")
-    from execwrap import _charts
+    from execwrap.report import charts as _charts
 
     timelines = {"plan": unsharded_timeline(plan), "always": unsharded_timeline(baseline)}
     peaks = {"plan": plan.stats(1).peak_unsharded_bytes}
@@ -548,7 +548,7 @@ def test_interrupted_write_removes_the_folders_it_created(plan, tmp_path, monkey
     def boom(self, f):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod._ReportContext, "write_html", boom)
+    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path / "new" / "deeper")
     assert list(tmp_path.iterdir()) == []

@@ -1,8 +1,8 @@
 """Report charts drawn with matplotlib, returned as inline SVG strings.
 
-Private to :mod:`execwrap.report`. Importing this module raises
-``ImportError`` when matplotlib is not installed (``execwrap[report]``), which
-the report turns into one line instead of charts.
+Used by the HTML page (:mod:`execwrap.report.html_page`). Importing this
+module raises ``ImportError`` when matplotlib is not installed
+(``execwrap[report]``), which the page turns into one line instead of charts.
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (no
 ``pyplot``: no global figure state, nothing ever shown) and rendered by the
@@ -21,7 +21,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-from tracing.fqn import ROOT_NAME
+from execwrap.report.formatting import byte_unit, format_bytes
+from tracing.fqn import ancestors, display
 
 __all__ = [
     "memory_figure",
@@ -128,16 +129,12 @@ def _forward_spans(plan: Any) -> dict[int, list[int]]:
     by_module: dict[str, int | None] = {}
     spans: dict[int, list[int]] = {}
     for t, fqn in enumerate(plan.order.module_forward_order):
-        anc = fqn
-        while True:  # the called module's unit and every enclosing unit are running
+        for anc in ancestors(fqn):  # the called module's unit and every enclosing one run
             if anc not in by_module:
                 by_module[anc] = plan.unit_of_module(anc)
             unit = by_module[anc]
             if unit is not None:  # calls come in order: the first one set the start
                 spans.setdefault(unit, [t, t])[1] = t
-            if not anc:
-                break
-            anc = anc.rpartition(".")[0]
     return spans
 
 
@@ -163,7 +160,7 @@ def _backward_spans(plan: Any) -> dict[int, tuple[float, float]] | None:
 
 
 def _unit_label(i: int, unit: Any) -> str:
-    names = [m if m else ROOT_NAME for m in unit.module_fqns]
+    names = [display(m) for m in unit.module_fqns]
     label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
     if len(label) > 40:
         label = "…" + label[-39:]
@@ -189,18 +186,16 @@ def memory_figure(
     """Unsharded parameter memory over one step, one panel per plan, side by side.
 
     The y axis unit is the binary unit (B, KiB, MiB, ...) that
-    :func:`execwrap.report.format_bytes` shows the largest value in, so the
+    :func:`~execwrap.report.formatting.format_bytes` shows the largest value in, so the
     chart reads like the report's tables.
 
     Args:
         timelines: plan name -> unsharded bytes per unit step, forward then
             backward (``2 * num_units`` entries), from
-            :func:`execwrap.report.unsharded_timeline`.
+            :func:`~execwrap.report.plans.unsharded_timeline`.
         peaks: plan name -> the peak its stats predict (drawn dashed).
         prefetch: prefetch depth, for the title.
     """
-    from execwrap.report import byte_unit, format_bytes
-
     names = list(timelines)
     largest = max([max(t, default=0) for t in timelines.values()] + list(peaks.values()) + [0])
     unit, size = byte_unit(largest)

@@ -1,0 +1,164 @@
+"""The ``execwrap`` argument parser: :func:`build_parser`.
+
+One table of subcommands (``report``, ``diff``, ``show``) and their options.
+Usage errors are one ``execwrap: error: ...`` line and exit status 2. The
+parser only reads strings and ints; :mod:`execwrap.cli.options` checks the
+values. Imports no torch, so ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from typing import NoReturn
+
+from execwrap.cli.errors import EXIT_USAGE, PROG
+from execwrap.cli.input_spec import INPUT_SPEC_HELP
+from execwrap.cli.options import (
+    DEFAULT_DEMO_BUCKET,
+    DEFAULT_DEMO_INPUT,
+    DEFAULT_DEMO_POLICY,
+    DEFAULT_MODEL,
+    DEFAULT_OUT,
+    POLICY_HELP,
+)
+from execwrap.report.files import REPORT_FORMATS
+
+__all__ = ["DEFAULTS_HELP", "build_parser"]
+
+DEFAULTS_HELP = f"""\
+defaults:         built-in model (no --model)   other models (--model)
+  --input         {DEFAULT_DEMO_INPUT:<30}none (symbolic capture only)
+  --policy        {DEFAULT_DEMO_POLICY:<30}always
+  --bucket-size   {DEFAULT_DEMO_BUCKET:<30}none"""
+
+_REPORT_DESCRIPTION = (
+    "Capture a model's execution order (symbolic with torch.fx first, falling back "
+    "to one real forward/backward with the --input tensors), plan FSDP units, compare "
+    "with baseline policies and write the report (report.json, calls.csv, "
+    "params.csv, order.graphml, report.html). With no arguments: the built-in "
+    "GPT-style model into ./execwrap-report/."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see '{self.prog} --help')"
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}{hint}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``execwrap`` argument parser (subcommands ``report``, ``diff``, ``show``).
+
+    The chosen subcommand is ``args.command`` (``None`` when none was given).
+    """
+    verbose = _Parser(add_help=False)
+    verbose.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log progress (-v: INFO, -vv: DEBUG) to stderr",
+    )
+    parser = _Parser(
+        prog=PROG,
+        description="Execution-order FSDP wrap planning: capture, plan, report.",
+        epilog="exit status: 0 success, 1 a finding (diff: orders differ), 2 bad usage or input",
+        parents=[verbose],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    report = sub.add_parser(
+        "report",
+        parents=[verbose],
+        help="capture, plan and write a report (default: the built-in GPT model)",
+        description=textwrap.fill(_REPORT_DESCRIPTION, width=79, break_on_hyphens=False),
+        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP + "\n\n" + DEFAULTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument(
+        "--model",
+        metavar="PKG.MODULE:FACTORY",
+        help="callable returning an nn.Module (default: the built-in GPT, "
+        f"{DEFAULT_MODEL}); modules in the current folder are found",
+    )
+    report.add_argument(
+        "--input",
+        metavar="SPEC",
+        help=f"example inputs (see below; default: {DEFAULT_DEMO_INPUT} for the built-in "
+        "model, none otherwise: symbolic capture only)",
+    )
+    report.add_argument(
+        "--policy",
+        metavar="POLICY",
+        help=f"wrap policy (see below; default: {DEFAULT_DEMO_POLICY} for the built-in "
+        "model, always otherwise)",
+    )
+    report.add_argument(
+        "--bucket-size",
+        metavar="N",
+        help="merge consecutive units into FSDP2 groups up to N elements (K/M/G suffixes; "
+        f"'none' disables; default: {DEFAULT_DEMO_BUCKET} for the built-in model, none otherwise)",
+    )
+    report.add_argument(
+        "--tracer",
+        metavar="PKG.MODULE:CLASS",
+        help="torch.fx.Tracer subclass for symbolic capture (default: torch.fx.Tracer)",
+    )
+    report.add_argument(
+        "--concrete-arg",
+        metavar="NAME=VALUE",
+        action="append",
+        help="keep forward argument NAME concrete while tracing; VALUE is a Python "
+        "literal (repeatable), e.g. use_cache=False",
+    )
+    report.add_argument(
+        "--device",
+        choices=("cpu", "meta"),
+        default="cpu",
+        help="build the model and inputs here; meta allocates no weights (default: cpu)",
+    )
+    report.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="prefetch depth for the memory prediction (default: 1)",
+    )
+    report.add_argument(
+        "--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT})"
+    )
+    report.add_argument(
+        "--format",
+        default=",".join(REPORT_FORMATS),
+        metavar="LIST",
+        help=f"comma-separated formats out of {','.join(REPORT_FORMATS)} (default: all)",
+    )
+
+    diff = sub.add_parser(
+        "diff",
+        parents=[verbose],
+        help="first divergence between two saved orders (exit 1 when they differ)",
+        description=(
+            "Compare two saved orders (report.json files, report folders or bare "
+            "ExecutionOrder JSON): print the first forward call where they part and an "
+            "aligned view around it. Exit 1 when they differ, 0 when they are the same."
+        ),
+    )
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument(
+        "--context", type=int, default=3, metavar="N", help="calls shown each side (default: 3)"
+    )
+
+    show = sub.add_parser(
+        "show",
+        parents=[verbose],
+        help="print a saved order and its plan",
+        description="Print the order and plan of a saved report.json (or a bare saved "
+        "ExecutionOrder JSON, or a report folder).",
+    )
+    show.add_argument("file", metavar="ORDER.json")
+    return parser

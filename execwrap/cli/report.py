@@ -1,0 +1,195 @@
+"""``execwrap report``: capture, plan, compare with baselines, write, summarise.
+
+:func:`run_report` takes the checked :class:`~execwrap.cli.options.ReportOptions`
+and runs the steps in order: build the model, build the example inputs, make
+the tracing config and the policy, capture the order (symbolic first, falling
+back to one real forward/backward with the inputs), plan it and its
+baselines, write the report files, print the summary table. A failing step is
+one :class:`~execwrap.cli.errors.CLIError` line that says which step failed
+and how to fix it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+import execwrap.planner as planning  # plan_wrap is looked up at call time (tests replace it)
+from execwrap.cli.errors import EXIT_OK, CLIError
+from execwrap.cli.inputs import build_inputs
+from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
+from execwrap.cli.options import ReportOptions
+from execwrap.cli.text import exc_line, print_table, shorten
+from execwrap.errors import ExecwrapError
+from execwrap.plan import WrapPlan
+from execwrap.report.formatting import format_bytes, format_numel, short_reason
+from execwrap.report.writer import write_report
+from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
+from tracing.fqn import module_phrase
+
+__all__ = ["run_report"]
+
+#: ``(args, kwargs)`` of one forward, or ``None`` for symbolic capture only.
+_Example = tuple[tuple[Any, ...], dict[str, Any]] | None
+
+
+def run_report(options: ReportOptions) -> int:
+    """Capture, plan and write the report of ``options``; print the summary. Returns 0.
+
+    Raises:
+        CLIError: a step failed (the model, the inputs, the tracer or policy,
+            capture, planning, or writing the files).
+    """
+    model = load_model(options.model_path, options.device)
+    example = _example_inputs(options, model)
+    config = tracing_config(options.tracer_path, options.concrete_args)
+    init_policy = parse_policy(options.policy.text, model)
+    t0 = time.perf_counter()
+    order = _capture(model, config, example, options)
+    capture_s = time.perf_counter() - t0
+    plan, baselines = _plan(model, order, init_policy, options)
+    paths = _write(model, plan, baselines, options)
+    rows = _summary_rows(model, order, capture_s, plan, baselines, options)
+    print_table(rows + [(key, str(path)) for key, path in paths.items()])
+    if "html" in paths:
+        print(f"open {paths['html']} in a browser to see the charts and tables")
+    return EXIT_OK
+
+
+def _example_inputs(options: ReportOptions, model: nn.Module) -> _Example:
+    if options.items is None:
+        return None
+    try:
+        return build_inputs(options.items, model, options.device)
+    except ValueError as exc:
+        raise CLIError(f"--input: {exc}") from None
+
+
+def _capture(
+    model: nn.Module, config: TracingConfig, example: _Example, options: ReportOptions
+) -> ExecutionOrder:
+    try:
+        return capture_execution_order(
+            model,
+            tracing_config=config,
+            example_inputs=example[0] if example else None,
+            example_kwargs=example[1] if example else None,
+        )
+    except TracingError as exc:
+        message = _tracing_error_message(exc, has_input=example is not None, device=options.device)
+        raise CLIError(message) from exc
+    except Exception as exc:  # the model itself failed on these inputs
+        where = _error_module(exc)
+        raise CLIError(
+            f"capture failed: running {type(model).__name__} on --input {options.input_text!r} "
+            f"raised {exc_line(exc)}{f' (in {where})' if where else ''}"
+        ) from exc
+
+
+def _plan(
+    model: nn.Module, order: ExecutionOrder, init_policy: Any, options: ReportOptions
+) -> tuple[WrapPlan, dict[str, WrapPlan]]:
+    """The plan, and the baselines to compare it with (see :func:`_baselines`)."""
+    try:
+        plan = planning.plan_wrap(model, order, init_policy, bucket_numel=options.bucket_numel)
+        baselines = _baselines(model, order, init_policy, options)
+    except (TypeError, ValueError, ExecwrapError) as exc:
+        raise CLIError(f"planning failed: {shorten(exc, 240)}") from exc
+    return plan, baselines
+
+
+def _baselines(
+    model: nn.Module, order: ExecutionOrder, init_policy: Any, options: ReportOptions
+) -> dict[str, WrapPlan]:
+    """Plans of the same order with the :func:`~execwrap.cli.loading.baseline_policies`."""
+    policies = baseline_policies(options.policy.text, init_policy, options.bucket_numel)
+    return {name: planning.plan_wrap(model, order, policy) for name, policy in policies.items()}
+
+
+def _write(
+    model: nn.Module, plan: WrapPlan, baselines: dict[str, WrapPlan], options: ReportOptions
+) -> dict[str, Path]:
+    title = f"execwrap report: {type(model).__name__} ({options.model_path})"
+    try:
+        return write_report(
+            plan,
+            options.out_dir,
+            options.formats,
+            prefetch=options.prefetch,
+            baselines=baselines,
+            title=title,
+        )
+    except OSError as exc:
+        raise CLIError(f"--out {str(options.out_dir)!r}: cannot write the report: {exc}") from exc
+
+
+def _summary_rows(
+    model: nn.Module,
+    order: ExecutionOrder,
+    capture_s: float,
+    plan: WrapPlan,
+    baselines: dict[str, WrapPlan],
+    options: ReportOptions,
+) -> list[tuple[str, str]]:
+    """The terminal summary: what was captured and planned, and the baselines."""
+    stats = plan.stats(options.prefetch)
+    bucket = options.bucket_numel
+    rows = [
+        ("model", f"{type(model).__name__} ({options.model_path})"),
+        ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
+        ("input", options.input_text or "-"),
+        ("capture", f"{order.method} ({capture_s:.2f} s)"),
+        ("fallback reason", short_reason(order.fallback_reason) if order.fallback_reason else "-"),
+        ("policy", options.policy.text),
+        ("bucket size", "-" if bucket is None else f"{format_numel(bucket)} elements"),
+        ("units", str(stats.num_units)),
+        ("all-gathers/step", str(stats.all_gathers_per_step)),
+        (f"peak unsharded (prefetch {options.prefetch})", format_bytes(stats.peak_unsharded_bytes)),
+    ]
+    for name, base in baselines.items():
+        bst = base.stats(options.prefetch)
+        rows.append(
+            (
+                f"baseline {name}",
+                f"{bst.num_units} units, {bst.all_gathers_per_step} all-gathers/step, "
+                f"peak {format_bytes(bst.peak_unsharded_bytes)}",
+            )
+        )
+    return rows
+
+
+def _tracing_error_message(exc: Any, *, has_input: bool, device: str) -> str:
+    """One CLI line for a :class:`tracing.TracingError`: where capture failed,
+    the first line of why, and the command-line options that fix it."""
+    fqn = getattr(exc, "module_fqn", None)
+    cls = getattr(exc, "module_class", None)
+    where = ""
+    if fqn is not None:
+        where = f" in {module_phrase(shorten(fqn, 60))}" + (f" ({cls})" if cls else "")
+    reason = getattr(exc, "reason", None) or exc_line(exc)
+    if has_input:  # runtime capture itself failed (e.g. value-dependent code on meta)
+        cause = exc.__cause__
+        what = exc_line(cause, 140) if cause is not None else shorten(reason, 140)
+        if device == "meta":
+            return (
+                f"capture failed: running on the meta device failed{where}: {what}; code "
+                "that depends on tensor values needs --device cpu (with small --input tensors)"
+            )
+        return f"capture failed{where}: {what}"
+    return (
+        f"capture failed: symbolic tracing failed{where}: {shorten(reason, 100)}; pass "
+        "--input SPEC to capture at run time, --concrete-arg NAME=VALUE or --tracer "
+        "PKG.MODULE:CLASS"
+    )
+
+
+def _error_module(exc: BaseException) -> str | None:
+    """The ``module 'fqn' (Class)`` that runtime capture's note names, if any."""
+    prefix = "While recording the execution order, in "
+    for note in getattr(exc, "__notes__", None) or ():
+        if isinstance(note, str) and note.startswith(prefix):
+            return shorten(note[len(prefix) :], 80)
+    return None

@@ -1,0 +1,259 @@
+"""``report.html``: one self-contained page (no scripts, no external resources).
+
+Sections, in order: a summary, the charts (:mod:`execwrap.report.charts`,
+inline SVG), the units table in execution order, the baselines, the notes,
+and the call and parameter tables (folded). matplotlib is optional
+(``pip install 'execwrap[report]'``); without it the page has the tables and
+:data:`NO_CHARTS_LINE` instead of charts. Every text is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+
+from execwrap.report.files import REPORT_SCHEMA_VERSION
+from execwrap.report.formatting import blank, format_bytes, format_numel, short_reason
+from execwrap.report.plans import unsharded_timeline
+from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
+from tracing.fqn import display
+from tracing.order import ExecutionOrder
+
+if TYPE_CHECKING:
+    from execwrap.report.context import ReportContext
+
+__all__ = ["NO_CHARTS_LINE", "render_html", "timeline_caption", "write_html"]
+
+logger = logging.getLogger(__name__)
+
+#: The line the HTML page shows instead of charts when matplotlib is missing.
+NO_CHARTS_LINE = "Charts need matplotlib: pip install 'execwrap[report]'"
+
+
+def write_html(ctx: ReportContext, f: IO[bytes]) -> None:
+    """Write :func:`render_html` to ``f`` as UTF-8."""
+    f.write(render_html(ctx).encode("utf-8"))
+
+
+def render_html(ctx: ReportContext) -> str:
+    """The whole page."""
+    e = html.escape
+    parts: list[str] = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{e(ctx.title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{e(ctx.title)}</h1>",
+    ]
+    parts += _summary(ctx)
+    parts += _charts(ctx)
+    parts += _units(ctx)
+    parts += _baselines(ctx)
+    parts += _notes(ctx)
+    parts += _folded_table("calls", "Module calls", "calls", CALLS_COLUMNS, ctx.calls_rows())
+    parts += _folded_table("params", "Parameters", "parameters", PARAMS_COLUMNS, ctx.params_rows())
+    parts += [
+        "<footer>",
+        f"<p>execwrap report schema {REPORT_SCHEMA_VERSION}; order captured with torch "
+        f"{e(ctx.order.torch_version)}; written with torch {e(str(torch.__version__))}.</p>",
+        "</footer>",
+        "</body>",
+        "</html>",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def timeline_caption(order: ExecutionOrder) -> str:
+    """The units-timeline caption: says how its backward half was drawn."""
+    head = (
+        "Units over one step: each forward bar spans the forward calls of a unit's "
+        "modules (and their submodules); "
+    )
+    if order.param_backward_order:
+        return head + (
+            "each backward bar spans the unit's parameters in the gradient-ready order "
+            f"recorded by {order.method} capture."
+        )
+    return head + "backward is drawn mirrored (this capture recorded no gradient-ready order)."
+
+
+# ------------------------------------------------------------------ sections
+def _summary(ctx: ReportContext) -> list[str]:
+    order = ctx.order
+    rows: list[tuple[str, str]] = [
+        ("Model", ctx.model_class or "-"),
+        ("Capture method", order.method),
+        ("Fallback reason", short_reason(order.fallback_reason)),
+        ("Module calls (forward)", str(len(order.module_forward_order))),
+        ("Parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
+        ("Tied parameters", str(len(order.shared_params))),
+    ]
+    rows += _plan_summary(ctx)
+    out = ['<section id="summary">', "<h2>Summary</h2>", '<table class="summary">']
+    for key, value in rows:
+        out.append(f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>")
+    out += ["</table>", "</section>"]
+    return out
+
+
+def _plan_summary(ctx: ReportContext) -> list[tuple[str, str]]:
+    if ctx.plan is None:
+        return [("Plan", "none (the report was written from an order alone)")]
+    st = ctx.stats()
+    policy = str(getattr(ctx.plan, "policy_name", "") or "-")
+    bucket = getattr(ctx.plan, "bucket_numel", None)
+    return [
+        ("Policy", policy),
+        ("Bucket size", "-" if bucket is None else f"{format_numel(bucket)} elements"),
+        ("Units", str(st.num_units)),
+        ("All-gathers per step", str(st.all_gathers_per_step)),
+        (
+            "All-gathers per step (no reshard after forward)",
+            str(st.all_gathers_per_step_no_reshard),
+        ),
+        ("Largest unit", format_bytes(st.largest_unit_bytes)),
+        (
+            f"Peak unsharded bytes (prefetch {ctx.prefetch})",
+            f"{format_bytes(st.peak_unsharded_bytes)} ({st.peak_unsharded_bytes} B)",
+        ),
+    ]
+
+
+def _charts(ctx: ReportContext) -> list[str]:
+    out = ['<section id="charts">', "<h2>Charts</h2>"]
+    if ctx.plan is None:
+        return out + ["<p>No plan: charts need a WrapPlan.</p>", "</section>"]
+    try:
+        import matplotlib  # noqa: F401  (the optional extra execwrap[report])
+
+        from execwrap.report import charts
+    except ImportError as exc:
+        logger.debug("no charts: %s", exc)
+        return out + [f'<p class="no-charts">{html.escape(NO_CHARTS_LINE)}</p>', "</section>"]
+    named = ctx.named_plans()
+    timelines = {name: unsharded_timeline(plan, ctx.prefetch) for name, plan, _ in named}
+    peaks = {name: int(st.peak_unsharded_bytes) for name, _, st in named}
+    try:
+        timeline_svg = charts.units_timeline_svg(ctx.plan)
+        memory_svg = charts.memory_svg(timelines, peaks, prefetch=ctx.prefetch)
+    except Exception as exc:  # a broken matplotlib must not cost the whole report
+        logger.warning("report charts failed, writing the page without them: %s", exc)
+        line = f"Charts failed: {type(exc).__name__}: {exc}"
+        return out + [f'<p class="no-charts">{html.escape(line)}</p>', "</section>"]
+    return out + [
+        '<figure class="chart" id="chart-timeline">',
+        timeline_svg,
+        f"<figcaption>{html.escape(ctx.timeline_caption())}</figcaption>",
+        "</figure>",
+        '<figure class="chart" id="chart-memory">',
+        memory_svg,
+        f"<figcaption>Unsharded parameter bytes at each unit step, prefetch {ctx.prefetch}: "
+        "this plan next to the baseline policies (dashed: predicted peak).</figcaption>",
+        "</figure>",
+        "</section>",
+    ]
+
+
+def _units(ctx: ReportContext) -> list[str]:
+    out = ['<section id="units">', "<h2>Units in execution order</h2>"]
+    if ctx.plan is None:
+        return out + ["<p>No plan.</p>", "</section>"]
+    header = ("#", "Modules", "Parameters", "Elements", "Bytes", "First use", "Last use")
+    rows = (
+        (
+            i,
+            ", ".join(display(m) for m in u.module_fqns),
+            len(u.param_fqns),
+            u.numel,
+            format_bytes(u.bytes),
+            blank(u.first_use),
+            blank(u.last_use),
+        )
+        for i, u in enumerate(ctx.plan.units)
+    )
+    return out + [_table("units", header, rows), "</section>"]
+
+
+def _baselines(ctx: ReportContext) -> list[str]:
+    if ctx.plan is None:
+        return []
+    out = ['<section id="baselines">', "<h2>Compared with baseline policies</h2>"]
+    header = ("Plan", "Policy", "Units", "All-gathers per step", "Largest unit", "Peak unsharded")
+    rows = (
+        (
+            name,
+            str(getattr(plan, "policy_name", "") or "-"),
+            st.num_units,
+            st.all_gathers_per_step,
+            format_bytes(st.largest_unit_bytes),
+            format_bytes(st.peak_unsharded_bytes),
+        )
+        for name, plan, st in ctx.named_plans()
+    )
+    return out + [_table("baselines", header, rows), "</section>"]
+
+
+def _notes(ctx: ReportContext) -> list[str]:
+    out = ['<section id="notes">', "<h2>Notes</h2>"]
+    notes = list(ctx.plan.notes) if ctx.plan is not None else []
+    if ctx.order.fallback_reason:
+        notes.insert(0, f"Symbolic tracing failed: {ctx.order.fallback_reason}")
+    if not notes:
+        return out + ["<p>None.</p>", "</section>"]
+    out.append('<ul class="notes">')
+    out += [f"<li>{html.escape(str(n))}</li>" for n in notes]
+    out += ["</ul>", "</section>"]
+    return out
+
+
+# -------------------------------------------------------------------- tables
+def _folded_table(
+    name: str, heading: str, noun: str, header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> list[str]:
+    """A ``<section id=name>`` holding a folded table of ``rows`` (class ``name``)."""
+    rows = list(rows)
+    return [
+        f'<section id="{name}">',
+        f"<h2>{heading}</h2>",
+        f"<details><summary>{len(rows)} {noun}</summary>",
+        _table(name, header, rows),
+        "</details>",
+        "</section>",
+    ]
+
+
+def _table(cls: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    e = html.escape
+    out = [f'<table class="{e(cls)}">', "<thead><tr>"]
+    out += [f"<th>{e(str(h))}</th>" for h in header]
+    out += ["</tr></thead>", "<tbody>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>")
+    out += ["</tbody>", "</table>"]
+    return "".join(out)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1200px;
+padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
+th,td{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
+thead th{background:#f4f4f4}table.summary th{background:#f8f8f8;font-weight:600;
+white-space:nowrap;min-width:16em}
+table.summary td{white-space:normal;overflow-wrap:anywhere}
+td{font-family:ui-monospace,Menlo,Consolas,monospace}
+figure.chart{margin:1em 0}figure.chart svg{max-width:100%;height:auto}
+figcaption{font-size:.85em;color:#555}.no-charts{color:#a15c00}
+footer{margin-top:2em;font-size:.8em;color:#777}
+"""

@@ -1,0 +1,50 @@
+"""``report.json``: the order, the plan (units, groups, notes, stats) and the baselines.
+
+The layout is versioned by ``schema_version``
+(:data:`~execwrap.report.files.REPORT_SCHEMA_VERSION`); the embedded order is
+exactly :meth:`ExecutionOrder.to_dict`, so ``ExecutionOrder.load`` reads a
+report too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, TYPE_CHECKING, Any
+
+from execwrap.report.files import REPORT_SCHEMA_VERSION
+from execwrap.report.plans import stats_to_dict
+
+if TYPE_CHECKING:
+    from execwrap.report.context import ReportContext
+
+__all__ = ["report_dict", "write_json"]
+
+
+def report_dict(ctx: ReportContext) -> dict[str, Any]:
+    """The JSON report as a dict."""
+    plan = None
+    baselines: dict[str, Any] = {}
+    if ctx.plan is not None:
+        plan = {**ctx.plan.to_dict(), "stats": stats_to_dict(ctx.stats())}
+        for name, base in ctx.baselines.items():
+            baselines[name] = {
+                "policy_name": str(getattr(base, "policy_name", "") or ""),
+                "bucket_numel": getattr(base, "bucket_numel", None),
+                "groups": [list(g) for g in base.groups],
+                "stats": stats_to_dict(ctx.stats(name)),
+            }
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "kind": "execwrap-report",
+        "title": ctx.title,
+        "model_class": ctx.model_class,
+        "prefetch": ctx.prefetch,
+        "order": ctx.order.to_dict(),
+        "plan": plan,
+        "baselines": baselines,
+    }
+
+
+def write_json(ctx: ReportContext, f: IO[bytes]) -> None:
+    """Write :func:`report_dict` to ``f`` as indented UTF-8 JSON."""
+    f.write(json.dumps(report_dict(ctx), indent=1).encode("utf-8"))
