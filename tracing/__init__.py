@@ -1,15 +1,37 @@
 """Execution-order capture for PyTorch models (symbolic and runtime).
 
 ``tracing`` knows torch and torch.fx, nothing of FSDP; it never imports
-``execwrap``.
+``execwrap``. Importing ``tracing`` loads nothing heavy: each name below is
+imported from its module on first use (PEP 562), so that torch-free helpers
+such as :mod:`tracing.fqn` and :mod:`tracing.checks` can be used without torch.
 """
 
-from tracing.capture import capture_execution_order
-from tracing.config import TracingConfig
-from tracing.errors import TracingError
-from tracing.order import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse
-from tracing.runtime import RuntimeRecorder, record_execution_order
-from tracing.symbolic import trace_execution_order
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracing.capture import capture_execution_order
+    from tracing.config import TracingConfig
+    from tracing.errors import TracingError
+    from tracing.order import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse
+    from tracing.runtime import RuntimeRecorder, record_execution_order
+    from tracing.symbolic import trace_execution_order
+
+#: Public name -> module that defines it (imported on first use).
+_EXPORTS: dict[str, str] = {
+    "capture_execution_order": "tracing.capture",
+    "TracingConfig": "tracing.config",
+    "TracingError": "tracing.errors",
+    "SCHEMA_VERSION": "tracing.order",
+    "ExecutionOrder": "tracing.order",
+    "ParamInfo": "tracing.order",
+    "ParamUse": "tracing.order",
+    "RuntimeRecorder": "tracing.runtime",
+    "record_execution_order": "tracing.runtime",
+    "trace_execution_order": "tracing.symbolic",
+}
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -23,3 +45,16 @@ __all__ = [
     "record_execution_order",
     "trace_execution_order",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
