@@ -168,7 +168,7 @@ def prefetch_schedule(
     return _prefetch_lists(forward, reached, prefetch), _prefetch_lists(backward, reached, prefetch)
 
 
-# ------------------------------------------------------------------ apply_fully_shard
+# ------------------------------------------------------------------ apply_fully_shard helpers
 def _mesh_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
     """A 1-D mesh's process group (the cross-rank check's group), else ``None``."""
     return mesh.get_group() if mesh is not None and mesh.ndim == 1 else None
@@ -241,82 +241,6 @@ def _schedule_prefetch(
         )
 
 
-# ------------------------------------------------------------------ prefetch_schedule
-def _first_uses(
-    groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-    roots: list[int],
-) -> dict[int, int]:
-    """Group index -> first forward call of its modules, for the groups to schedule
-    (those that run, with parameters to all-gather when ``param_fqns`` is given;
-    root groups always)."""
-    first = order.first_call_index()
-    return {
-        i: min(first[f] for f in fqns if f in first)
-        for i, fqns in enumerate(groups)
-        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
-    }
-
-
-def _backward_sequence(
-    forward: list[int],
-    uses: dict[int, int],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-) -> list[int]:
-    """The groups in backward order: by first ready gradient when every group has
-    one in ``order.param_backward_order``, else reverse forward order."""
-    backward = list(reversed(forward))
-    if param_fqns is None or not order.param_backward_order:
-        return backward
-    ready: dict[str, int] = {}
-    for position, fqn in enumerate(order.param_backward_order):
-        ready.setdefault(fqn, position)
-    keys: dict[int, int] = {}
-    for i in forward:
-        positions = [ready[p] for p in param_fqns[i] if p in ready]
-        if positions:
-            keys[i] = min(positions)
-    if len(keys) == len(forward):
-        return sorted(forward, key=lambda i: (keys[i], -uses[i]))
-    logger.debug(
-        "prefetch_schedule: groups without gradients in param_backward_order; "
-        "using reverse forward order for backward"
-    )
-    return backward
-
-
-def _runs_backward(
-    backward: list[int],
-    groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-) -> list[int]:
-    """``backward`` without the groups that run entirely before the first
-    trainable parameter's use: they never run backward (see
-    ``WrapPlan.runs_backward``), so nothing prefetches them there."""
-    first_trainable = first_trainable_use(order)
-    if first_trainable is None:
-        return backward
-    spans = UseSpans(order)
-    return [
-        i
-        for i in backward
-        if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0) >= first_trainable
-    ]
-
-
-def _prefetch_lists(sequence: list[int], roots: list[int], prefetch: int) -> dict[int, list[int]]:
-    """Each group -> the ``prefetch`` groups after it in ``sequence``; each root ->
-    the first ``prefetch`` groups."""
-    result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots}
-    for k, i in enumerate(sequence):
-        result[i] = sequence[k + 1 : k + 1 + prefetch]
-    return result
-
-
-# ------------------------------------------------------------------ shared helpers
 def _set_prefetch(
     model: nn.Module,
     groups: list[list[str]],
@@ -431,4 +355,79 @@ def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:
         params = list(module.parameters())
         if params and all(id(p) in ignored for p in params):
             result.append(module)
+    return result
+
+
+# ------------------------------------------------------------------ prefetch_schedule helpers
+def _first_uses(
+    groups: Sequence[Sequence[str]],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+    roots: list[int],
+) -> dict[int, int]:
+    """Group index -> first forward call of its modules, for the groups to schedule
+    (those that run, with parameters to all-gather when ``param_fqns`` is given;
+    root groups always)."""
+    first = order.first_call_index()
+    return {
+        i: min(first[f] for f in fqns if f in first)
+        for i, fqns in enumerate(groups)
+        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
+    }
+
+
+def _backward_sequence(
+    forward: list[int],
+    uses: dict[int, int],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+) -> list[int]:
+    """The groups in backward order: by first ready gradient when every group has
+    one in ``order.param_backward_order``, else reverse forward order."""
+    backward = list(reversed(forward))
+    if param_fqns is None or not order.param_backward_order:
+        return backward
+    ready: dict[str, int] = {}
+    for position, fqn in enumerate(order.param_backward_order):
+        ready.setdefault(fqn, position)
+    keys: dict[int, int] = {}
+    for i in forward:
+        positions = [ready[p] for p in param_fqns[i] if p in ready]
+        if positions:
+            keys[i] = min(positions)
+    if len(keys) == len(forward):
+        return sorted(forward, key=lambda i: (keys[i], -uses[i]))
+    logger.debug(
+        "prefetch_schedule: groups without gradients in param_backward_order; "
+        "using reverse forward order for backward"
+    )
+    return backward
+
+
+def _runs_backward(
+    backward: list[int],
+    groups: Sequence[Sequence[str]],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+) -> list[int]:
+    """``backward`` without the groups that run entirely before the first
+    trainable parameter's use: they never run backward (see
+    ``WrapPlan.runs_backward``), so nothing prefetches them there."""
+    first_trainable = first_trainable_use(order)
+    if first_trainable is None:
+        return backward
+    spans = UseSpans(order)
+    return [
+        i
+        for i in backward
+        if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0) >= first_trainable
+    ]
+
+
+def _prefetch_lists(sequence: list[int], roots: list[int], prefetch: int) -> dict[int, list[int]]:
+    """Each group -> the ``prefetch`` groups after it in ``sequence``; each root ->
+    the first ``prefetch`` groups."""
+    result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots}
+    for k, i in enumerate(sequence):
+        result[i] = sequence[k + 1 : k + 1 + prefetch]
     return result
