@@ -21,8 +21,9 @@ Three ways to an order, tried in this sequence:
    fallback with the example inputs).
 3. Neither: the units come from ``init_policy`` alone and the order is
    recorded during the first forward/backward of the wrapped model by a
-   :class:`tracing.RuntimeRecorder` that removes itself after that backward;
-   ``policy.order`` and ``policy.plan`` are filled then.
+   :class:`tracing.RuntimeRecorder` that removes itself after that backward
+   (:mod:`execwrap.first_step`); ``policy.order`` and ``policy.plan`` are
+   filled then.
 """
 
 from __future__ import annotations
@@ -30,21 +31,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
-from enum import Enum, auto
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
-from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.utils.hooks import RemovableHandle
 
+from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import plan_wrap
 from execwrap.ranks import check_order_across_ranks
-from tracing import RuntimeRecorder, TracingConfig, capture_execution_order
-from tracing.nested import tensors_in
+from tracing import TracingConfig, capture_execution_order
+from tracing.checks import is_int
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
 
 __all__ = ["ParamExecOrderWrapPolicy"]
@@ -129,9 +128,6 @@ class ParamExecOrderWrapPolicy(_Policy):
     check_ranks: bool = True
     forward_prefetch: bool | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
-    _recording: _FirstStepRecording | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
 
     def __post_init__(self) -> None:
         if not (isinstance(self.init_policy, _Policy) or callable(self.init_policy)):
@@ -146,9 +142,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 f"or None; got {type(self.tracing_config).__name__}"
             )
         if self.bucket_numel is not None and (
-            isinstance(self.bucket_numel, bool)
-            or not isinstance(self.bucket_numel, int)
-            or self.bucket_numel <= 0
+            not is_int(self.bucket_numel) or self.bucket_numel <= 0
         ):
             raise ValueError(
                 "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
@@ -176,7 +170,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     @property
     def recording(self) -> bool:
         """Whether the order is still to be recorded during the first step."""
-        return self._recording is not None and self._recording.active
+        return is_recording(self)
 
     def build_plan(
         self,
@@ -191,7 +185,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         now (no ``order``, no ``tracing_config``, no ``example_inputs``), the
         plan's units come from ``init_policy`` alone, in definition order, and
         :attr:`order` stays ``None`` until recorded (see
-        :meth:`_arm_first_step_recording`).
+        :func:`execwrap.first_step.record_first_step`).
 
         Args:
             model: the unwrapped model (the FSDP root).
@@ -275,67 +269,14 @@ class ParamExecOrderWrapPolicy(_Policy):
                 kwargs["forward_prefetch"] = self.forward_prefetch
             result[module] = kwargs
         if self.order is None:
-            self._arm_first_step_recording(
+            record_first_step(
+                self,
                 root_module,
-                on_recorded=None,
                 start_now=False,
                 group=group if isinstance(group, dist.ProcessGroup) else None,
             )
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
-
-    def _arm_first_step_recording(
-        self,
-        root_module: nn.Module,
-        on_recorded: Callable[[ExecutionOrder], None] | None,
-        *,
-        start_now: bool = False,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        """Record the order during the first forward/backward of ``root_module``.
-
-        After that backward, :attr:`order` holds the recorded order and
-        :attr:`plan` the applied units re-ordered by it; then
-        ``on_recorded(order)`` runs (FSDP2 sets prefetching there).
-
-        Args:
-            root_module: the FSDP1 root's inner module (``start_now=False``:
-                recording starts at the first call of its wrapper), or the
-                FSDP2-sharded model (``start_now=True``: the recorder is
-                installed now).
-            on_recorded: called with the order once recorded.
-            start_now: install the recorder now instead of at the first call.
-            group: process group for the cross-rank check (``None``: the
-                default group).
-
-        Raises:
-            OrderDivergenceError: from the first ``backward()`` (the check runs
-                in an autograd final callback) when ``check_ranks`` is set, a
-                process group is initialised and the ranks recorded different
-                orders. Step 1 has then already run with them: its results are
-                not to be trusted.
-        """
-        if self._recording is not None:
-            self._recording.remove()
-
-        def done(order: ExecutionOrder) -> None:
-            self._recording = None
-            self.order = order
-            if self.plan is not None:
-                self.plan = self.plan.reordered(order)
-            logger.info(
-                "ParamExecOrderWrapPolicy: recorded the order during the first step "
-                "(%d module calls)",
-                len(order.module_forward_order),
-            )
-            if self.check_ranks and dist.is_available() and dist.is_initialized():
-                # Every rank reaches this callback at the end of its first
-                # backward, so the collective lines up.
-                check_order_across_ranks(order, group=group)
-            if on_recorded is not None:
-                on_recorded(order)
-
-        self._recording = _FirstStepRecording(root_module, done, start_now=start_now)
 
 
 # ------------------------------------------------------------------ helpers
@@ -373,123 +314,3 @@ def _resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> lis
                 "another model? Capture the order again for this model."
             ) from e
     return modules
-
-
-class _Phase(Enum):
-    """Phases of :class:`_FirstStepRecording` (like FSDP2's ``TrainingState``)."""
-
-    ARMED = auto()  # waiting for the root's first forward (FSDP1)
-    RECORDING = auto()  # recorder installed; waiting for the end of backward
-    DONE = auto()
-
-
-class _FirstStepRecording:
-    """Runs a :class:`tracing.RuntimeRecorder` over the root's first step.
-
-    With ``start_now`` (FSDP2: the root is the sharded model itself) the
-    recorder is installed at once. Otherwise (FSDP1: the root wrapper does not
-    exist yet when the policy runs) a global module forward pre-hook waits for
-    the first call of the wrapper whose ``_fsdp_wrapped_module`` is ``root``,
-    installs the recorder on that wrapper (it strips FSDP1's prefixes; the
-    inner root's own call is still ahead, so it is recorded), and removes the
-    global hook. (Hooks installed from inside a module's pre-hooks miss that
-    module's call in progress, so the root itself cannot be the trigger.)
-
-    The recording ends at the end of the first backward, from an
-    autograd-engine callback queued by a hook on the forward's outputs
-    (FSDP1's own technique for its post-backward callback). A forward whose
-    outputs need no grad (inference) ends it after forward; a forward that
-    raises drops it and re-arms. Every hook is removed when done; nothing is
-    stored on the user's modules.
-    """
-
-    def __init__(
-        self,
-        root: nn.Module,
-        on_done: Callable[[ExecutionOrder], None],
-        *,
-        start_now: bool,
-    ) -> None:
-        self._root = root
-        self._on_done = on_done
-        self._start_now = start_now
-        self._phase = _Phase.ARMED
-        self._recorder: RuntimeRecorder | None = None
-        self._queued = False
-        self._handles: list[RemovableHandle] = []
-        self._arm()
-
-    @property
-    def active(self) -> bool:
-        return self._phase is not _Phase.DONE
-
-    def _arm(self) -> None:
-        if self._start_now:
-            self._start(self._root)
-        else:
-            self._phase = _Phase.ARMED
-            self._handles.append(register_module_forward_pre_hook(self._global_pre_forward))
-
-    def _start(self, module: nn.Module) -> None:
-        self._recorder = RuntimeRecorder(module)
-        self._phase = _Phase.RECORDING
-        self._queued = False
-        # Forward hooks are read after forward runs, so this one fires for the
-        # call in progress too; ``always_call`` also runs it when forward raises.
-        self._handles.append(module.register_forward_hook(self._post_forward, always_call=True))
-
-    def _remove_handles(self) -> None:
-        handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
-
-    def _global_pre_forward(self, module: nn.Module, args: Any) -> None:
-        if self._phase is not _Phase.ARMED:
-            return None
-        # Only a wrapper: on ``root`` itself the recorder's hooks would be
-        # installed too late to see this call.
-        if getattr(module, "_fsdp_wrapped_module", None) is self._root:
-            self._remove_handles()
-            self._start(module)
-        return None
-
-    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._remove_handles()
-        if output is None:  # forward raised (always_call) or returned nothing
-            recorder, self._recorder = self._recorder, None
-            if recorder is not None:
-                recorder.remove(failed=True)
-            logger.debug("first-step recording: forward gave no output; re-armed")
-            self._arm()
-            return None
-        tensors = [t for t in tensors_in(output) if t.requires_grad]
-        if not tensors:
-            self._finish()
-            return None
-        for t in tensors:
-            self._handles.append(t.register_hook(self._on_output_grad))
-        return None
-
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-        return None
-
-    def _finish(self) -> None:
-        if self._phase is not _Phase.RECORDING:
-            return
-        self._remove_handles()
-        recorder, self._recorder = self._recorder, None
-        self._phase = _Phase.DONE
-        assert recorder is not None
-        recorder.remove()
-        self._on_done(recorder.order)
-
-    def remove(self) -> None:
-        """Stop without recording (idempotent)."""
-        self._remove_handles()
-        recorder, self._recorder = self._recorder, None
-        self._phase = _Phase.DONE
-        if recorder is not None:
-            recorder.remove(failed=True)

@@ -7,23 +7,49 @@ the root last, as FSDP2 requires; then it sets explicit prefetching from the
 captured order, the way torchtitan sets it for its transformer blocks
 (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``),
 but for any model and any grouping.
+
+The model of the algorithm:
+
+- Sharding order: groups are applied in post-order (a group after every group
+  nested in its modules: a topological sort of "is enclosed by", see
+  :func:`_post_order`), the root module last.
+- Prefetching (:func:`prefetch_schedule`): for each group in forward order
+  (first call in ``order.module_forward_order``), the group's FSDP state
+  prefetches the next ``prefetch`` groups in forward, and the next
+  ``prefetch`` groups in backward order: the order in which their first
+  gradient became ready (``order.param_backward_order``, runtime capture)
+  when every executed group has one, else the reverse forward order. The root
+  prefetches the first groups of each direction. Groups that never run in
+  forward, and groups without parameters (nothing to all-gather; their
+  neighbours prefetch past them), are not prefetched. Groups that run
+  entirely before the first use of a trainable parameter never run backward
+  (their outputs need no grad) and are left out of the backward lists.
+- Without an order yet (a policy with nothing to capture before wrapping),
+  the groups come from ``init_policy`` alone, the order is recorded during the
+  first forward/backward (:func:`execwrap.first_step.record_first_step`), and
+  prefetching is set at the end of that backward, before the second step.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import networkx as nx
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
 from execwrap.spans import UseSpans, first_trainable_use
+from tracing.checks import check_int
+from tracing.fqn import ancestors, join_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = ["apply_fully_shard", "prefetch_schedule"]
@@ -42,19 +68,11 @@ def apply_fully_shard(
     """Shard ``model`` with FSDP2, one ``fully_shard`` call per plan group.
 
     Groups are applied in post-order (a group after every group nested in its
-    modules), the root module last. Then, for each group in forward order
-    (first call in ``order.module_forward_order``), the group's FSDP state
-    prefetches the next ``prefetch`` groups in forward, and the next
-    ``prefetch`` groups in backward order: the order in which their first
-    gradient became ready (``order.param_backward_order``, runtime capture)
-    when every executed group has one, else the reverse forward order. The
-    root prefetches the first groups of each direction. Groups that never run
-    in forward, and groups without parameters, are not prefetched.
-
-    Without an order yet (a policy with nothing to capture before wrapping),
-    the groups come from ``init_policy`` alone, the order is recorded during
-    the first forward/backward, and prefetching is set at the end of that
-    backward, before the second step.
+    modules), the root module last; then each group prefetches the next
+    ``prefetch`` groups in forward and in backward order, from the plan's
+    order (see the module docstring for the schedule). Without an order yet,
+    the order is recorded during the first forward/backward and prefetching
+    is set at the end of that backward, before the second step.
 
     Args:
         model: the unwrapped model; sharded in place (its class becomes an
@@ -76,9 +94,11 @@ def apply_fully_shard(
         ``policy.plan`` is replaced by the re-ordered plan after that step).
 
     Raises:
-        ValueError: ``prefetch`` is negative; the plan names a module the model
-            does not have, or puts the root in a group with other modules.
-        TypeError: ``policy_or_plan`` is neither a policy nor a plan.
+        ValueError: ``prefetch`` is negative; the model already has
+            ``fully_shard`` applied; the plan names a module the model does
+            not have, or puts the root in a group with other modules.
+        TypeError: ``prefetch`` is not an int; ``policy_or_plan`` is neither a
+            policy nor a plan.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture
             and the cross-rank check (see
             :meth:`ParamExecOrderWrapPolicy.build_plan`).
@@ -90,65 +110,18 @@ def apply_fully_shard(
         >>> plan.groups  # doctest: +SKIP
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"apply_fully_shard: prefetch must be an int >= 0; got {prefetch!r}")
+    check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead")
     if isinstance(model, FSDPModule):
         raise ValueError(
             f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
             "applied; pass the unwrapped model"
         )
-    policy: ParamExecOrderWrapPolicy | None = None
-    if isinstance(policy_or_plan, ParamExecOrderWrapPolicy):
-        policy = policy_or_plan
-        group = mesh.get_group() if mesh is not None and mesh.ndim == 1 else None
-        plan = policy.build_plan(
-            model,
-            ignored_modules=_ignored_modules(model, fully_shard_kwargs.get("ignored_params")),
-            group=group,
-        )
-    elif isinstance(policy_or_plan, WrapPlan):
-        plan = policy_or_plan
-    else:
-        raise TypeError(
-            "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
-            f"WrapPlan; got {type(policy_or_plan).__name__}"
-        )
-
+    plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     groups = _plan_groups(model, plan)
-    for fqns in _post_order(model, groups):
-        modules = [model.get_submodule(f) for f in fqns]
-        target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        logger.debug("fully_shard(%s)", fqns)
-        try:
-            fully_shard(target, mesh=mesh, **fully_shard_kwargs)
-        except Exception as e:
-            if sys.version_info >= (3, 11):
-                e.add_note(f"While applying fully_shard to plan group {fqns}")
-            logger.debug("fully_shard(%s) failed", fqns)
-            raise
-    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
-
-    if prefetch == 0:
-        return plan
-    order = plan.order
-    if order.module_forward_order:
-        _set_prefetch(model, groups, plan, order, prefetch)
-    elif policy is not None:
-        applied = plan
-
-        def on_recorded(recorded: ExecutionOrder) -> None:
-            _set_prefetch(model, groups, applied, recorded, prefetch)
-
-        policy._arm_first_step_recording(
-            model,
-            on_recorded=on_recorded,
-            start_now=True,
-            group=mesh.get_group() if mesh is not None and mesh.ndim == 1 else None,
-        )
-    else:
-        logger.info(
-            "apply_fully_shard: the plan's order has no calls; FSDP2's implicit prefetching is kept"
-        )
+    _shard_groups(model, groups, mesh, fully_shard_kwargs)
+    if prefetch > 0:
+        policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
+        _schedule_prefetch(model, groups, plan, policy, prefetch, mesh)
     return plan
 
 
@@ -186,54 +159,88 @@ def prefetch_schedule(
         >>> prefetch_schedule([[""], ["c"], ["a"], ["b"]], order)
         ({0: [2], 2: [3], 3: [1], 1: []}, {0: [1], 1: [3], 3: [2], 2: []})
     """
-    first = order.first_call_index()
     roots = [i for i, fqns in enumerate(groups) if "" in fqns]
-    uses = {
-        i: min(first[f] for f in fqns if f in first)
-        for i, fqns in enumerate(groups)
-        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
-    }
+    uses = _first_uses(groups, order, param_fqns, roots)
     forward = sorted((i for i in uses if i not in roots), key=lambda i: (uses[i], i))
-    backward = list(reversed(forward))
-    if param_fqns is not None and order.param_backward_order:
-        ready: dict[str, int] = {}
-        for position, fqn in enumerate(order.param_backward_order):
-            ready.setdefault(fqn, position)
-        keys: dict[int, int] = {}
-        for i in forward:
-            positions = [ready[p] for p in param_fqns[i] if p in ready]
-            if positions:
-                keys[i] = min(positions)
-        if len(keys) == len(forward):
-            backward = sorted(forward, key=lambda i: (keys[i], -uses[i]))
-        else:
-            logger.debug(
-                "prefetch_schedule: groups without gradients in param_backward_order; "
-                "using reverse forward order for backward"
-            )
-
-    # Groups that run entirely before the first trainable parameter's use
-    # never run backward (see WrapPlan.runs_backward): never prefetch them there.
-    first_trainable = first_trainable_use(order)
-    if first_trainable is not None:
-        spans = UseSpans(order)
-        backward = [
-            i
-            for i in backward
-            if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0)
-            >= first_trainable
-        ]
-
-    def lists(sequence: list[int]) -> dict[int, list[int]]:
-        result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots if r in uses}
-        for k, i in enumerate(sequence):
-            result[i] = sequence[k + 1 : k + 1 + prefetch]
-        return result
-
-    return lists(forward), lists(backward)
+    backward = _backward_sequence(forward, uses, order, param_fqns)
+    backward = _runs_backward(backward, groups, order, param_fqns)
+    reached = [r for r in roots if r in uses]
+    return _prefetch_lists(forward, reached, prefetch), _prefetch_lists(backward, reached, prefetch)
 
 
-# ------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------ apply_fully_shard helpers
+def _mesh_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    """A 1-D mesh's process group (the cross-rank check's group), else ``None``."""
+    return mesh.get_group() if mesh is not None and mesh.ndim == 1 else None
+
+
+def _build_plan(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    mesh: DeviceMesh | None,
+    ignored_params: Any,
+) -> WrapPlan:
+    """The plan to apply: a policy's (built now) or the plan given."""
+    if isinstance(policy_or_plan, ParamExecOrderWrapPolicy):
+        return policy_or_plan.build_plan(
+            model,
+            ignored_modules=_ignored_modules(model, ignored_params),
+            group=_mesh_group(mesh),
+        )
+    if isinstance(policy_or_plan, WrapPlan):
+        return policy_or_plan
+    raise TypeError(
+        "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
+        f"WrapPlan; got {type(policy_or_plan).__name__}"
+    )
+
+
+def _shard_groups(
+    model: nn.Module,
+    groups: list[list[str]],
+    mesh: DeviceMesh | None,
+    fully_shard_kwargs: dict[str, Any],
+) -> None:
+    """``fully_shard`` each group in post-order, then the root."""
+    for fqns in _post_order(model, groups):
+        modules = [model.get_submodule(f) for f in fqns]
+        target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
+        logger.debug("fully_shard(%s)", fqns)
+        try:
+            fully_shard(target, mesh=mesh, **fully_shard_kwargs)
+        except Exception as e:
+            if sys.version_info >= (3, 11):
+                e.add_note(f"While applying fully_shard to plan group {fqns}")
+            logger.debug("fully_shard(%s) failed", fqns)
+            raise
+    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+
+
+def _schedule_prefetch(
+    model: nn.Module,
+    groups: list[list[str]],
+    plan: WrapPlan,
+    policy: ParamExecOrderWrapPolicy | None,
+    prefetch: int,
+    mesh: DeviceMesh | None,
+) -> None:
+    """Set prefetching now from the plan's order, or after a first-step recording."""
+    if plan.order.module_forward_order:
+        _set_prefetch(model, groups, plan, plan.order, prefetch)
+    elif policy is not None:
+
+        def on_recorded(recorded: ExecutionOrder) -> None:
+            _set_prefetch(model, groups, plan, recorded, prefetch)
+
+        record_first_step(
+            policy, model, on_recorded=on_recorded, start_now=True, group=_mesh_group(mesh)
+        )
+    else:
+        logger.info(
+            "apply_fully_shard: the plan's order has no calls; FSDP2's implicit prefetching is kept"
+        )
+
+
 def _set_prefetch(
     model: nn.Module,
     groups: list[list[str]],
@@ -309,7 +316,7 @@ def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
 
     def visit(module: nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
-            fqn = f"{prefix}.{name}" if prefix else name
+            fqn = join_fqn(prefix, name)
             if fqn not in index:
                 visit(child, fqn)
         index.setdefault(prefix, len(index))
@@ -322,12 +329,10 @@ def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
     for i, fqns in enumerate(groups):
         for fqn in fqns:
             # every group owning a module that encloses ``fqn`` comes after group i
-            parent = fqn.rpartition(".")[0] if fqn else None
-            while parent is not None:
+            for parent in itertools.islice(ancestors(fqn), 1, None):
                 j = group_of.get(parent)
                 if j is not None and j != i:
                     graph.add_edge(i, j)
-                parent = parent.rpartition(".")[0] if parent else None
     key = [max(index[f] for f in g) for g in groups]
     try:
         return [groups[i] for i in nx.lexicographical_topological_sort(graph, key=key.__getitem__)]
@@ -350,4 +355,79 @@ def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:
         params = list(module.parameters())
         if params and all(id(p) in ignored for p in params):
             result.append(module)
+    return result
+
+
+# ------------------------------------------------------------------ prefetch_schedule helpers
+def _first_uses(
+    groups: Sequence[Sequence[str]],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+    roots: list[int],
+) -> dict[int, int]:
+    """Group index -> first forward call of its modules, for the groups to schedule
+    (those that run, with parameters to all-gather when ``param_fqns`` is given;
+    root groups always)."""
+    first = order.first_call_index()
+    return {
+        i: min(first[f] for f in fqns if f in first)
+        for i, fqns in enumerate(groups)
+        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
+    }
+
+
+def _backward_sequence(
+    forward: list[int],
+    uses: dict[int, int],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+) -> list[int]:
+    """The groups in backward order: by first ready gradient when every group has
+    one in ``order.param_backward_order``, else reverse forward order."""
+    backward = list(reversed(forward))
+    if param_fqns is None or not order.param_backward_order:
+        return backward
+    ready: dict[str, int] = {}
+    for position, fqn in enumerate(order.param_backward_order):
+        ready.setdefault(fqn, position)
+    keys: dict[int, int] = {}
+    for i in forward:
+        positions = [ready[p] for p in param_fqns[i] if p in ready]
+        if positions:
+            keys[i] = min(positions)
+    if len(keys) == len(forward):
+        return sorted(forward, key=lambda i: (keys[i], -uses[i]))
+    logger.debug(
+        "prefetch_schedule: groups without gradients in param_backward_order; "
+        "using reverse forward order for backward"
+    )
+    return backward
+
+
+def _runs_backward(
+    backward: list[int],
+    groups: Sequence[Sequence[str]],
+    order: ExecutionOrder,
+    param_fqns: Sequence[Sequence[str]] | None,
+) -> list[int]:
+    """``backward`` without the groups that run entirely before the first
+    trainable parameter's use: they never run backward (see
+    ``WrapPlan.runs_backward``), so nothing prefetches them there."""
+    first_trainable = first_trainable_use(order)
+    if first_trainable is None:
+        return backward
+    spans = UseSpans(order)
+    return [
+        i
+        for i in backward
+        if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0) >= first_trainable
+    ]
+
+
+def _prefetch_lists(sequence: list[int], roots: list[int], prefetch: int) -> dict[int, list[int]]:
+    """Each group -> the ``prefetch`` groups after it in ``sequence``; each root ->
+    the first ``prefetch`` groups."""
+    result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots}
+    for k, i in enumerate(sequence):
+        result[i] = sequence[k + 1 : k + 1 + prefetch]
     return result

@@ -2,8 +2,8 @@
 
 :func:`build_order_graph` turns one or more :class:`~tracing.ExecutionOrder`
 objects (iterations, ranks) into a ``networkx.DiGraph``; :func:`order_subgraph`
-keeps only the "runs next" edges of one phase; :func:`first_divergence` names
-the first call where two orders differ.
+keeps only the "runs next" edges of one phase. (Where two orders first differ
+is :func:`execwrap.divergence.first_divergence`.)
 
 Node keys are FQN strings, exactly as in the orders: module FQNs (the root is
 ``""``) and canonical parameter FQNs. ``nn.Module`` forbids a submodule and a
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Container
+from collections.abc import Collection
 from typing import Literal
 
 import networkx as nx
 
-from tracing.fqn import ROOT_NAME, owner_fqn
+from tracing.fqn import display, innermost, owner_fqn, parent_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = [
@@ -42,16 +42,14 @@ _CONTAINS = "contains"
 _USES = "uses"
 
 
-def _parent_module(fqn: str, modules: Container[str]) -> str | None:
-    """Nearest ancestor of module ``fqn`` that is a node, ``None`` for the root."""
-    if fqn == "":
+def _enclosing_module(fqn: str, modules: Collection[str]) -> str | None:
+    """Nearest strict ancestor of module ``fqn`` that is a node; ``None`` for the
+    root and when no ancestor (not even the root ``""``) is one."""
+    parent = parent_fqn(fqn)
+    if parent is None:
         return None
-    parent = fqn
-    while parent:
-        parent = parent.rpartition(".")[0]
-        if parent in modules:
-            return parent
-    return None
+    found = innermost(parent, modules)
+    return found if found in modules else None
 
 
 def _edge_kind(data: dict[str, object]) -> str:
@@ -113,6 +111,30 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
         >>> [(u, v, d["forward"]) for u, v, d in g.edges(data=True)]
         [('', 'l0', 2), ('l0', 'l2', 2), ('l2', 'l1', 2)]
     """
+    _check_orders(orders)
+    graph = nx.DiGraph(
+        num_orders=len(orders),
+        methods=",".join(o.method for o in orders),
+    )
+    module_fqns = _add_module_nodes(graph, orders)
+    for fqn in module_fqns:
+        parent = _enclosing_module(fqn, module_fqns)
+        if parent is not None:
+            _add_role(graph, parent, fqn, contains=True)
+    _add_param_nodes(graph, orders, module_fqns)
+    _add_next_and_uses(graph, orders)
+    for _, _, data in graph.edges(data=True):
+        data["kind"] = _edge_kind(data)
+    logger.debug(
+        "order graph: %d nodes, %d edges from %d order(s)",
+        graph.number_of_nodes(),
+        graph.number_of_edges(),
+        len(orders),
+    )
+    return graph
+
+
+def _check_orders(orders: tuple[ExecutionOrder, ...]) -> None:
     if not orders:
         raise ValueError("build_order_graph needs at least one ExecutionOrder")
     for i, order in enumerate(orders):
@@ -121,12 +143,11 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
                 f"build_order_graph: argument {i} is a {type(order).__name__}, expected an "
                 "ExecutionOrder (capture one with tracing.capture_execution_order)"
             )
-    graph = nx.DiGraph(
-        num_orders=len(orders),
-        methods=",".join(o.method for o in orders),
-    )
 
-    # ---- module nodes, in definition order first, then as first called
+
+def _add_module_nodes(graph: nx.DiGraph, orders: tuple[ExecutionOrder, ...]) -> dict[str, None]:
+    """Add a node per module (in definition order first, then as first called)
+    with its call counts; returns the module FQNs (an ordered set)."""
     module_fqns: dict[str, None] = {}
     for order in orders:
         for fqn in order.module_classes:
@@ -144,7 +165,7 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
         graph.add_node(
             fqn,
             kind="module",
-            label=fqn or ROOT_NAME,
+            label=display(fqn),
             class_name=class_names.get(fqn, ""),
             own_numel=0,
             call_count=0,
@@ -159,14 +180,14 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
                 data["first_call"] = i
         for fqn in order.module_backward_order:
             graph.nodes[fqn]["backward_count"] += 1
+    return module_fqns
 
-    # ---- containment between modules
-    for fqn in module_fqns:
-        parent = _parent_module(fqn, module_fqns)
-        if parent is not None:
-            _add_role(graph, parent, fqn, contains=True)
 
-    # ---- parameter nodes (first order that knows a parameter describes it)
+def _add_param_nodes(
+    graph: nx.DiGraph, orders: tuple[ExecutionOrder, ...], module_fqns: dict[str, None]
+) -> None:
+    """Add a node per canonical parameter (the first order that knows it
+    describes it) and the containment edges from its modules."""
     for order in orders:
         first_use = order.param_first_use_index()
         for fqn, info in order.params.items():
@@ -191,11 +212,14 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
             for name in (fqn, *aliases):
                 holder = owner_fqn(name)
                 if holder not in module_fqns:
-                    holder = _parent_module(holder, module_fqns) or ""
+                    holder = _enclosing_module(holder, module_fqns) or ""
                 if holder in graph:
                     _add_role(graph, holder, fqn, contains=True)
 
-    # ---- "runs next" and parameter uses
+
+def _add_next_and_uses(graph: nx.DiGraph, orders: tuple[ExecutionOrder, ...]) -> None:
+    """Add the "runs next" edges of both phases and the parameter-use edges
+    (a parameter seen only in ``param_uses`` gets a node with zero sizes)."""
     for order in orders:
         for phase, calls in (
             ("forward", order.module_forward_order),
@@ -221,16 +245,6 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
                         first_use=use.call_index,
                     )
                 _add_role(graph, use.module_fqn, fqn, uses=1)
-
-    for _, _, data in graph.edges(data=True):
-        data["kind"] = _edge_kind(data)
-    logger.debug(
-        "order graph: %d nodes, %d edges from %d order(s)",
-        graph.number_of_nodes(),
-        graph.number_of_edges(),
-        len(orders),
-    )
-    return graph
 
 
 def _add_role(

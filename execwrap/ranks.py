@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 #: Calls of context shown on each side of a divergence in error messages.
 _CONTEXT = 3
 
+#: One rank's ``(global rank, module_forward_order, param_forward_order)``.
+_RankOrder = tuple[int, list[str], list[str]]
+
 
 def order_fingerprint(order: ExecutionOrder) -> str:
     """A SHA-256 hex digest of the parts of ``order`` that decide collectives.
@@ -114,15 +117,19 @@ def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | N
     if len({d for _, d in got}) == 1:
         logger.debug("check_order_across_ranks: %d ranks agree (%s)", world, digest[:12])
         return
-
     # Orders differ: every rank saw it, so every rank gathers the full orders.
-    full: list[tuple[int, list[str], list[str]] | None] = [None] * world
+    full: list[_RankOrder | None] = [None] * world
     dist.all_gather_object(
         full,
         (my_rank, list(order.module_forward_order), list(order.param_forward_order)),
         group=group,
     )
-    entries = sorted((e for e in full if e is not None), key=lambda e: e[0])
+    _raise_first_divergence(sorted((e for e in full if e is not None), key=lambda e: e[0]))
+
+
+def _raise_first_divergence(entries: list[_RankOrder]) -> None:
+    """Raise :class:`OrderDivergenceError` for the first rank (by rank) whose
+    order differs from the lowest rank's; return if none does."""
     ref_rank, ref_modules, ref_params = entries[0]
     for other_rank, modules, params in entries[1:]:
         what = "module"
@@ -132,22 +139,32 @@ def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | N
             divergence = first_divergence(ref_params, params, context=_CONTEXT)
         if divergence is None:
             continue  # equal lists cannot have different digests; be safe
-        index, expected, found = divergence.index, divergence.expected, divergence.found
         differing = sorted(r for r, m, p in entries if (m, p) != (ref_modules, ref_params))
-        kind = "forward call" if what == "module" else "first parameter use"
-        message = (
-            f"Ranks {ref_rank} and {other_rank} executed the model in different orders "
-            f"(ranks differing from rank {ref_rank}: {differing}). First divergence at "
-            f"{kind} {index}: rank {ref_rank} ran {what} {expected!r}, rank {other_rank} "
-            f"ran {what} {found!r}.\n"
-            f"  rank {ref_rank}: {_context(divergence, divergence.context_a)}\n"
-            f"  rank {other_rank}: {_context(divergence, divergence.context_b)}\n"
-            "FSDP all-gathers each unit when it runs, so these ranks would issue "
-            "mismatched collectives and hang (or mix parameters). Fix: make control "
-            "flow the same on every rank (branch on values all ranks share, e.g. after "
-            "an all_reduce), give every rank inputs that take the same path, or capture "
-            "the order symbolically with a TracingConfig whose concrete_args fix the branch."
-        )
         raise OrderDivergenceError(
-            message, ranks=(ref_rank, other_rank), index=index, expected=expected, found=found
+            _message(divergence, what, ref_rank, other_rank, differing),
+            ranks=(ref_rank, other_rank),
+            index=divergence.index,
+            expected=divergence.expected,
+            found=divergence.found,
         )
+
+
+def _message(
+    divergence: Divergence, what: str, ref_rank: int, other_rank: int, differing: list[int]
+) -> str:
+    """The error message: where the ranks part, with context, and how to fix it."""
+    index, expected, found = divergence.index, divergence.expected, divergence.found
+    kind = "forward call" if what == "module" else "first parameter use"
+    return (
+        f"Ranks {ref_rank} and {other_rank} executed the model in different orders "
+        f"(ranks differing from rank {ref_rank}: {differing}). First divergence at "
+        f"{kind} {index}: rank {ref_rank} ran {what} {expected!r}, rank {other_rank} "
+        f"ran {what} {found!r}.\n"
+        f"  rank {ref_rank}: {_context(divergence, divergence.context_a)}\n"
+        f"  rank {other_rank}: {_context(divergence, divergence.context_b)}\n"
+        "FSDP all-gathers each unit when it runs, so these ranks would issue "
+        "mismatched collectives and hang (or mix parameters). Fix: make control "
+        "flow the same on every rank (branch on values all ranks share, e.g. after "
+        "an all_reduce), give every rank inputs that take the same path, or capture "
+        "the order symbolically with a TracingConfig whose concrete_args fix the branch."
+    )

@@ -12,6 +12,20 @@ process group (timeout ``timeout_s``), then a barrier, then
 ``destroy_process_group``. Return values travel back through pickled files in
 a temp dir; an exception on any rank fails the test with that rank's
 traceback.
+
+A rank ends with ``os._exit(0)`` once its result file is written, skipping
+interpreter finalization. gloo's worker threads (``ProcessGroupGloo::runLoop``)
+outlive ``destroy_process_group`` while anything still references the group,
+and a worker drops each finished collective itself. In torch 2.13 every
+``backward()`` stashes a ``contextvars.Context`` in the thread-local state
+(pytorch/pytorch#173568), which a collective issued during backward (FSDP's
+reduce-scatters) captures, so dropping that work needs the GIL.
+When the main thread has already begun finalizing, CPython 3.11 ends the
+worker with ``pthread_exit`` from ``take_gil``; the forced unwind reaches
+``noexcept`` destructors (``~AsyncWork``) and ``std::terminate`` aborts the rank
+("terminate called without an active exception", SIGABRT; seen about once in
+five runs of tests/tracing/test_runtime_fsdp.py::test_fsdp1_flat_params on a
+loaded machine). Exiting without finalization leaves no thread to take the GIL.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -64,6 +79,11 @@ def _entry(
                 dist.destroy_process_group()
     with open(result_path, "wb") as f:
         pickle.dump(payload, f)
+    # No interpreter finalization (see the module docstring): flush what
+    # Python buffers, then end the process; the parent reads the result file.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(

@@ -24,9 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("execwrap", "tracing")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
-# Until the issue 14 restructure is merged, main keeps CI green with this mark.
-pytestmark = pytest.mark.xfail(reason="issue 14 restructure in progress", strict=False)
-
 #: Functions that are argparse tables (one add_argument call after another).
 ARGPARSE_TABLES = {"execwrap.cli.parser.build_parser"}
 

@@ -35,6 +35,7 @@ from tests.distributed._policy_cases import (
     l0l2l1_case,
     run_parity,
 )
+from tracing.fqn import display
 
 
 def _prefetch_lists(model: nn.Module) -> dict[str, dict[str, list[list[str]]]]:
@@ -47,7 +48,7 @@ def _prefetch_lists(model: nn.Module) -> dict[str, dict[str, list[list[str]]]]:
             states[id(state)] = state
 
     def label(state: Any) -> str:
-        return "+".join(names[id(m)] or "<root>" for m in state._modules)
+        return "+".join(display(names[id(m)]) for m in state._modules)
 
     return {
         label(s): {
@@ -278,7 +279,7 @@ def test_fsdp2_policy_parity_recording_and_buckets() -> None:
     assert b["groups"] == groups
     assert b["group_numel"] == [640, 0, 2240, 0, 0, 2192, 0, 0, 0, 2160]
     assert b["atomic_units"] == 20
-    labels = ["+".join(m or "<root>" for m in g) for g in groups]
+    labels = ["+".join(display(m) for m in g) for g in groups]
     # FSDP2 built exactly these groups (one FSDP state each).
     assert sorted(b["prefetch"]) == sorted(labels)
     # Units without parameters (blocks.N, attn, mlp under always_wrap) stay

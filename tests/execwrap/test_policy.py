@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from execwrap import (
     size_based_auto_wrap_policy,
 )
 from execwrap.demo_models import GPT, Block, GPTConfig
-from execwrap.fsdp1 import _FirstStepRecording
+from execwrap.first_step import FirstStepRecording, record_first_step
 from execwrap.fsdp2 import _post_order
 from tests.distributed._policy_cases import L0L2L1, BranchModel, hook_census
 from tracing import ParamInfo, ParamUse
@@ -152,7 +154,7 @@ def test_first_step_recording_removes_itself() -> None:
     model = _Wrapper(inner)
     clean = hook_census(model)
     got: list[ExecutionOrder] = []
-    rec = _FirstStepRecording(inner, got.append, start_now=False)
+    rec = FirstStepRecording(inner, got.append, start_now=False)
     assert hook_census(model)["global"] == clean["global"] + 1
     inner(torch.ones(2, 8))  # the inner module alone does not start it
     assert rec.active and got == []
@@ -169,7 +171,7 @@ def test_first_step_recording_survives_a_failing_forward() -> None:
     model = BranchModel()
     clean = hook_census(model)
     got: list[ExecutionOrder] = []
-    _FirstStepRecording(model, got.append, start_now=True)
+    FirstStepRecording(model, got.append, start_now=True)
     with pytest.raises(RuntimeError):
         model(torch.ones(2, 3))  # wrong shape
     assert got == []
@@ -177,6 +179,38 @@ def test_first_step_recording_survives_a_failing_forward() -> None:
         model(-torch.ones(2, 8))  # inference: ends after forward
     assert [o.module_forward_order for o in got] == [["", "inp", "neg", "out"]]
     assert hook_census(model) == clean
+
+
+def test_record_first_step_fills_the_policy_and_replaces_an_earlier_recording() -> None:
+    model = BranchModel()
+    clean = hook_census(model)
+    policy = ParamExecOrderWrapPolicy(always_wrap_policy)
+    policy.build_plan(model)
+    got: list[ExecutionOrder] = []
+    record_first_step(policy, model, on_recorded=got.append, start_now=True)
+    once = hook_census(model)
+    record_first_step(policy, model, on_recorded=got.append, start_now=True)
+    assert hook_census(model) == once  # the first recording was removed
+    assert policy.recording and policy.order is None
+    model(torch.ones(2, 8)).sum().backward()
+    assert policy.order is not None and got == [policy.order]
+    assert policy.order.module_forward_order == ["", "inp", "pos", "out"]
+    assert policy.plan is not None and policy.plan.groups[:3] == [[""], ["inp"], ["pos"]]
+    assert not policy.recording
+    assert hook_census(model) == clean
+
+
+def test_record_first_step_does_not_keep_the_policy_alive() -> None:
+    model = BranchModel()
+    policy = ParamExecOrderWrapPolicy(always_wrap_policy)
+    got: list[ExecutionOrder] = []
+    record_first_step(policy, model, on_recorded=got.append, start_now=True)
+    ref = weakref.ref(policy)
+    del policy
+    gc.collect()
+    assert ref() is None
+    model(torch.ones(2, 8)).sum().backward()  # the model's hooks still record
+    assert [o.module_forward_order for o in got] == [["", "inp", "pos", "out"]]
 
 
 def test_prefetch_schedule_follows_gradient_order() -> None:
