@@ -1,15 +1,93 @@
-"""README and CI stay in step: .ci/run runs the README's test command verbatim."""
+"""The README stays true: CI runs its test command verbatim, and its code runs.
 
+Every ```python block of README.md runs as a script in a fresh folder with the
+repository first on ``PYTHONPATH``: a block that calls
+``dist.init_process_group`` runs on 2 ranks under ``torchrun`` (gloo, CPU), any
+other block with ``python``. Markers on the line before a fence:
+
+- ``<!-- file: NAME.py -->``: write the block to ``NAME.py`` (a module a later
+  block imports); do not run it;
+- ``<!-- run -->`` before a ```bash block: run it (after the files before it);
+- ``<!-- skip: why -->``: do not run the block (e.g. a GPU-only recipe).
+
+Blocks under one heading share a folder and run in order.
+"""
+
+from __future__ import annotations
+
+import os
 import re
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+_MARK = re.compile(r"<!--\s*(file|run|skip)\s*:?\s*(.*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    code: str
+    mark: str  # "", "file", "run" or "skip"
+    arg: str  # file name for "file", reason for "skip"
 
 
 def _setup_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    section = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.+?)\n```", section, flags=re.S)
+
+
+def _sections() -> dict[str, list[Block]]:
+    """Heading -> its code blocks in order (headings of level 2 and 3)."""
+    out: dict[str, list[Block]] = {}
+    heading = "(top)"
+    pos = 0
+    for match in _FENCE.finditer(README):
+        before = README[pos : match.start()]
+        for line in before.splitlines():
+            if re.match(r"#{2,3} ", line):
+                heading = line.lstrip("#").strip()
+        last = before.rstrip("\n").splitlines()[-1] if before.strip() else ""
+        mark = _MARK.search(last)
+        out.setdefault(heading, []).append(
+            Block(match.group(1), match.group(2), *(mark.groups() if mark else ("", "")))
+        )
+        pos = match.end()
+    return out
+
+
+def _runnable(blocks: list[Block]) -> bool:
+    return any(
+        (b.lang == "python" and b.mark == "") or (b.lang == "bash" and b.mark == "run")
+        for b in blocks
+    )
+
+
+SECTIONS = {h: b for h, b in _sections().items() if _runnable(b) and h != "Set-up"}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    done = subprocess.run(
+        cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, (
+        f"README block failed ({what}), exit {done.returncode}:\n{done.stdout[-3000:]}\n"
+        f"{done.stderr[-3000:]}"
+    )
 
 
 def test_readme_has_two_setup_commands() -> None:
@@ -25,3 +103,27 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert ci.startswith("#!/usr/bin/env bash")
     assert "set -euo pipefail" in ci
     assert _setup_commands()[1] in ci.splitlines()
+
+
+def test_readme_has_runnable_examples() -> None:
+    assert len(SECTIONS) >= 3, sorted(SECTIONS)
+
+
+@pytest.mark.parametrize("heading", sorted(SECTIONS))
+def test_readme_section_runs(heading: str, tmp_path: Path) -> None:
+    for i, block in enumerate(SECTIONS[heading]):
+        what = f"{heading!r}, block {i + 1}"
+        if block.mark == "skip":
+            continue
+        if block.mark == "file":
+            (tmp_path / block.arg).write_text(block.code, encoding="utf-8")
+        elif block.lang == "python":
+            script = tmp_path / f"block{i + 1}.py"
+            script.write_text(block.code, encoding="utf-8")
+            if "dist.init_process_group" in block.code:
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+                _run([*cmd, "--nproc_per_node=2", script.name], tmp_path, what)
+            else:
+                _run([sys.executable, script.name], tmp_path, what)
+        elif block.lang == "bash" and block.mark == "run":
+            _run(["bash", "-euo", "pipefail", "-c", block.code], tmp_path, what)
