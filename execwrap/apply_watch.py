@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from execwrap.integrations.hints import ignored_by
 from execwrap.model_view import ModelView, check_order_fits
 
 __all__ = ["forget", "is_applied", "mark_applied", "warn_if_other_model", "watch"]
@@ -149,6 +150,16 @@ def _first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     for entry in entries:
         obj = entry.ref()
         if obj is None or entry.applied:
+            continue
+        held = ignored_by(obj)
+        if held is not None:
+            logger.warning(
+                "%s (created at %s) was never applied by the first optimizer step (%s.step()): %s",
+                entry.label,
+                entry.created_at,
+                type(optimizer).__name__,
+                held,
+            )
             continue
         logger.warning(
             "%s (created at %s) was never applied by the first optimizer step "

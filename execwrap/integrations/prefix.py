@@ -1,0 +1,155 @@
+"""Orders and plans of a submodule, named the way its parent names them.
+
+Frameworks hold the user's model as an attribute: a LightningModule's
+``self.model``, PEFT's ``base_model.model``. An order captured on (or a plan
+made for) that model names its modules ``layers.0``; the user, looking
+through the framework, sees ``model.layers.0`` (in ``named_parameters()``,
+checkpoints, model summaries). :func:`lift_order` and :func:`lift_plan`
+rename an order or a plan of the submodule at ``prefix`` into its parent's
+FQNs: ``""`` becomes ``prefix``, every other FQN ``prefix.fqn``.
+
+A lifted order describes the parent (its parameter table and module classes
+gain the parent's modules and parameters outside the submodule, so
+:func:`execwrap.plan_wrap` accepts it for the parent); a lifted plan keeps
+the submodule's units, renamed: its group ``[prefix]`` is the submodule,
+sharded as the last ``fully_shard`` call. Its notes are renamed too (FQNs in
+notes are always quoted, the root written ``<root>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch.nn as nn
+
+from execwrap.plan import WrapPlan
+from execwrap.unit import WrapUnit
+from tracing.fqn import join_fqn
+from tracing.order import ExecutionOrder, ParamUse, param_infos
+
+__all__ = ["lift_order", "lift_plan", "submodule_prefix"]
+
+_QUOTED = re.compile(r"'([^'\s]*)'|<root>")
+
+
+def submodule_prefix(parent: nn.Module, module: nn.Module) -> str:
+    """The FQN of ``module`` inside ``parent`` (``""`` when it is ``parent``).
+
+    Raises:
+        ValueError: ``module`` is not a submodule of ``parent``.
+    """
+    for fqn, m in parent.named_modules():
+        if m is module:
+            return fqn
+    raise ValueError(
+        f"{type(module).__name__} is not a submodule of {type(parent).__name__}; pass the "
+        "module that the parent holds (e.g. a LightningModule's self.model)"
+    )
+
+
+def lift_order(
+    order: ExecutionOrder, prefix: str, parent: nn.Module | None = None
+) -> ExecutionOrder:
+    """The order of the submodule at ``prefix``, in ``parent``'s FQNs.
+
+    Args:
+        order: an order captured on the submodule (its root is ``""``).
+        prefix: the submodule's FQN in the parent (``"model"``).
+        parent: the parent; when given, its parameters and modules outside the
+            submodule join the order's tables (never called, never used), so
+            that the order fits the parent.
+
+    Returns:
+        A new order; ``order`` is not changed.
+
+    Example:
+        >>> lift_order(ExecutionOrder(module_forward_order=["", "fc"]), "model").module_forward_order
+        ['model', 'model.fc']
+    """
+    if not prefix:
+        return order
+
+    def name(fqn: str) -> str:
+        return join_fqn(prefix, fqn) if fqn else prefix
+
+    def names(fqns: list[str]) -> list[str]:
+        return [name(f) for f in fqns]
+
+    params = {name(k): v for k, v in order.params.items()}
+    classes = {name(k): v for k, v in order.module_classes.items()}
+    if parent is not None:
+        inside = f"{prefix}."
+        outer_params = {
+            k: v
+            for k, v in param_infos(parent).items()
+            if not k.startswith(inside) and k not in params
+        }
+        outer = {
+            f: type(m).__name__
+            for f, m in parent.named_modules()
+            if f != prefix and not f.startswith(inside)
+        }
+        params = {**outer_params, **params}
+        classes = {**outer, **classes}
+    return dataclasses.replace(
+        order,
+        module_forward_order=names(order.module_forward_order),
+        param_forward_order=names(order.param_forward_order),
+        param_uses=[
+            ParamUse(name(u.module_fqn), u.call_index, tuple(names(list(u.param_fqns))), u.op)
+            for u in order.param_uses
+        ],
+        param_backward_order=names(order.param_backward_order),
+        module_backward_order=names(order.module_backward_order),
+        recompute_order=names(order.recompute_order),
+        shared_params={name(k): names(v) for k, v in order.shared_params.items()},
+        params=params,
+        module_classes=classes,
+    )
+
+
+def lift_plan(plan: WrapPlan, prefix: str, parent: nn.Module | None = None) -> WrapPlan:
+    """The plan of the submodule at ``prefix``, in ``parent``'s FQNs.
+
+    The units are the submodule's, renamed (its root group ``[""]`` becomes
+    ``[prefix]``); the order is :func:`lift_order`'s; quoted FQNs in the notes
+    are renamed. ``plan.stats()`` of the lifted plan counts the group
+    ``[prefix]`` as a regular group (FSDP2 treats it as the root: it is not
+    resharded after forward); use the submodule's plan for predictions.
+
+    Args:
+        plan: a plan for the submodule.
+        prefix: the submodule's FQN in the parent.
+        parent: see :func:`lift_order`.
+
+    Returns:
+        A new plan; ``plan`` is not changed.
+    """
+    if not prefix:
+        return plan
+
+    def name(fqn: str) -> str:
+        return join_fqn(prefix, fqn) if fqn else prefix
+
+    def unit(u: WrapUnit) -> WrapUnit:
+        return dataclasses.replace(
+            u,
+            module_fqns=tuple(name(m) for m in u.module_fqns),
+            param_fqns=tuple(name(p) for p in u.param_fqns),
+        )
+
+    def note(text: str) -> str:
+        return _QUOTED.sub(
+            lambda m: repr(name(m.group(1))) if m.group(1) is not None else repr(prefix), text
+        )
+
+    return dataclasses.replace(
+        plan,
+        units=[unit(u) for u in plan.units],
+        atomic_units=[unit(u) for u in plan.atomic_units],
+        order=lift_order(plan.order, prefix, parent),
+        notes=[note(n) for n in plan.notes],
+        policy_fqns=tuple(name(f) for f in plan.policy_fqns),
+        ignored_modules=tuple(name(f) for f in plan.ignored_modules),
+    )
