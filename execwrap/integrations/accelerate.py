@@ -116,14 +116,14 @@ def check_fsdp_plugin(plugin: Any) -> None:
         TypeError: ``plugin.fsdp_version == 2`` and ``plugin.auto_wrap_policy``
             is a policy object (accelerate's FSDP2 path knows only
             ``transformer_auto_wrap_policy`` and ``size_based_auto_wrap_policy``
-            and would shard the root alone).
+            and would leave the blocks unsharded).
     """
     policy = getattr(plugin, "auto_wrap_policy", None)
     if getattr(plugin, "fsdp_version", 1) == 2 and isinstance(policy, ParamExecOrderWrapPolicy):
         raise TypeError(
             "accelerate's FSDP2 plugin ignores a ParamExecOrderWrapPolicy as auto_wrap_policy "
             "(its FSDP2 preparation knows only transformer_auto_wrap_policy and "
-            "size_based_auto_wrap_policy, so only the root would be sharded). Create the "
+            "size_based_auto_wrap_policy, so the blocks would stay unsharded). Create the "
             "plugin without auto_wrap_policy and call "
             "execwrap.integrations.accelerate.prepare_fully_shard(accelerator, model, policy) "
             "before accelerator.prepare"

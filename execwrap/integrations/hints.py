@@ -4,7 +4,7 @@
 ``sys.modules``, never importing one) for a place that holds ``obj`` and will
 not call it: accelerate's FSDP2 plugin (``auto_wrap_policy=policy``:
 accelerate's FSDP2 path knows only ``transformer_auto_wrap_policy`` and
-``size_based_auto_wrap_policy`` and leaves the blocks unsharded otherwise;
+``size_based_auto_wrap_policy`` and leaves the blocks unsharded otherwise);
 the HF Trainer builds its plugin from that same accelerate state). The
 never-silent warning (:mod:`execwrap.apply_watch`) and the integrations use it
 to say exactly which path ignored a policy.
@@ -31,7 +31,7 @@ def ignored_by(obj: Any) -> str | None:
     return (
         "accelerate's FSDP2 plugin holds it as auto_wrap_policy, and accelerate's FSDP2 "
         "preparation ignores policy objects (it knows only transformer_auto_wrap_policy and "
-        "size_based_auto_wrap_policy), so only the root was sharded; apply it with "
+        "size_based_auto_wrap_policy), so the blocks were left unsharded; apply it with "
         "execwrap.integrations.accelerate.prepare_fully_shard(accelerator, model, policy) "
         "before accelerator.prepare (with the HF Trainer: "
         "execwrap.integrations.hf_trainer.ExecwrapTrainer(wrap_policy=policy))"
