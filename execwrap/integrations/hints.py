@@ -4,7 +4,7 @@
 ``sys.modules``, never importing one) for a place that holds ``obj`` and will
 not call it: accelerate's FSDP2 plugin (``auto_wrap_policy=policy``:
 accelerate's FSDP2 path knows only ``transformer_auto_wrap_policy`` and
-``size_based_auto_wrap_policy`` and leaves the blocks unsharded otherwise);
+``size_based_auto_wrap_policy`` and leaves the blocks unsharded otherwise;
 the HF Trainer builds its plugin from that same accelerate state). The
 never-silent warning (:mod:`execwrap.apply_watch`) and the integrations use it
 to say exactly which path ignored a policy.

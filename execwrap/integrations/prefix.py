@@ -8,9 +8,11 @@ checkpoints, model summaries). :func:`lift_order` and :func:`lift_plan`
 rename an order or a plan of the submodule at ``prefix`` into its parent's
 FQNs: ``""`` becomes ``prefix``, every other FQN ``prefix.fqn``.
 
-A lifted order describes the parent (its parameter table and module classes
-gain the parent's modules and parameters outside the submodule, so
-:func:`execwrap.plan_wrap` accepts it for the parent); a lifted plan keeps
+A lifted order describes the parent: its first call is the parent's (``""``,
+enclosing the submodule's calls: a LightningModule's training step through
+the FSDP1 root), and its parameter table and module classes gain the
+parent's modules and parameters outside the submodule, so
+:func:`execwrap.plan_wrap` accepts it for the parent. A lifted plan keeps
 the submodule's units, renamed: its group ``[prefix]`` is the submodule,
 sharded as the last ``fully_shard`` call. Its notes are renamed too (FQNs in
 notes are always quoted, the root written ``<root>``).
@@ -56,9 +58,10 @@ def lift_order(
     Args:
         order: an order captured on the submodule (its root is ``""``).
         prefix: the submodule's FQN in the parent (``"model"``).
-        parent: the parent; when given, its parameters and modules outside the
-            submodule join the order's tables (never called, never used), so
-            that the order fits the parent.
+        parent: the parent; when given, the order starts with the parent's
+            call (``""``; call indices shift by one) and the parent's
+            parameters and modules outside the submodule join the order's
+            tables (never used), so that the order fits the parent.
 
     Returns:
         A new order; ``order`` is not changed.
@@ -67,6 +70,34 @@ def lift_order(
         >>> lift_order(ExecutionOrder(module_forward_order=["", "fc"]), "model").module_forward_order
         ['model', 'model.fc']
     """
+    lifted = _renamed(order, prefix)
+    if parent is None or not prefix:
+        return lifted
+    inside = f"{prefix}."
+    outer_params = {
+        k: v
+        for k, v in param_infos(parent).items()
+        if not k.startswith(inside) and k not in lifted.params
+    }
+    outer = {
+        f: type(m).__name__
+        for f, m in parent.named_modules()
+        if f != prefix and not f.startswith(inside)
+    }
+    return dataclasses.replace(
+        lifted,
+        module_forward_order=["", *lifted.module_forward_order],
+        param_uses=[dataclasses.replace(u, call_index=u.call_index + 1) for u in lifted.param_uses],
+        module_backward_order=[*lifted.module_backward_order, ""]
+        if lifted.module_backward_order
+        else [],
+        params={**outer_params, **lifted.params},
+        module_classes={**outer, **lifted.module_classes},
+    )
+
+
+def _renamed(order: ExecutionOrder, prefix: str) -> ExecutionOrder:
+    """``order`` with every FQN under ``prefix``."""
     if not prefix:
         return order
 
@@ -76,22 +107,6 @@ def lift_order(
     def names(fqns: list[str]) -> list[str]:
         return [name(f) for f in fqns]
 
-    params = {name(k): v for k, v in order.params.items()}
-    classes = {name(k): v for k, v in order.module_classes.items()}
-    if parent is not None:
-        inside = f"{prefix}."
-        outer_params = {
-            k: v
-            for k, v in param_infos(parent).items()
-            if not k.startswith(inside) and k not in params
-        }
-        outer = {
-            f: type(m).__name__
-            for f, m in parent.named_modules()
-            if f != prefix and not f.startswith(inside)
-        }
-        params = {**outer_params, **params}
-        classes = {**outer, **classes}
     return dataclasses.replace(
         order,
         module_forward_order=names(order.module_forward_order),
@@ -104,8 +119,8 @@ def lift_order(
         module_backward_order=names(order.module_backward_order),
         recompute_order=names(order.recompute_order),
         shared_params={name(k): names(v) for k, v in order.shared_params.items()},
-        params=params,
-        module_classes=classes,
+        params={name(k): v for k, v in order.params.items()},
+        module_classes={name(k): v for k, v in order.module_classes.items()},
     )
 
 
@@ -132,11 +147,15 @@ def lift_plan(plan: WrapPlan, prefix: str, parent: nn.Module | None = None) -> W
     def name(fqn: str) -> str:
         return join_fqn(prefix, fqn) if fqn else prefix
 
+    shift = 0 if parent is None else 1  # lift_order puts the parent's call first
+
     def unit(u: WrapUnit) -> WrapUnit:
         return dataclasses.replace(
             u,
             module_fqns=tuple(name(m) for m in u.module_fqns),
             param_fqns=tuple(name(p) for p in u.param_fqns),
+            first_use=None if u.first_use is None else u.first_use + shift,
+            last_use=None if u.last_use is None else u.last_use + shift,
         )
 
     def note(text: str) -> str:
