@@ -224,31 +224,21 @@ def _not_a_unit(
             head + "which never runs its own forward in the order, so FSDP hooks on it would "
             "never fire; list the modules inside it that run instead"
         )
-    outside = sorted(
-        {
-            m
-            for p in view.params
-            if is_within(owner_fqn(p), member)
-            for m in uses.users[p]
-            if not is_within(m, member)
-        }
-    )
-    tied = [
-        p
-        for p in view.params
-        if len(view.fqns_of[p]) > 1
-        and any(is_within(view.owner(n), member) for n in view.fqns_of[p])
+    inside = [
+        p for p in view.params if any(is_within(view.owner(n), member) for n in view.fqns_of[p])
     ]
-    why = (
-        f"which holds tied parameter {tied[0]!r} (also {fqn_list(view.fqns_of[tied[0]][1:])})"
+    outside = sorted({m for p in inside for m in uses.users[p] if not is_within(m, member)})
+    tied = [p for p in inside if len(view.fqns_of[p]) > 1]
+    what = (
+        f"tied parameter {tied[0]!r} (also {fqn_list(view.fqns_of[tied[0]][1:])})"
         if tied
-        else "which holds a parameter used outside it"
+        else "a parameter"
     )
-    users = f" by {fqn_list(outside)}" if outside else ""
+    users = f", used outside it by {fqn_list(outside)}" if outside else ", used outside it"
     return (
-        head + f"{why}{users}: FSDP must keep such a parameter in one unit enclosing every "
-        "name and use of it, so the plan could not keep the module as a unit. Wrap the "
-        "modules sharing it in an enclosing module, or leave it out of the group"
+        head + f"which holds {what}{users}: FSDP must keep such a parameter in one unit "
+        "enclosing every name and use of it, so the plan could not keep the module as a "
+        "unit. List the modules sharing it in the same group, or leave it out"
     )
 
 

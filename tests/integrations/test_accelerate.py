@@ -197,7 +197,11 @@ def test_accelerate_fsdp2_plugin_ignoring_the_policy_is_named_at_the_first_step(
 ) -> None:
     for rank in results:
         # accelerate carved out the embeddings and the tail; the blocks stayed in the root
-        assert rank["acc_ignored"]["groups"] == [[""], ["model.embed_tokens"], ["model.norm", "lm_head"]]
+        assert rank["acc_ignored"]["groups"] == [
+            [""],
+            ["model.embed_tokens"],
+            ["model.norm", "lm_head"],
+        ]
         (warning,) = [m for m in rank["acc_ignored_warnings"] if "never applied" in m]
         assert warning.startswith("ParamExecOrderWrapPolicy(ModuleWrapPolicy({LlamaDecoderLayer}))")
         assert "accelerate's FSDP2 plugin holds it as auto_wrap_policy" in warning

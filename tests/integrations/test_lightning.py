@@ -137,7 +137,9 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         ref1, _cpu_fsdp_strategy(auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer})), rank
     )
     out["fsdp1_ref"] = ref1.losses
-    policy1 = ParamExecOrderWrapPolicy(ModuleWrapPolicy({LlamaDecoderLayer}), example_inputs=example)
+    policy1 = ParamExecOrderWrapPolicy(
+        ModuleWrapPolicy({LlamaDecoderLayer}), example_inputs=example
+    )
     ours1 = _lit_module()
     out["fsdp1_ours_groups"] = _fit(
         ours1, _cpu_fsdp_strategy(auto_wrap_policy=lightning_wrap_policy(policy1)), rank

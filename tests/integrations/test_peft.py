@@ -94,7 +94,9 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     out["fsdp2_ref"] = _train(model, rank)
 
     model = _lora_llama()
-    policy2 = ParamExecOrderWrapPolicy(ModuleWrapPolicy({LlamaDecoderLayer}), example_inputs=example)
+    policy2 = ParamExecOrderWrapPolicy(
+        ModuleWrapPolicy({LlamaDecoderLayer}), example_inputs=example
+    )
     plan = apply_fully_shard(model, policy2)
     out["fsdp2_ours_groups"] = fsdp_groups(model)
     out["fsdp2_ours"] = _train(model, rank)

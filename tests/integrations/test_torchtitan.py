@@ -50,7 +50,9 @@ def _cpu_torchtitan() -> Any:
     return spec
 
 
-def _train(spec: Any, parallelize: Any, rank: int, dump: str) -> tuple[list[float], list[list[str]]]:
+def _train(
+    spec: Any, parallelize: Any, rank: int, dump: str
+) -> tuple[list[float], list[list[str]]]:
     import torch
     from torch.distributed.fsdp import FSDPModule
     from torchtitan.components.loss import cross_entropy_loss
@@ -132,7 +134,13 @@ def test_parallelize_fn_trains_like_parallelize_llama() -> None:
         assert rank["ref_groups"] == torchtitan_groups
         assert rank["ours_groups"] == torchtitan_groups
         assert sorted(rank["plan"]) == sorted(torchtitan_groups)
-        assert rank["plan"] == [[""], ["tok_embeddings"], ["layers.0"], ["layers.1"], ["norm", "lm_head"]]
+        assert rank["plan"] == [
+            [""],
+            ["tok_embeddings"],
+            ["layers.0"],
+            ["layers.1"],
+            ["norm", "lm_head"],
+        ]
         assert rank["method"] == "runtime"
         assert rank["notes"] == [
             "Module 'tok_embeddings' is a unit of its own, as stated in groups (524288 elements).",
