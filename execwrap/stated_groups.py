@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from execwrap.model_view import ModelView, OrderView
 from execwrap.text import fqn_and_list, fqn_list
 from execwrap.unit import WrapUnit
-from tracing.fqn import is_within, owner_fqn, quoted
+from tracing.fqn import is_within, quoted
 
 __all__ = [
     "bucket_between_groups",

@@ -99,6 +99,7 @@ def shard_lightning_module(
     held, prefix = _held_model(pl_module, module)
     if isinstance(held, FSDPModule) and held in _APPLIED:
         return _APPLIED[held]
+    _check_nothing_outside(pl_module, prefix)
     if mesh is None:
         mesh = _strategy_mesh(pl_module)
     plan = apply_fully_shard(
@@ -201,20 +202,27 @@ def _held_model(pl_module: nn.Module, module: nn.Module | str | None) -> tuple[n
             f"({[n for n, _ in holding]}); pass module= the one whose forward runs in "
             "training_step (e.g. module='model')"
         )
-    own = [n for n, _ in pl_module.named_parameters() if not n.startswith(holding[0][0] + ".")]
+    return holding[0][1], holding[0][0]
+
+
+def _check_nothing_outside(pl_module: nn.Module, prefix: str) -> None:
+    """FSDP2 shards the held model only: the LightningModule may hold no other parameters."""
+    own = [n for n, _ in pl_module.named_parameters() if not n.startswith(prefix + ".")]
     if own:
         raise ValueError(
-            f"{type(pl_module).__name__} holds parameters outside {holding[0][0]!r} ({own[:3]}); "
-            "FSDP2 shards the held model only (the LightningModule's forward never runs): "
-            "move them into it"
+            f"shard_lightning_module: {type(pl_module).__name__} holds parameters outside "
+            f"{prefix!r} ({own[:3]}); FSDP2 shards the held model only (Lightning calls "
+            "training_step, so the LightningModule's forward never runs): move them into it"
         )
-    return holding[0][1], holding[0][0]
 
 
 def _strategy_mesh(pl_module: nn.Module) -> DeviceMesh | None:
     """``ModelParallelStrategy``'s data-parallel mesh, if the module has one."""
-    mesh = getattr(pl_module, "_device_mesh", None)
-    if mesh is None:
+    try:
+        mesh = getattr(pl_module, "device_mesh", None)  # LightningModule.device_mesh
+    except RuntimeError:  # no strategy mesh set up yet
+        return None
+    if not isinstance(mesh, DeviceMesh):
         return None
     names = mesh.mesh_dim_names or ()
     return mesh["data_parallel"] if "data_parallel" in names else mesh
