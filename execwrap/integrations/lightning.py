@@ -7,9 +7,10 @@ Lightning calls ``training_step``, not ``forward``, so:
   :func:`shard_lightning_module` in ``configure_model``. It shards the held
   model (the module whose forward runs) with :func:`execwrap.apply_fully_shard`
   on the strategy's ``data_parallel`` mesh, exactly as Lightning's own
-  per-block recipe does with ``fully_shard``, and returns the plan in the
-  LightningModule's FQNs (``model.layers.0``): the names the user sees in
-  ``named_parameters()``, checkpoints and the model summary.
+  per-block recipe does with ``fully_shard``, and returns the plan as a plan
+  of the LightningModule (``model.model.layers.0``): the names the user sees
+  in ``named_parameters()``, checkpoints and the model summary, the same
+  names as the FSDP1 path's plan.
 * FSDP1 (``Trainer(strategy=FSDPStrategy(auto_wrap_policy=...))``): Lightning
   wraps the LightningModule itself, so FSDP1 hands the policy the
   LightningModule. A :class:`~execwrap.ParamExecOrderWrapPolicy` works there
@@ -78,10 +79,13 @@ def shard_lightning_module(
             (``mp_policy``, ``reshard_after_forward``, ...).
 
     Returns:
-        The plan applied, in the LightningModule's FQNs
-        (:func:`execwrap.integrations.lift_plan`: ``[["model"], ["model.layers.0"], ...]``,
-        the group ``["model"]`` being the held model's root ``fully_shard``).
-        Called again for an already sharded model, it returns the same plan.
+        The plan applied, as a plan of the LightningModule
+        (:func:`execwrap.integrations.lift_plan`): ``[[""], ["model.model.layers.0"], ...]``;
+        its root group ``[""]`` is realised by the held model's own
+        ``fully_shard(self.model)`` (the LightningModule's forward never
+        runs), so :func:`execwrap.integrations.fsdp_groups` reports it as
+        ``["model"]``. Called again for an already sharded model, it returns
+        the same plan.
 
     Raises:
         ValueError: ``module`` is not held by ``pl_module``, or there is no

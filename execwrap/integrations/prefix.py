@@ -6,15 +6,15 @@ made for) that model names its modules ``layers.0``; the user, looking
 through the framework, sees ``model.layers.0`` (in ``named_parameters()``,
 checkpoints, model summaries). :func:`lift_order` and :func:`lift_plan`
 rename an order or a plan of the submodule at ``prefix`` into its parent's
-FQNs: ``""`` becomes ``prefix``, every other FQN ``prefix.fqn``.
+FQNs: every FQN ``fqn`` becomes ``prefix.fqn`` (the submodule itself,
+``""``, becomes ``prefix``; in a plan its root unit stays the root).
 
 A lifted order describes the parent: its first call is the parent's (``""``,
 enclosing the submodule's calls: a LightningModule's training step through
 the FSDP1 root), and its parameter table and module classes gain the
 parent's modules and parameters outside the submodule, so
-:func:`execwrap.plan_wrap` accepts it for the parent. A lifted plan keeps
-the submodule's units, renamed: its group ``[prefix]`` is the submodule,
-sharded as the last ``fully_shard`` call. Its notes are renamed too (FQNs in
+:func:`execwrap.plan_wrap` accepts it for the parent. A lifted plan is a
+plan of the parent with the submodule's units renamed (its notes too: FQNs in
 notes are always quoted, the root written ``<root>``).
 """
 
@@ -32,7 +32,7 @@ from tracing.order import ExecutionOrder, ParamUse, param_infos
 
 __all__ = ["lift_order", "lift_plan", "submodule_prefix"]
 
-_QUOTED = re.compile(r"'([^'\s]*)'|<root>")
+_QUOTED = re.compile(r"'([^'\s]+)'")
 
 
 def submodule_prefix(parent: nn.Module, module: nn.Module) -> str:
@@ -124,19 +124,22 @@ def _renamed(order: ExecutionOrder, prefix: str) -> ExecutionOrder:
     )
 
 
-def lift_plan(plan: WrapPlan, prefix: str, parent: nn.Module | None = None) -> WrapPlan:
-    """The plan of the submodule at ``prefix``, in ``parent``'s FQNs.
+def lift_plan(plan: WrapPlan, prefix: str, parent: nn.Module) -> WrapPlan:
+    """The plan of the submodule at ``prefix``, as a plan of ``parent``.
 
-    The units are the submodule's, renamed (its root group ``[""]`` becomes
-    ``[prefix]``); the order is :func:`lift_order`'s; quoted FQNs in the notes
-    are renamed. ``plan.stats()`` of the lifted plan counts the group
-    ``[prefix]`` as a regular group (FSDP2 treats it as the root: it is not
-    resharded after forward); use the submodule's plan for predictions.
+    The units are the submodule's, renamed: the root unit stays the root
+    (``[""]``: the parent's root group, holding what the submodule's root
+    held; with FSDP2 it is realised by the submodule's own ``fully_shard``
+    call when the parent's ``forward`` never runs, as a LightningModule's),
+    every other FQN becomes ``prefix.fqn``; the order is :func:`lift_order`'s
+    (call indices shifted past the parent's call); quoted FQNs in the notes
+    are renamed. The result is a valid plan of ``parent`` (``plan.check(parent)``
+    passes when the parent holds no parameters outside the submodule).
 
     Args:
         plan: a plan for the submodule.
         prefix: the submodule's FQN in the parent.
-        parent: see :func:`lift_order`.
+        parent: the parent.
 
     Returns:
         A new plan; ``plan`` is not changed.
@@ -145,23 +148,20 @@ def lift_plan(plan: WrapPlan, prefix: str, parent: nn.Module | None = None) -> W
         return plan
 
     def name(fqn: str) -> str:
-        return join_fqn(prefix, fqn) if fqn else prefix
-
-    shift = 0 if parent is None else 1  # lift_order puts the parent's call first
+        return join_fqn(prefix, fqn) if fqn else ""
 
     def unit(u: WrapUnit) -> WrapUnit:
+        first = None if u.first_use is None else (0 if u.is_root else u.first_use + 1)
         return dataclasses.replace(
             u,
             module_fqns=tuple(name(m) for m in u.module_fqns),
-            param_fqns=tuple(name(p) for p in u.param_fqns),
-            first_use=None if u.first_use is None else u.first_use + shift,
-            last_use=None if u.last_use is None else u.last_use + shift,
+            param_fqns=tuple(join_fqn(prefix, p) for p in u.param_fqns),
+            first_use=first,
+            last_use=None if u.last_use is None else u.last_use + 1,
         )
 
     def note(text: str) -> str:
-        return _QUOTED.sub(
-            lambda m: repr(name(m.group(1))) if m.group(1) is not None else repr(prefix), text
-        )
+        return _QUOTED.sub(lambda m: repr(join_fqn(prefix, m.group(1))), text)
 
     return dataclasses.replace(
         plan,

@@ -4,7 +4,8 @@ FSDP2: ``Trainer(strategy=ModelParallelStrategy())`` with ``configure_model``
 doing Lightning's own per-block recipe (``fully_shard`` on each decoder layer,
 then on the model) against :func:`shard_lightning_module` with a policy
 capturing its order on the held model: same losses, same groups, and the plan
-names modules as the LightningModule does (``model.model.layers.0``).
+names modules as the LightningModule does (``model.model.layers.0``; its root
+group is realised by ``fully_shard(self.model)``).
 
 FSDP1: ``FSDPStrategy(auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}))``
 against :func:`lightning_wrap_policy` around an execwrap policy with example
@@ -159,13 +160,15 @@ def test_model_parallel_strategy_with_shard_lightning_module(results: list[dict[
     for rank in results:
         assert len(rank["fsdp2_ours"]) == STEPS
         assert rank["fsdp2_ours"] == rank["fsdp2_ref"]
-        assert rank["fsdp2_plan"] == [["model"], ["model.model.layers.0"], ["model.model.layers.1"]]
+        assert rank["fsdp2_plan"] == [[""], ["model.model.layers.0"], ["model.model.layers.1"]]
         assert rank["fsdp2_plan_params"] == [
             "model.model.layers.0.input_layernorm.weight",
             "model.model.layers.0.self_attn.q_proj.weight",
         ]
         assert rank["fsdp2_ours_groups"] == rank["fsdp2_ref_groups"]
-        assert sorted(rank["fsdp2_ours_groups"]) == sorted(rank["fsdp2_plan"])
+        assert rank["fsdp2_ours_groups"][0] == ["model"]  # the plan's root group, on self.model
+        built = [["" if f == "model" else f for f in g] for g in rank["fsdp2_ours_groups"]]
+        assert sorted(built) == sorted(rank["fsdp2_plan"])
     assert results[0]["fsdp2_ours"] != results[1]["fsdp2_ours"]
 
 
