@@ -26,7 +26,12 @@ def _step(model: torch.nn.Module) -> None:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "execwrap.apply_watch"]
+    """This file's objects only (objects other tests left alive are named too)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "execwrap.apply_watch" and f"(created at {HERE}:" in r.getMessage()
+    ]
 
 
 def test_unapplied_policy_and_plan_are_named_once_at_the_first_step(

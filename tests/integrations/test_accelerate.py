@@ -226,3 +226,44 @@ def test_policy_set_on_the_trainers_plugin_after_construction_is_named(
         (warning,) = [m for m in rank["hf_late_warnings"] if "never applied" in m]
         assert "accelerate's FSDP2 plugin holds it as auto_wrap_policy" in warning
         assert "ExecwrapTrainer(wrap_policy=policy)" in warning
+
+
+def test_paths_that_would_drop_the_plan_refuse_it(tmp_path: Any) -> None:
+    """In one process, without FSDP (as accelerate leaves it on CPU): clear errors."""
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin as Plugin
+    from transformers import TrainingArguments
+
+    from execwrap import ModuleWrapPolicy, ParamExecOrderWrapPolicy
+    from execwrap.integrations.accelerate import check_fsdp_plugin, prepare_fully_shard
+    from execwrap.integrations.hf_trainer import ExecwrapTrainer
+    from tests.integrations._frameworks import reset_accelerate, tiny_llama
+
+    policy = ParamExecOrderWrapPolicy(ModuleWrapPolicy(set()))
+    with pytest.raises(
+        TypeError,
+        match=r"^accelerate's FSDP2 plugin ignores a ParamExecOrderWrapPolicy as auto_wrap_policy "
+        r"\(its FSDP2 preparation knows only transformer_auto_wrap_policy and "
+        r"size_based_auto_wrap_policy, so the blocks would stay unsharded\)",
+    ):
+        check_fsdp_plugin(Plugin(fsdp_version=2, auto_wrap_policy=policy))
+    check_fsdp_plugin(Plugin(fsdp_version=1, auto_wrap_policy=policy))  # FSDP1 calls it
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"^prepare_fully_shard: the Accelerator is not set up for FSDP "
+            r"\(distributed_type=DistributedType.NO\); pass fsdp_plugin=",
+        ):
+            prepare_fully_shard(Accelerator(cpu=True), tiny_llama(), policy)
+        reset_accelerate()
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+        with pytest.raises(
+            ValueError,
+            match=r"^ExecwrapTrainer: FSDP is not enabled \(accelerate distributed_type="
+            r"DistributedType.NO\); pass TrainingArguments\(fsdp=True, fsdp_config=",
+        ):
+            ExecwrapTrainer(model=tiny_llama(), args=args, wrap_policy=policy)
+    finally:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
