@@ -29,7 +29,7 @@ Three ways to an order, tried in this sequence:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -38,10 +38,13 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
+from execwrap.apply_watch import mark_applied, watch
+from execwrap.auto_wrap import policy_name
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
-from execwrap.planner import plan_wrap
+from execwrap.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.ranks import check_order_across_ranks
+from execwrap.text import listed
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
@@ -91,6 +94,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             unit's forward, in the order FSDP1 records in the first iteration
             (the order this policy planned with). ``None`` keeps the root's
             kwarg.
+        groups: stated groups, lists of module FQNs that each form one FSDP
+            group (``[["norm", "lm_head"]]``; see :func:`execwrap.plan_wrap`).
 
     Attributes:
         order: after wrapping, the order used (``None`` until recorded in
@@ -104,11 +109,17 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``use_orig_params=False`` the recorded parameter-level fields name
             each unit's ``_flat_param`` (see :class:`tracing.RuntimeRecorder`).
 
+    Never silent: a policy that no FSDP1 wrap and no ``apply_fully_shard``
+    has applied by the first optimizer step of the process is named in a
+    WARNING then (:mod:`execwrap.apply_watch`).
+
     Raises:
         TypeError: ``init_policy`` is not callable / not a ``_Policy``,
             ``tracing_config`` is not a :class:`TracingConfig`, ``order`` is
             not an :class:`ExecutionOrder`, or ``example_kwargs`` not a dict.
-        ValueError: ``bucket_numel`` is not a positive int.
+        ValueError: ``bucket_numel`` is not a positive int. From FSDP1
+            (``_run_policy``), before anything is wrapped: units mix frozen
+            and trainable parameters and ``use_orig_params`` is ``False``.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -127,6 +138,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     order: ExecutionOrder | None = None
     check_ranks: bool = True
     forward_prefetch: bool | None = None
+    groups: Sequence[Sequence[str]] | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +177,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 self.example_inputs = tuple(self.example_inputs)
             else:
                 self.example_inputs = (self.example_inputs,)
+        watch(self, f"ParamExecOrderWrapPolicy({policy_name(self.init_policy)})")
 
     # ---------------------------------------------------------------- planning
     @property
@@ -178,6 +191,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         *,
         ignored_modules: Iterable[nn.Module] | None = None,
         group: dist.ProcessGroup | None = None,
+        target: FSDPTarget | None = None,
     ) -> WrapPlan:
         """Get the order (saved, captured, or none yet) and plan ``model``'s units.
 
@@ -191,9 +205,11 @@ class ParamExecOrderWrapPolicy(_Policy):
             model: the unwrapped model (the FSDP root).
             ignored_modules: modules FSDP ignores (not planned).
             group: process group for the cross-rank check (default ``WORLD``).
+            target: ``"fsdp1"`` / ``"fsdp2"``: notes for that target only
+                (FSDP1's ``_run_policy`` and ``apply_fully_shard`` pass it).
 
         Returns:
-            The plan.
+            The plan (building it does not count as applying the policy).
 
         Raises:
             tracing.TracingError: symbolic tracing failed and there are no
@@ -219,24 +235,28 @@ class ParamExecOrderWrapPolicy(_Policy):
             if self.check_ranks and dist.is_available() and dist.is_initialized():
                 check_order_across_ranks(order, group=group)
             self.order = order
-            self.plan = plan_wrap(
+            self.plan = plan_wrap_unwatched(
                 model,
                 order,
                 self.init_policy,
                 bucket_numel=self.bucket_numel,
                 ignored_modules=ignored,
+                groups=self.groups,
+                target=target,
             )
         else:
             logger.info(
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
-            self.plan = plan_wrap(
+            self.plan = plan_wrap_unwatched(
                 model,
                 _empty_order(model),
                 self.init_policy,
                 bucket_numel=None,
                 ignored_modules=ignored,
+                groups=self.groups,
+                target=target,
             )
         return self.plan
 
@@ -252,13 +272,23 @@ class ParamExecOrderWrapPolicy(_Policy):
         (which FSDP wraps itself). Each unit gets a shallow copy of
         ``root_kwargs``, as torch's own policies do, so mixed precision,
         ``use_orig_params``, ``sync_module_states`` etc. carry over.
+
+        Raises:
+            ValueError: ``use_orig_params`` is ``False`` and units mix frozen
+                and trainable parameters (a flat parameter has one
+                ``requires_grad``); raised before anything is wrapped, naming
+                the units.
         """
         group = root_kwargs.get("process_group")
         plan = self.build_plan(
             root_module,
             ignored_modules=ignored_modules,
             group=group if isinstance(group, dist.ProcessGroup) else None,
+            target="fsdp1",
         )
+        if not root_kwargs.get("use_orig_params", False):
+            _check_uniform_requires_grad(root_module, plan)
+        mark_applied(self)
         targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}
         for module in targets:
@@ -280,6 +310,26 @@ class ParamExecOrderWrapPolicy(_Policy):
 
 
 # ------------------------------------------------------------------ helpers
+def _check_uniform_requires_grad(root: nn.Module, plan: WrapPlan) -> None:
+    """FSDP1 with ``use_orig_params=False``: every unit one ``requires_grad``."""
+    trainable = {fqn: p.requires_grad for fqn, p in root.named_parameters()}
+    mixed = []
+    for unit in plan.units:
+        flags = {trainable[p] for p in unit.param_fqns if p in trainable}
+        if len(flags) > 1:
+            n = sum(trainable.get(p, False) for p in unit.param_fqns)
+            mixed.append(f"{unit.label} ({n} of {len(unit.param_fqns)} parameters trainable)")
+    if mixed:
+        raise ValueError(
+            f"ParamExecOrderWrapPolicy: FSDP1 with use_orig_params=False flattens each unit "
+            f"into one flat parameter with one requires_grad, but {len(mixed)} of "
+            f"{len(plan.units)} units mix frozen and trainable parameters: "
+            f"{listed(mixed, 5)}. Pass use_orig_params=True to FSDP, or use an init_policy "
+            "that wraps the trainable modules separately (for PEFT models: "
+            "peft.utils.other.fsdp_auto_wrap_policy(model))"
+        )
+
+
 def _empty_order(model: nn.Module) -> ExecutionOrder:
     """An order with the model's parameters and modules but no calls."""
     _, shared = shared_param_map(model)

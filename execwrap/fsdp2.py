@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import networkx as nx
@@ -44,6 +44,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from execwrap.apply_watch import mark_applied, warn_if_other_model
 from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
@@ -63,6 +64,7 @@ def apply_fully_shard(
     *,
     mesh: DeviceMesh | None = None,
     prefetch: int = 1,
+    group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
     """Shard ``model`` with FSDP2, one ``fully_shard`` call per plan group.
@@ -85,6 +87,11 @@ def apply_fully_shard(
             group of the policy's cross-rank order check.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
             FSDP2's implicit prefetching.
+        group_kwargs: per-group overrides: called with each group's module
+            FQNs (``[""]`` for the root) before its ``fully_shard`` call, it
+            returns kwargs merged over ``fully_shard_kwargs`` for that group
+            (e.g. ``reshard_after_forward=False`` for the group that runs last
+            in forward, as torchtitan sets it).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
             ``ignored_params``, ...).
@@ -92,6 +99,8 @@ def apply_fully_shard(
     Returns:
         The plan applied (for a policy that records during the first step,
         ``policy.plan`` is replaced by the re-ordered plan after that step).
+        A ready plan whose order does not fit ``model`` (planned for another
+        model) is applied with one WARNING naming what differs.
 
     Raises:
         ValueError: ``prefetch`` is negative; the model already has
@@ -118,7 +127,8 @@ def apply_fully_shard(
         )
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     groups = _plan_groups(model, plan)
-    _shard_groups(model, groups, mesh, fully_shard_kwargs)
+    _shard_groups(model, groups, mesh, fully_shard_kwargs, group_kwargs)
+    mark_applied(policy_or_plan)
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
         _schedule_prefetch(model, groups, plan, policy, prefetch, mesh)
@@ -186,8 +196,10 @@ def _build_plan(
             model,
             ignored_modules=_ignored_modules(model, ignored_params),
             group=_mesh_group(mesh),
+            target="fsdp2",
         )
     if isinstance(policy_or_plan, WrapPlan):
+        warn_if_other_model(policy_or_plan, model, "apply_fully_shard")
         return policy_or_plan
     raise TypeError(
         "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
@@ -200,20 +212,25 @@ def _shard_groups(
     groups: list[list[str]],
     mesh: DeviceMesh | None,
     fully_shard_kwargs: dict[str, Any],
+    group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
 ) -> None:
     """``fully_shard`` each group in post-order, then the root."""
+
+    def kwargs_for(fqns: list[str]) -> dict[str, Any]:
+        return {**fully_shard_kwargs, **(group_kwargs(list(fqns)) if group_kwargs else {})}
+
     for fqns in _post_order(model, groups):
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
         logger.debug("fully_shard(%s)", fqns)
         try:
-            fully_shard(target, mesh=mesh, **fully_shard_kwargs)
+            fully_shard(target, mesh=mesh, **kwargs_for(fqns))
         except Exception as e:
             if sys.version_info >= (3, 11):
                 e.add_note(f"While applying fully_shard to plan group {fqns}")
             logger.debug("fully_shard(%s) failed", fqns)
             raise
-    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+    fully_shard(model, mesh=mesh, **kwargs_for([""]))
 
 
 def _schedule_prefetch(

@@ -11,7 +11,7 @@ written ``<root>``, counts say what they count.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from execwrap.model_view import ModelView, OrderView
 from execwrap.text import fqn_and_list, fqn_list, modules_named, param_count, plural
@@ -186,6 +186,7 @@ def relocation_notes(
     uses: OrderView,
     events: dict[str, tuple[str, list[str]]],
     holder: dict[str, str],
+    stated: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
     """Tied parameters (where they stay) and parameters that moved up to an
     enclosing unit because they are used outside their own.
@@ -196,8 +197,10 @@ def relocation_notes(
         events: canonical parameter -> (holding unit, policy units dropped
             for it), from the planner's relocation step.
         holder: canonical parameter -> the unit module holding it.
+        stated: stated-group member -> its group (``plan_wrap(groups=...)``).
     """
     notes: list[str] = []
+    stated = stated or {}
     for p in view.params:
         names = view.fqns_of[p]
         users = list(uses.users[p])
@@ -214,6 +217,11 @@ def relocation_notes(
         if p in events:
             moved = _moved_note(view, p, events[p][1], holder, users, tied, encloses)
             notes.append(f"{subject} {used}; {moved}")
+        elif tied and holder[p] in stated:
+            notes.append(
+                f"{subject} {used}; it stays in the stated group "
+                f"{fqn_and_list(stated[holder[p]])}, which holds every name and use of it."
+            )
         elif tied:
             notes.append(
                 f"{subject} {used}; it stays in unit {quoted(holder[p])}, which encloses "
@@ -261,8 +269,12 @@ def _moved_note(
     )
 
 
-def mixed_requires_grad_notes(view: ModelView, units: Sequence[WrapUnit]) -> list[str]:
-    """Units holding both frozen and trainable parameters."""
+def mixed_requires_grad_notes(
+    view: ModelView, units: Sequence[WrapUnit], target: str | None = None
+) -> list[str]:
+    """Units holding both frozen and trainable parameters (PEFT adapters in a
+    frozen block), in the words of ``target`` (``"fsdp1"``, ``"fsdp2"``, or
+    ``None`` for both)."""
     notes: list[str] = []
     for unit in units:
         frozen = [p for p in unit.param_fqns if not view.requires_grad[p]]
@@ -272,11 +284,27 @@ def mixed_requires_grad_notes(view: ModelView, units: Sequence[WrapUnit]) -> lis
                 f"Unit {fqn_list(unit.module_fqns)} mixes requires_grad=True "
                 f"({plural(len(trainable))}) and requires_grad=False "
                 f"({plural(len(frozen))}: {', '.join(repr(p) for p in frozen[:5])}"
-                f"{', ...' if len(frozen) > 5 else ''}): FSDP1 needs use_orig_params=True for "
-                "it (FSDP2 accepts it); wrap the frozen parameters' modules separately to "
-                "avoid it."
+                f"{', ...' if len(frozen) > 5 else ''}): {_MIXED_ADVICE[target]}"
             )
     return notes
+
+
+#: What a unit mixing frozen and trainable parameters means for each target.
+_MIXED_ADVICE: dict[str | None, str] = {
+    None: (
+        "FSDP1 needs use_orig_params=True for it (FSDP2 accepts it); wrap the frozen "
+        "parameters' modules separately to avoid it."
+    ),
+    "fsdp1": (
+        "FSDP1 needs use_orig_params=True for it (a flat parameter has one requires_grad; "
+        "with use_orig_params=False wrapping is refused); wrap the frozen parameters' "
+        "modules separately to avoid it."
+    ),
+    "fsdp2": (
+        "FSDP2 shards and all-gathers them together, and reduce-scatters the gradients of "
+        "the trainable ones only."
+    ),
+}
 
 
 def ignored_notes(view: ModelView) -> list[str]:

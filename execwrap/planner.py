@@ -26,6 +26,11 @@
    unit stays alone.
 6. The plan checks itself (:mod:`execwrap.plan_check`).
 
+With ``groups`` (stated groups, :mod:`execwrap.stated_groups`), each listed
+module is a unit candidate next to the policy's in steps 1 to 4; then each
+list's units merge into one group, and step 5 buckets only the runs of units
+between stated groups.
+
 Every departure from the policy, each tied parameter, units mixing
 ``requires_grad``, ignored modules, never-called modules with parameters,
 and groups FSDP1 cannot realise are explained in ``plan.notes``
@@ -39,10 +44,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch.nn as nn
 
+from execwrap.apply_watch import watch
 from execwrap.auto_wrap import (
     always_wrap_policy,
     expand_ignored_modules,
@@ -63,14 +69,24 @@ from execwrap.plan_notes import (
     no_calls_note,
     relocation_notes,
 )
+from execwrap.stated_groups import (
+    bucket_between_groups,
+    check_stated_groups,
+    stated_group_note,
+    stated_group_units,
+)
 from execwrap.unit import WrapUnit
 from tracing.checks import check_int
 from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
 
-__all__ = ["plan_wrap", "policy_units"]
+__all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
 logger = logging.getLogger(__name__)
+
+#: What the plan is for: its notes speak of that target only (``None``: both).
+FSDPTarget = Literal["fsdp1", "fsdp2"]
+_TARGETS = ("fsdp1", "fsdp2")
 
 
 def policy_units(
@@ -121,6 +137,8 @@ def plan_wrap(
     *,
     bucket_numel: int | None = None,
     ignored_modules: Iterable[nn.Module | str] | None = None,
+    groups: Iterable[Iterable[str]] | None = None,
+    target: FSDPTarget | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -136,15 +154,24 @@ def plan_wrap(
         bucket_numel: FSDP2 group size cap in elements, or ``None``.
         ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
             objects or module FQN strings); their parameters are in no unit.
+        groups: stated groups: lists of module FQNs, each list one FSDP group
+            (``[["norm", "lm_head"]]``), whether or not the policy chose its
+            modules (:mod:`execwrap.stated_groups`); bucketing leaves them as
+            stated.
+        target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target
+            only (``None``, the default: of both where they differ).
 
     Returns:
-        A :class:`WrapPlan`.
+        A :class:`WrapPlan`. Until it is applied (``apply_fully_shard``), the
+        first optimizer step of the process logs a WARNING naming it
+        (:mod:`execwrap.apply_watch`).
 
     Raises:
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
             ``ignored_modules`` has the wrong type.
         ValueError: ``bucket_numel`` is not positive; an ignored module is
-            not part of ``model``; or the order does not fit ``model``: it
+            not part of ``model``; a stated group cannot be formed (the
+            message names the member and why); or the order does not fit ``model``: it
             names a module or parameter that ``model`` does not have, or its
             ``params`` table (when not empty) lists other parameters, or other
             numels/shapes, than ``model.named_parameters()`` (a stale order:
@@ -160,18 +187,53 @@ def plan_wrap(
         >>> plan.groups
         [[''], ['blocks.0'], ['blocks.1']]
     """
+    plan = plan_wrap_unwatched(
+        model,
+        order,
+        init_policy,
+        bucket_numel=bucket_numel,
+        ignored_modules=ignored_modules,
+        groups=groups,
+        target=target,
+    )
+    watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
+    return plan
+
+
+def plan_wrap_unwatched(
+    model: nn.Module,
+    order: ExecutionOrder,
+    init_policy: Any = always_wrap_policy,
+    *,
+    bucket_numel: int | None = None,
+    ignored_modules: Iterable[nn.Module | str] | None = None,
+    groups: Iterable[Iterable[str]] | None = None,
+    target: FSDPTarget | None = None,
+) -> WrapPlan:
+    """:func:`plan_wrap` without watching the plan (for planners that report
+    through their own object, such as ``ParamExecOrderWrapPolicy``)."""
     _check_arguments(model, order, bucket_numel)
+    if target is not None and target not in _TARGETS:
+        raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     ignored_set = expand_ignored_modules(model, ignored_modules)
     ignored_top = _outermost_ignored(model, ignored_set)
     view = ModelView.build(model, ignored_top)
     check_order_fits(view, order, type(model).__name__)
+    stated = check_stated_groups(view, groups)
     names = {id(m): fqn for fqn, m in model.named_modules()}
     policy_fqns = [names[id(m)] for m in policy_unit_modules(model, init_policy, ignored_set)]
     logger.debug("policy %s chose %d unit(s)", policy_name(init_policy), len(policy_fqns))
 
-    planner = _Planner(view, OrderView.build(view, order), policy_fqns)
+    candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
+    uses = OrderView.build(view, order)
+    planner = _Planner(view, uses, candidates, target, stated)
     atomic = planner.build()
-    units = bucket_units(atomic, bucket_numel, planner.trainable_dtypes) if bucket_numel else atomic
+    units, fixed = stated_group_units(stated, atomic, view, uses, planner.trainable_dtypes)
+    planner.notes += [stated_group_note(units[i]) for i in sorted(fixed)]
+    if bucket_numel:
+        units = bucket_between_groups(
+            units, fixed, lambda run: bucket_units(run, bucket_numel, planner.trainable_dtypes)
+        )
     plan = WrapPlan(
         units=list(units),
         order=order,
@@ -182,7 +244,8 @@ def plan_wrap(
         policy_fqns=tuple(policy_fqns),
         ignored_modules=ignored_top,
     )
-    _note_fsdp1_splits(plan)
+    if target != "fsdp2":
+        _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
     return plan
@@ -237,9 +300,19 @@ class _Planner:
     :attr:`notes`.
     """
 
-    def __init__(self, view: ModelView, uses: OrderView, policy_fqns: Sequence[str]) -> None:
+    def __init__(
+        self,
+        view: ModelView,
+        uses: OrderView,
+        policy_fqns: Sequence[str],
+        target: FSDPTarget | None = None,
+        stated: Sequence[Sequence[str]] = (),
+    ) -> None:
         self.view = view
         self.uses = uses
+        self.target = target
+        #: stated-group member -> its group (a tie inside one group stays there)
+        self.stated = {m: tuple(g) for g in stated for m in g}
         self.policy_fqns = list(policy_fqns)
         self.units: dict[str, None] = dict.fromkeys(policy_fqns)
         self.holder: dict[str, str] = {}
@@ -260,9 +333,9 @@ class _Planner:
         self.notes += dropped_notes(view, uses, dropped, self.units, self.holder)
         if has_calls:
             self.notes += dead_module_notes(view, uses, self.units, self.policy_fqns)
-        self.notes += relocation_notes(view, uses, relocations, self.holder)
+        self.notes += relocation_notes(view, uses, relocations, self.holder, self.stated)
         units = self._make_units()
-        self.notes += mixed_requires_grad_notes(view, units)
+        self.notes += mixed_requires_grad_notes(view, units, self.target)
         self.notes += ignored_notes(view)
         return units
 
@@ -316,6 +389,8 @@ class _Planner:
         unit enclosing all its names and uses), and the units strictly inside
         it that enclose one of its names (in policy order): those must go."""
         owners = [self.view.owner(n) for n in self.view.fqns_of[p]]
+        if self._in_one_stated_group([*owners, *self.uses.users[p]]):
+            return "", []  # the group holds every name and use of it
         holder = innermost(common_ancestor([*owners, *self.uses.users[p]]), self.units)
         # walk each owner up to the holder (O(depth), not O(units))
         found: set[str] = set()
@@ -326,6 +401,17 @@ class _Planner:
                 if a in self.units:
                     found.add(a)
         return holder, [u for u in self.units if u in found]
+
+    def _in_one_stated_group(self, fqns: Sequence[str]) -> bool:
+        """Whether every module of ``fqns`` is inside members of one stated group
+        whose members are all still units."""
+        groups = set()
+        for fqn in fqns:
+            member = next((a for a in ancestors(fqn) if a in self.stated), None)
+            if member is None:
+                return False
+            groups.add(self.stated[member])
+        return len(groups) == 1 and all(m in self.units for m in next(iter(groups)))
 
     def _make_units(self) -> list[WrapUnit]:
         """Step 4: one :class:`WrapUnit` per remaining unit, by first use."""
