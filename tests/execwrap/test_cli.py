@@ -479,7 +479,9 @@ def test_diff_same_and_different(demo_report, tmp_path, capsys):
 
 def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
     data = json.loads(demo_report.read_text())["order"]
-    short = dict(data, module_forward_order=data["module_forward_order"][:-1])
+    calls = data["module_forward_order"][:-1]
+    uses = [u for u in data["param_uses"] if u["call_index"] < len(calls)]  # a consistent order
+    short = dict(data, module_forward_order=calls, param_uses=uses)
     (tmp_path / "short.json").write_text(json.dumps(short))
     assert main(["diff", str(demo_report), str(tmp_path / "short.json")]) == 1
     out = capsys.readouterr().out
@@ -519,7 +521,7 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
         ('{"schema_version": 99}', "unsupported ExecutionOrder schema_version 99"),
         (
             '{"schema_version": 1, "order": {"schema_version": 1}}',
-            "missing field 'module_forward_order'",
+            "malformed ExecutionOrder: field order.method: missing",
         ),
     ],
 )
@@ -577,7 +579,9 @@ def test_show_malformed_plan(demo_report, tmp_path, capsys):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
     assert main(["show", str(path)]) == 2
-    assert f"{path}: malformed report 'plan'" in _err_line(capsys)
+    assert _err_line(capsys) == (
+        f"execwrap: error: {path}: malformed WrapPlan: field plan.units[0].param_fqns: missing"
+    )
 
 
 # ---------------------------------------------------------------- value parsing
@@ -823,7 +827,8 @@ def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
 
 def test_subprocess_diff_exit_1(demo_report, tmp_path):
     data = json.loads(demo_report.read_text())
-    data["order"]["module_forward_order"].pop(3)
+    calls = data["order"]["module_forward_order"]
+    calls[3], calls[4] = calls[4], calls[3]
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data))
     proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)
