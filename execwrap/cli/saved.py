@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from execwrap.cli.errors import CLIError
-from execwrap.cli.text import shorten
+from execwrap.cli.text import shorten, terminal_safe
 from execwrap.plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
@@ -100,5 +100,6 @@ def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str]:
 
 def call_label(fqn: str | None) -> str:
     """A module call as ``show`` and ``diff`` print it: the root as ``<root>``,
-    past the end of an order (``None``) as ``(end)``."""
-    return "(end)" if fqn is None else display(fqn)
+    past the end of an order (``None``) as ``(end)``; escaped as the terminal
+    shows it (:func:`~execwrap.cli.text.terminal_safe`), so columns line up."""
+    return "(end)" if fqn is None else terminal_safe(display(fqn))

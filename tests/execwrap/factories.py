@@ -12,13 +12,16 @@ import torch.nn as nn
 from execwrap.demo_models import Block, build_demo_model
 
 __all__ = [
+    "HOSTILE_NAMES",
     "NUMBER",
     "BlockLeafTracer",
     "FlagModel",
+    "HostileNames",
     "broken",
     "demo2",
     "flag_model",
     "gpt2",
+    "hostile_names",
     "not_a_module",
     "raising_model",
     "returns_int",
@@ -123,3 +126,46 @@ class BlockLeafTracer(torch.fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return isinstance(m, Block) or super().is_leaf_module(m, module_qualified_name)
+
+
+#: Module names a model may legally have that break naive output formats:
+#: spreadsheet formulas (OWASP CSV injection), characters XML 1.0 cannot carry,
+#: terminal escape sequences and controls, a bidirectional override, a lone
+#: surrogate, the escape characters themselves.
+HOSTILE_NAMES = (
+    "=HYPERLINK(1)",
+    "+x",
+    "-y",
+    "@z",
+    "\tt",
+    "\rr",
+    "'q",
+    "a\x0bb",
+    "\x1b[31mred",
+    "\u202eevil",
+    "s\ud800",
+    "back\\slash",
+    "nl\nx",
+    "\x00nul",
+    "\x07bell",
+    "\x9bcsi",
+    "\ufffe",
+)
+
+
+class HostileNames(nn.ModuleDict):
+    """One ``Linear(4, 4)`` per name of :data:`HOSTILE_NAMES`, directly on the
+    root (so each FQN starts with its name), called in that order."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        super().__init__({name: nn.Linear(4, 4) for name in HOSTILE_NAMES})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.values():
+            x = layer(x)
+        return x
+
+
+def hostile_names() -> nn.Module:
+    return HostileNames()
