@@ -24,6 +24,7 @@ from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import parse_policy
 from execwrap.cli.options import parse_numel
 from execwrap.demo_models import Block, build_demo_model
+from execwrap.report.file_set import SET_FOLDER
 from tracing import ExecutionOrder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def test_bare_report_writes_all_formats_to_default_dir(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["report"]) == 0
     out = capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES | {SET_FOLDER}
     lines = _summary(out)
     assert "GPT (execwrap.demo_models:build_demo_model)" in lines["model"]
     assert lines["capture"].split()[-3] == "symbolic"
@@ -103,7 +104,12 @@ def test_report_options(tmp_path, capsys):
         ]
     )  # fmt: skip
     assert rc == 0, capsys.readouterr().err
-    assert {p.name for p in tmp_path.iterdir()} == {"report.json", "calls.csv", "params.csv"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "report.json",
+        "calls.csv",
+        "params.csv",
+        SET_FOLDER,
+    }
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["prefetch"] == 0
     assert data["plan"]["stats"]["prefetch"] == 0
@@ -387,6 +393,7 @@ def test_report_folder_in_the_way_writes_nothing(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
     assert list((tmp_path / "report.html").iterdir()) == []
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0  # not in the way
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SET_FOLDER, "report.html", "report.json"]
 
 
 def test_report_interrupted_while_writing_leaves_no_folder(tmp_path, capsys, monkeypatch):
@@ -410,12 +417,12 @@ def test_report_out_dir_not_writable(tmp_path, capsys):
 
 
 def test_report_write_failure_is_bad_output(tmp_path, capsys, monkeypatch):
-    import tracing.atomic as report_mod  # its tempfile module, which writes every report file
+    import execwrap.report.file_set as file_set  # its open() writes every report file
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(report_mod.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(file_set, "open", refuse, raising=False)
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 2
     assert "cannot write the report: [Errno 13] Permission denied" in _err_line(capsys)
 
@@ -781,7 +788,7 @@ def test_subprocess_bare_report(tmp_path):
     proc = _run(["report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES | {SET_FOLDER}
     assert "capture" in proc.stdout and "symbolic" in proc.stdout
 
 
@@ -794,7 +801,7 @@ def test_subprocess_gpt2_report_falls_back_to_runtime(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES
+    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES | {SET_FOLDER}
     data = json.loads((tmp_path / "report.json").read_text())
     order = ExecutionOrder.from_dict(data["order"])
     assert order.method == "runtime"
