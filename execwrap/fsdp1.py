@@ -84,6 +84,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         example_kwargs: keyword inputs for runtime capture.
         order: a saved order to reuse instead of capturing one.
         check_ranks: when a process group is initialised, compare the order
+            and the model's parameters (shapes, dtypes, ``requires_grad``)
             across ranks with :func:`execwrap.check_order_across_ranks` before
             wrapping (a collective: every rank must build its model).
         forward_prefetch: FSDP1 only: pass ``forward_prefetch=True`` to every
@@ -198,7 +199,11 @@ class ParamExecOrderWrapPolicy(_Policy):
         Raises:
             tracing.TracingError: symbolic tracing failed and there are no
                 example inputs to fall back to (the message names the module).
-            execwrap.OrderDivergenceError: ranks captured different orders.
+            execwrap.OrderDivergenceError: ranks captured different orders;
+                :class:`execwrap.ParamMismatchError` (a subclass): ranks hold
+                parameters of another shape, dtype or ``requires_grad``
+                (checked before wrapping, also when the order is recorded
+                during the first step).
         """
         ignored = list(ignored_modules or ())
         order = self.order
@@ -215,9 +220,10 @@ class ParamExecOrderWrapPolicy(_Policy):
                     "run time instead (%s)",
                     order.fallback_reason,
                 )
+        check = self.check_ranks and dist.is_available() and dist.is_initialized()
         if order is not None:
-            if self.check_ranks and dist.is_available() and dist.is_initialized():
-                check_order_across_ranks(order, group=group)
+            if check:  # the order, and this rank's parameters (shapes, dtypes, requires_grad)
+                check_order_across_ranks(order, group=group, model=model)
             self.order = order
             self.plan = plan_wrap(
                 model,
@@ -231,9 +237,12 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
+            empty = _empty_order(model)
+            if check:  # the parameters now; the order after the first step
+                check_order_across_ranks(empty, group=group, model=model)
             self.plan = plan_wrap(
                 model,
-                _empty_order(model),
+                empty,
                 self.init_policy,
                 bucket_numel=None,
                 ignored_modules=ignored,
