@@ -42,6 +42,7 @@ from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import plan_wrap
 from execwrap.ranks import check_order_across_ranks
+from execwrap.shardable import check_shardable
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
@@ -261,6 +262,11 @@ class ParamExecOrderWrapPolicy(_Policy):
         (which FSDP wraps itself). Each unit gets a shallow copy of
         ``root_kwargs``, as torch's own policies do, so mixed precision,
         ``use_orig_params``, ``sync_module_states`` etc. carry over.
+
+        Raises:
+            ValueError: the model has a 0-dim parameter FSDP would refuse
+                (:func:`execwrap.shardable.check_shardable`), before FSDP
+                wraps anything.
         """
         group = root_kwargs.get("process_group")
         plan = self.build_plan(
@@ -268,6 +274,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             ignored_modules=ignored_modules,
             group=group if isinstance(group, dist.ProcessGroup) else None,
         )
+        ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
+        check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
         targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}
         for module in targets:
