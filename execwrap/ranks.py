@@ -53,16 +53,21 @@ ParamEntry = tuple[str, tuple[int, ...], int, str, bool]
 _RankOrder = tuple[int, list[str], list[str], list[ParamEntry]]
 
 
-def param_table(order: ExecutionOrder, model: nn.Module | None = None) -> list[ParamEntry]:
+def param_table(
+    order: ExecutionOrder, model: nn.Module | None = None, *, compare_params: bool = True
+) -> list[ParamEntry]:
     """The parameters that decide FSDP's buffers, in ``named_parameters()`` order.
 
     Args:
         order: its ``params`` are used when ``model`` is ``None``.
         model: the unwrapped model on this rank (what FSDP will shard).
+        compare_params: ``False``: an empty table (nothing to compare).
 
     Returns:
         ``(FQN, shape, numel, dtype, requires_grad)`` per canonical parameter.
     """
+    if not compare_params:
+        return []
     infos: dict[str, ParamInfo] = param_infos(model) if model is not None else order.params
     return [
         (fqn, tuple(info.shape), info.numel, info.dtype, info.requires_grad)
@@ -70,7 +75,9 @@ def param_table(order: ExecutionOrder, model: nn.Module | None = None) -> list[P
     ]
 
 
-def order_fingerprint(order: ExecutionOrder, *, model: nn.Module | None = None) -> str:
+def order_fingerprint(
+    order: ExecutionOrder, *, model: nn.Module | None = None, compare_params: bool = True
+) -> str:
     """A SHA-256 hex digest of what decides collectives: the order and the parameters.
 
     Covers ``module_forward_order`` (every call, repeats kept),
@@ -81,6 +88,7 @@ def order_fingerprint(order: ExecutionOrder, *, model: nn.Module | None = None) 
     Args:
         order: the order to hash.
         model: this rank's unwrapped model, for the parameter table.
+        compare_params: ``False`` leaves the parameter table out.
 
     Returns:
         64 hex characters; equal orders and tables give equal digests.
@@ -94,7 +102,7 @@ def order_fingerprint(order: ExecutionOrder, *, model: nn.Module | None = None) 
         [
             list(order.module_forward_order),
             list(order.param_forward_order),
-            param_table(order, model),
+            param_table(order, model, compare_params=compare_params),
         ],
         separators=(",", ":"),
     )
@@ -117,6 +125,7 @@ def check_order_across_ranks(
     group: dist.ProcessGroup | None = None,
     *,
     model: nn.Module | None = None,
+    compare_params: bool = True,
 ) -> None:
     """Check that every rank of ``group`` captured the same execution order
     and holds the same parameters.
@@ -133,6 +142,9 @@ def check_order_across_ranks(
         group: the process group (default: the default group, ``WORLD``).
         model: this rank's unwrapped model: its parameters are compared (else
             ``order.params``, which capture took from the model).
+        compare_params: ``False`` compares the orders only: for an order
+            recorded after wrapping, whose parameter sizes are each rank's
+            shards (the model was compared before wrapping).
 
     Raises:
         OrderDivergenceError: on every rank when any two ranks differ. Its
@@ -159,8 +171,8 @@ def check_order_across_ranks(
     if world == 1:
         return
     my_rank = dist.get_rank()  # global rank, for messages
-    table = param_table(order, model)
-    digest = order_fingerprint(order, model=model)
+    table = param_table(order, model, compare_params=compare_params)
+    digest = order_fingerprint(order, model=model, compare_params=compare_params)
     digests: list[tuple[int, str] | None] = [None] * world
     dist.all_gather_object(digests, (my_rank, digest), group=group)
     got = [d for d in digests if d is not None]

@@ -48,11 +48,14 @@ def check_shardable(
             the message names every such parameter and both remedies.
 
     Example:
+        >>> import torch
         >>> m = nn.Module()
-        >>> m.logit_scale = nn.Parameter(torch.tensor(2.0))  # doctest: +SKIP
-        >>> check_shardable(m)  # doctest: +SKIP
+        >>> m.logit_scale = nn.Parameter(torch.tensor(2.0))
+        >>> check_shardable(m, ignored_params=[m.logit_scale])  # left unsharded: accepted
+        >>> check_shardable(m)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: apply_fully_shard: Module has a 0-dim (scalar) parameter, 'logit_scale', ...
+        ...
+        ValueError: apply_fully_shard: Module has 1 0-dim (scalar) parameter, 'logit_scale', ...
     """
     scalars = scalar_params(model, ignored_params)
     if not scalars:
