@@ -174,3 +174,16 @@ def test_without_symbolic_links_files_are_replaced_one_by_one(plan, tmp_path, mo
         f"{tmp_path}: no symbolic links or flock here; report files are replaced one by one "
         "(a crash between two can leave old and new files side by side)"
     ]
+
+
+def test_a_link_to_a_file_elsewhere_is_replaced_not_followed(plan, tmp_path):
+    outside = tmp_path / "precious.json"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(outside, out / "report.json")
+    write_report(plan, out, formats=["json"])
+    assert outside.read_text() == "keep me"
+    assert os.readlink(out / "report.json") == f"{SET_FOLDER}/current/report.json"
+    write_report(plan, out, formats=["json"])  # the adopted copy goes with the old set
+    assert outside.read_text() == "keep me"
