@@ -90,6 +90,20 @@ CASES: list[tuple[str, Any, Any, str]] = [
         "write the report again with this version's 'execwrap report'",
     ),
     (
+        "report-schema-version-1.0",
+        _set(("schema_version",), 1.0),
+        None,
+        "unsupported execwrap report schema_version 1.0 (this execwrap reads version 1); "
+        "write the report again with this version's 'execwrap report'",
+    ),
+    (
+        "plan-schema-version-true",
+        _set(("plan", "schema_version"), True),
+        None,
+        "unsupported WrapPlan schema_version True (this execwrap reads 1); build the plan again "
+        "with plan_wrap",
+    ),
+    (
         "order-schema-version-1.0",
         _set(("order", "schema_version"), 1.0),
         None,
