@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from execwrap.bucketing import min_contiguous_groups
     from execwrap.compare import compare_plans
     from execwrap.divergence import Divergence, first_divergence
-    from execwrap.errors import ExecwrapError, OrderDivergenceError, PlanError
+    from execwrap.errors import ExecwrapError, OrderDivergenceError, ParamMismatchError, PlanError
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp2 import apply_fully_shard, prefetch_schedule
     from execwrap.graph import build_order_graph, order_subgraph
@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "first_divergence": "execwrap.divergence",
     "ExecwrapError": "execwrap.errors",
     "OrderDivergenceError": "execwrap.errors",
+    "ParamMismatchError": "execwrap.errors",
     "PlanError": "execwrap.errors",
     "ParamExecOrderWrapPolicy": "execwrap.fsdp1",
     "apply_fully_shard": "execwrap.fsdp2",
@@ -97,6 +98,7 @@ __all__ = [
     "ExecwrapError",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
+    "ParamMismatchError",
     "OrderMonitor",
     "ParamExecOrderWrapPolicy",
     "PlanError",

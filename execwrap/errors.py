@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from tracing.errors import TracingError
 
-__all__ = ["ExecwrapError", "OrderDivergenceError", "PlanError", "TracingError"]
+__all__ = [
+    "ExecwrapError",
+    "OrderDivergenceError",
+    "ParamMismatchError",
+    "PlanError",
+    "TracingError",
+]
 
 
 class ExecwrapError(RuntimeError):
@@ -45,3 +51,37 @@ class OrderDivergenceError(ExecwrapError):
         self.index = index
         self.expected = expected
         self.found = found
+
+
+class ParamMismatchError(OrderDivergenceError):
+    """Ranks hold different parameters: another name, shape, dtype or
+    ``requires_grad`` at the same position of ``named_parameters()``.
+
+    FSDP flattens, shards and all-gathers each unit's parameters by shape and
+    dtype on every rank, so such ranks exchange buffers of different sizes.
+
+    Attributes:
+        ranks: the two ranks compared (``(reference, other)``).
+        index: position in ``named_parameters()`` order of the first difference.
+        expected: the parameter FQN there on the reference rank (``None``: it has
+            fewer parameters).
+        found: the parameter FQN there on the other rank (``None``: fewer).
+        expected_param: ``(shape, dtype, requires_grad)`` on the reference rank,
+            or ``None``.
+        found_param: the same on the other rank, or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: tuple[int, int] | None = None,
+        index: int | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        expected_param: tuple[tuple[int, ...], str, bool] | None = None,
+        found_param: tuple[tuple[int, ...], str, bool] | None = None,
+    ) -> None:
+        super().__init__(message, ranks=ranks, index=index, expected=expected, found=found)
+        self.expected_param = expected_param
+        self.found_param = found_param

@@ -110,8 +110,9 @@ def record_first_step(
         )
         if check_ranks and dist.is_available() and dist.is_initialized():
             # Every rank reaches this callback at the end of its first
-            # backward, so the collective lines up.
-            check_order_across_ranks(order, group=group)
+            # backward, so the collective lines up. The parameters were
+            # compared before wrapping; recorded now, their sizes are shards.
+            check_order_across_ranks(order, group=group, compare_params=False)
         if on_recorded is not None:
             on_recorded(order)
 

@@ -44,6 +44,7 @@ from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.ranks import check_order_across_ranks
+from execwrap.shardable import check_shardable
 from execwrap.text import listed
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import is_int
@@ -87,6 +88,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         example_kwargs: keyword inputs for runtime capture.
         order: a saved order to reuse instead of capturing one.
         check_ranks: when a process group is initialised, compare the order
+            and the model's parameters (shapes, dtypes, ``requires_grad``)
             across ranks with :func:`execwrap.check_order_across_ranks` before
             wrapping (a collective: every rank must build its model).
         forward_prefetch: FSDP1 only: pass ``forward_prefetch=True`` to every
@@ -214,7 +216,11 @@ class ParamExecOrderWrapPolicy(_Policy):
         Raises:
             tracing.TracingError: symbolic tracing failed and there are no
                 example inputs to fall back to (the message names the module).
-            execwrap.OrderDivergenceError: ranks captured different orders.
+            execwrap.OrderDivergenceError: ranks captured different orders;
+                :class:`execwrap.ParamMismatchError` (a subclass): ranks hold
+                parameters of another shape, dtype or ``requires_grad``
+                (checked before wrapping, also when the order is recorded
+                during the first step).
         """
         ignored = list(ignored_modules or ())
         order = self.order
@@ -231,9 +237,10 @@ class ParamExecOrderWrapPolicy(_Policy):
                     "run time instead (%s)",
                     order.fallback_reason,
                 )
+        check = self.check_ranks and dist.is_available() and dist.is_initialized()
         if order is not None:
-            if self.check_ranks and dist.is_available() and dist.is_initialized():
-                check_order_across_ranks(order, group=group)
+            if check:  # the order, and this rank's parameters (shapes, dtypes, requires_grad)
+                check_order_across_ranks(order, group=group, model=model)
             self.order = order
             self.plan = plan_wrap_unwatched(
                 model,
@@ -249,9 +256,12 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
+            empty = _empty_order(model)
+            if check:  # the parameters now; the order after the first step
+                check_order_across_ranks(empty, group=group, model=model)
             self.plan = plan_wrap_unwatched(
                 model,
-                _empty_order(model),
+                empty,
                 self.init_policy,
                 bucket_numel=None,
                 ignored_modules=ignored,
@@ -276,8 +286,10 @@ class ParamExecOrderWrapPolicy(_Policy):
         Raises:
             ValueError: ``use_orig_params`` is ``False`` and units mix frozen
                 and trainable parameters (a flat parameter has one
-                ``requires_grad``); raised before anything is wrapped, naming
-                the units.
+                ``requires_grad``); or the model has a 0-dim parameter FSDP
+                would refuse (:func:`execwrap.shardable.check_shardable`).
+                Both are raised before anything is wrapped, naming the units
+                or parameters.
         """
         group = root_kwargs.get("process_group")
         plan = self.build_plan(
@@ -288,6 +300,8 @@ class ParamExecOrderWrapPolicy(_Policy):
         )
         if not root_kwargs.get("use_orig_params", False):
             _check_uniform_requires_grad(root_module, plan)
+        ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
+        check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
         mark_applied(self)
         targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}

@@ -48,6 +48,7 @@ from execwrap.apply_watch import mark_applied, warn_if_other_model
 from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
+from execwrap.shardable import check_shardable
 from execwrap.spans import UseSpans, first_trainable_use
 from tracing.checks import check_int
 from tracing.fqn import ancestors, join_fqn
@@ -105,7 +106,10 @@ def apply_fully_shard(
     Raises:
         ValueError: ``prefetch`` is negative; the model already has
             ``fully_shard`` applied; the plan names a module the model does
-            not have, or puts the root in a group with other modules.
+            not have, or puts the root in a group with other modules; the
+            model has a 0-dim parameter outside ``ignored_params``, which
+            ``fully_shard`` refuses (:func:`execwrap.shardable.check_shardable`;
+            raised before anything is wrapped).
         TypeError: ``prefetch`` is not an int; ``policy_or_plan`` is neither a
             policy nor a plan.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture
@@ -126,6 +130,7 @@ def apply_fully_shard(
             "applied; pass the unwrapped model"
         )
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
     groups = _plan_groups(model, plan)
     _shard_groups(model, groups, mesh, fully_shard_kwargs, group_kwargs)
     mark_applied(policy_or_plan)

@@ -12,7 +12,10 @@
 
 A canonical FQN is the first name ``named_parameters()`` / ``named_modules()``
 gives a tensor or module; a tied parameter's other names, and the paths
-through a shared module, are its aliases.
+through a shared module, are its aliases. A module registered under two
+parents (``conv1.embed`` and ``conv2.embed`` the same ``nn.Module``) has two
+paths; :meth:`ModelView.chain` maps each path to the canonical modules along
+it, which is what FSDP's traversal of that path sees.
 """
 
 from __future__ import annotations
@@ -53,6 +56,25 @@ class ModelView:
     ignored_modules: tuple[str, ...] = ()
     #: canonical parameters outside the ignored modules, in definition order
     params: list[str] = field(default_factory=list)
+    #: canonical module -> every path to it (``named_modules(remove_duplicate=False)``), canonical first
+    paths_of: dict[str, list[str]] = field(default_factory=dict)
+    #: canonical module -> one path per parent it is registered under, for the
+    #: modules registered as the child of more than one (parent, attribute)
+    registrations: dict[str, list[str]] = field(default_factory=dict)
+    _chains: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+
+    def chain(self, path: str) -> tuple[str, ...]:
+        """The canonical modules along module path ``path``, root first, ``path``'s own last.
+
+        For a path through a shared module (``conv2.embed``) these are the
+        modules FSDP's traversal of that path passes (``"", "conv2",
+        "conv1.embed"``).
+        """
+        found = self._chains.get(path)
+        if found is None:
+            found = tuple(self.module_alias[a] for a in reversed(list(ancestors(path))))
+            self._chains[path] = found
+        return found
 
     def owner(self, param_name: str) -> str:
         """Canonical FQN of the module owning parameter name ``param_name``
@@ -93,7 +115,22 @@ class ModelView:
         for fqn, p in model.named_parameters():
             view._add_param(fqn, p, shared.get(fqn, []))
         view.params = [p for p in view.fqns_of if p not in ignored_params]
+        view._add_paths()
         return view
+
+    def _add_paths(self) -> None:
+        """:attr:`paths_of` and :attr:`registrations` from :attr:`module_alias`."""
+        parents: dict[str, dict[tuple[str, str], str]] = {}
+        for path, canonical in self.module_alias.items():
+            self.paths_of.setdefault(canonical, []).append(path)
+            if path:
+                parent, _, name = path.rpartition(".")
+                parents.setdefault(canonical, {}).setdefault(
+                    (self.module_alias[parent], name), path
+                )
+        for canonical, by_parent in parents.items():
+            if len(by_parent) > 1:
+                self.registrations[canonical] = list(by_parent.values())
 
     def _add_param(self, fqn: str, param: nn.Parameter, aliases: list[str]) -> None:
         self.fqns_of[fqn] = [fqn, *aliases]

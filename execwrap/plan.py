@@ -36,16 +36,33 @@ from execwrap.plan_stats import (
 )
 from execwrap.spans import UseSpans
 from execwrap.unit import WrapUnit
+from tracing.checks import is_int
 from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
+from tracing.schema import (
+    Field,
+    Record,
+    SchemaError,
+    field_path,
+    integer,
+    list_of,
+    optional,
+    string,
+    type_and_value,
+)
 
 if TYPE_CHECKING:
     import torch.nn as nn
 
-__all__ = ["PLAN_SCHEMA_VERSION", "WrapPlan"]
+__all__ = ["PLAN_FIELDS", "PLAN_SCHEMA_VERSION", "STATS_FIELDS", "WrapPlan"]
 
 #: Version of the layout written by :meth:`WrapPlan.to_dict`.
 PLAN_SCHEMA_VERSION = 1
+
+
+def _any(value: Any, path: str) -> Any:
+    """Any value (units are checked one by one, with their order)."""
+    return value
 
 
 @dataclass
@@ -318,33 +335,116 @@ class WrapPlan:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], order: ExecutionOrder) -> WrapPlan:
-        """Rebuild a plan from :meth:`to_dict` output and its order.
+    def from_dict(
+        cls, data: Any, order: ExecutionOrder, *, source: str = "<dict>", prefix: str = ""
+    ) -> WrapPlan:
+        """Rebuild a plan from :meth:`to_dict` output and its order, checked field by field.
+
+        Every field is checked against :data:`PLAN_FIELDS` in one pass (the
+        units against :data:`~execwrap.unit.UNIT_FIELDS`), and against
+        ``order``: every unit's modules and parameters are ones the order has
+        (when it lists them) and its calls are calls of the order. ``groups``,
+        ``fsdp1_modules`` and ``stats`` are derived from the units and not read
+        (``stats`` is checked, for readers of the saved numbers).
+
+        Args:
+            data: the dict (parsed JSON).
+            order: the order the plan was built from.
+            source: the file ``data`` came from, for messages.
+            prefix: where ``data`` sits in that file (``"plan"`` in a report).
 
         Raises:
-            ValueError: ``data`` is of another schema version or malformed.
+            ValueError: ``data`` is of another schema version or malformed; the
+                one-line message names ``source`` and the field.
         """
+        what = "WrapPlan"
         if not isinstance(data, dict):
-            raise ValueError(f"WrapPlan.from_dict expects a dict, got {type(data).__name__}")
+            raise SchemaError(
+                prefix, f"expected an object, got {type_and_value(data)}", source, what
+            )
         version = data.get("schema_version", PLAN_SCHEMA_VERSION)
-        if version != PLAN_SCHEMA_VERSION:
+        if not is_int(version) or version != PLAN_SCHEMA_VERSION:
             raise ValueError(
-                f"unsupported WrapPlan schema_version {version!r} (this execwrap reads "
+                f"{source}: unsupported WrapPlan schema_version {version!r} (this execwrap reads "
                 f"{PLAN_SCHEMA_VERSION}); build the plan again with plan_wrap"
             )
+        f = PLAN_FIELDS.check(data, source=source, prefix=prefix, what=what)
         try:
-            units = [WrapUnit.from_dict(u) for u in data["units"]]
-            atomic = [WrapUnit.from_dict(u) for u in data.get("atomic_units", [])]
-            bucket = data.get("bucket_numel")
-            return cls(
-                units=units,
-                order=order,
-                atomic_units=atomic or list(units),
-                notes=[str(n) for n in data.get("notes", [])],
-                bucket_numel=None if bucket is None else int(bucket),
-                policy_name=str(data.get("policy_name", "")),
-                policy_fqns=tuple(str(f) for f in data.get("policy_fqns", [])),
-                ignored_modules=tuple(str(f) for f in data.get("ignored_modules", [])),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed WrapPlan dict: {e!r}") from e
+            units = [
+                _unit(u, order, field_path(prefix, "units"), i) for i, u in enumerate(f["units"])
+            ]
+            atomic = [
+                _unit(u, order, field_path(prefix, "atomic_units"), i)
+                for i, u in enumerate(f["atomic_units"])
+            ]
+        except SchemaError as e:
+            raise SchemaError(e.path, e.problem, source, what) from None
+        return cls(
+            units=units,
+            order=order,
+            atomic_units=atomic or list(units),
+            notes=f["notes"],
+            bucket_numel=f["bucket_numel"],
+            policy_name=f["policy_name"],
+            policy_fqns=tuple(f["policy_fqns"]),
+            ignored_modules=tuple(f["ignored_modules"]),
+        )
+
+
+def _unit(data: Any, order: ExecutionOrder, path: str, index: int) -> WrapUnit:
+    """One saved unit, checked, and checked against ``order``."""
+    where = field_path(path, index)
+    unit = WrapUnit.from_dict(data, path=where)
+    for key, names, known, what in (
+        ("module_fqns", unit.module_fqns, order.module_classes, "module"),
+        ("param_fqns", unit.param_fqns, order.params, "parameter"),
+    ):
+        if not known:  # a hand-built order without tables
+            continue
+        for k, name in enumerate(names):
+            if name not in known:
+                raise SchemaError(
+                    field_path(field_path(where, key), k),
+                    f"names {what} {name!r}, which the order does not have",
+                )
+    calls = len(order.module_forward_order)
+    if unit.last_use is not None and unit.last_use >= calls:
+        raise SchemaError(
+            field_path(where, "last_use"),
+            f"call {unit.last_use} is past the end of the order's module_forward_order "
+            f"({calls} calls)",
+        )
+    return unit
+
+
+#: ``stats`` as :meth:`PlanStats.to_dict` writes it (read by ``execwrap show``).
+STATS_FIELDS = Record(
+    {
+        "num_units": Field(integer(what="units")),
+        "all_gathers_per_step": Field(integer()),
+        "all_gathers_per_step_no_reshard": Field(integer(), required=False),
+        "reduce_scatters_per_step": Field(integer()),
+        "bytes_per_all_gather": Field(list_of(integer(what="bytes"))),
+        "largest_unit_bytes": Field(integer(what="bytes")),
+        "peak_unsharded_bytes": Field(integer(what="bytes")),
+        "prefetch": Field(integer(what="units ahead")),
+        "total_bytes": Field(integer(what="bytes"), required=False),
+        "peak_unsharded_bytes_no_reshard": Field(integer(what="bytes"), required=False),
+    }
+)
+
+#: The fields of :meth:`WrapPlan.to_dict` and how each is checked on load
+#: (``schema_version`` first, on its own; ``groups`` and ``fsdp1_modules`` are
+#: derived from the units and not read). A new field is one line here.
+PLAN_FIELDS = Record(
+    {
+        "policy_name": Field(string(), required=False, default=""),
+        "bucket_numel": Field(optional(integer(1, what="elements")), required=False),
+        "policy_fqns": Field(list_of(string()), required=False, default=[]),
+        "ignored_modules": Field(list_of(string()), required=False, default=[]),
+        "units": Field(list_of(_any)),
+        "atomic_units": Field(list_of(_any), required=False, default=[]),
+        "notes": Field(list_of(string()), required=False, default=[]),
+        "stats": Field(optional(STATS_FIELDS), required=False),
+    }
+)

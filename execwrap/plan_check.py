@@ -10,9 +10,12 @@ checks that:
 * every canonical parameter (ignored ones excepted) is in exactly one unit,
   and no ignored parameter is in any;
 * each unit's numel and bytes add up over its parameters;
-* each parameter's unit is the innermost unit enclosing every name of it, so
-  FSDP, which gives a parameter to the innermost wrapped module, builds
-  exactly these units, and tied parameters are never split.
+* each parameter's unit is the innermost unit enclosing every name of it, on
+  every path to it (a module registered under two parents has two), so FSDP,
+  which gives a parameter to the innermost wrapped module on the path it
+  meets it by, builds exactly these units, and tied parameters are never split;
+* no unit is a module registered under two parents (FSDP1 would wrap it
+  under its first name only).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView
-from tracing.fqn import innermost, is_within, quoted
+from tracing.fqn import is_within, owner_fqn, quoted
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
@@ -56,6 +59,12 @@ def _check_modules(plan: WrapPlan, view: ModelView, model_name: str) -> dict[str
                 raise PlanError(
                     f"plan unit {unit.label}: module {quoted(m)} does not exist in the "
                     f"model ({model_name}); was the plan built for another model?"
+                )
+            if m and m in view.registrations:
+                raise PlanError(
+                    f"plan unit {unit.label}: module {quoted(m)} is registered under "
+                    f"{len(view.registrations[m])} names ({', '.join(view.registrations[m])}); "
+                    "FSDP1 would wrap it under its first name only"
                 )
             if m in by_module:
                 raise PlanError(
@@ -115,7 +124,8 @@ def _check_innermost(
         if p not in holder:
             raise PlanError(f"parameter {p!r} is in no unit of the plan")
         for name in names:
-            want = by_module[innermost(view.owner(name), by_module)]
+            chain = view.chain(owner_fqn(name))
+            want = by_module[next((m for m in reversed(chain) if m in by_module), "")]
             if want != holder[p]:
                 tied = (
                     f" (tied with {', '.join(repr(n) for n in names if n != p)})"

@@ -14,7 +14,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 
 from execwrap.model_view import ModelView, OrderView
-from execwrap.text import fqn_and_list, fqn_list, modules_named, param_count, plural
+from execwrap.text import fqn_and_list, fqn_list, listed, modules_named, param_count, plural
 from execwrap.unit import WrapUnit
 from tracing.fqn import innermost, is_within, owner_fqn, quoted
 
@@ -27,6 +27,7 @@ __all__ = [
     "no_calls_note",
     "relocation_notes",
     "reordered_note",
+    "scalar_param_notes",
 ]
 
 
@@ -65,26 +66,102 @@ def dropped_notes(
     units: Collection[str],
     holder: dict[str, str],
 ) -> list[str]:
-    """Policy units that were not wrapped because their module never runs.
+    """Policy units that were not wrapped because their module never runs
+    (or is registered under two parents).
+
+    Modules that hold no parameters (an empty ``ParameterDict``, a
+    ``ModuleDict`` of ``Dropout``) share one note at the end: there is nothing
+    of theirs to shard, so each one's reason would add nothing.
 
     Args:
         view: the model's snapshot.
         uses: the order's view.
         dropped: ``(module FQN, kind)`` for each dropped unit, kind one of
-            ``"container"``, ``"forwardless"``, ``"uncalled"``.
+            ``"shared"``, ``"container"``, ``"forwardless"``, ``"uncalled"``.
         units: the module FQNs that remain units.
         holder: canonical parameter -> the unit module holding it.
     """
     notes: list[str] = []
+    empty = [f for f, _ in dropped if next(view.modules[f].parameters(), None) is None]
     for fqn, kind in dropped:
+        if fqn in empty:
+            continue
         if any(o != fqn and is_within(fqn, o) for o, k in dropped if k == "uncalled"):
             continue  # covered by the enclosing uncalled module's note
-        if kind in ("container", "forwardless"):
+        if kind == "shared":
+            notes.append(_shared_note(view, uses, fqn, units, holder))
+        elif kind in ("container", "forwardless"):
             notes.append(_container_note(view, uses, fqn, kind, units, holder))
         else:
             nested = [o for o, _ in dropped if o != fqn and is_within(o, fqn)]
             notes.append(_uncalled_note(view, uses, fqn, nested, units))
+    if empty:
+        notes.append(_empty_modules_note(view, empty))
     return notes
+
+
+def _empty_modules_note(view: ModelView, fqns: Sequence[str]) -> str:
+    """One line for every dropped policy unit without parameters."""
+    classes: dict[str, int] = {}
+    for fqn in fqns:
+        classes[view.classes.get(fqn, "?")] = classes.get(view.classes.get(fqn, "?"), 0) + 1
+    kinds = ", ".join(f"{n} {c}" for c, n in classes.items())
+    return (
+        f"{plural(len(fqns), 'policy unit')} {'holds' if len(fqns) == 1 else 'hold'} no "
+        f"parameters and {'is' if len(fqns) == 1 else 'are'} not wrapped (nothing to shard; "
+        f"the forward of each never runs, or it is registered under two parents): {kinds}: "
+        f"{listed([quoted(f) for f in fqns], 4)}."
+    )
+
+
+def _shared_note(
+    view: ModelView,
+    uses: OrderView,
+    fqn: str,
+    units: Collection[str],
+    holder: dict[str, str],
+) -> str:
+    """A module registered under two or more parents."""
+    names = view.registrations[fqn]
+    params = _direct_params_of(view, fqn)
+    holders = list(dict.fromkeys(holder[p] for p in params))
+    where = (
+        f"; its own parameters ({param_count(params, view.numel)}) go to unit"
+        f"{'s' if len(holders) > 1 else ''} {fqn_list(holders)}, which encloses every name of it"
+        if params
+        else ""
+    )
+    inside = sorted(
+        (u for u in units if u != fqn and is_within(u, fqn)),
+        key=lambda u: uses.first_call.get(u, math.inf),
+    )
+    stay = f"; the units inside it stay ({fqn_list(inside)})" if inside else ""
+    return (
+        f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) is registered under "
+        f"{len(names)} names ({fqn_and_list(names)}), so it cannot be an FSDP unit: FSDP1 "
+        "puts a unit's wrapper under the module's first name only, and a call through "
+        f"another name would run it with its parameters still sharded. Not wrapped{where}"
+        f"{stay}."
+    )
+
+
+def scalar_param_notes(view: ModelView) -> list[str]:
+    """0-dim parameters, which FSDP1 and FSDP2 refuse to shard (no note when none)."""
+    scalars = [p for p in view.params if view.shape[p] == ()]
+    if not scalars:
+        return []
+    these = (
+        f"Parameter {scalars[0]!r} is"
+        if len(scalars) == 1
+        else (f"Parameters {listed([repr(p) for p in scalars], 5)} are")
+    )
+    return [
+        f"{these} 0-dim (a scalar): FSDP1 and FSDP2 refuse to shard scalar parameters "
+        f'(torch: "Change {scalars[0]} to a 1D tensor with numel equal to 1."), so '
+        "apply_fully_shard and ParamExecOrderWrapPolicy refuse this model before wrapping "
+        "anything. Make each a 1-D parameter of one element, or keep it unsharded on every "
+        "rank: FSDP2 fully_shard(..., ignored_params={...}), FSDP1 FSDP(..., ignored_states=[...])."
+    ]
 
 
 def _container_note(

@@ -4,18 +4,22 @@
 
 1. Units come from ``init_policy`` exactly as FSDP1 decides them
    (:func:`policy_units`); the root is always a unit.
-2. With a non-empty order: a unit whose module never runs its own forward
-   is dropped, since its FSDP hooks would never fire: a container
+2. A unit whose module is registered under two parents (``conv1.embed``
+   and ``conv2.embed`` the same module) is dropped: FSDP1 puts a unit's
+   wrapper under the module's first name only, so calls through the other
+   names would bypass it. With a non-empty order: a unit whose module never
+   runs its own forward is dropped, since its FSDP hooks would never fire: a container
    (``nn.ModuleList``, a module only iterated) keeps its called children
    as units; a dead module's parameters go to the nearest enclosing unit.
    Without module calls (nothing captured yet), units whose class does not
    implement ``forward`` are dropped instead.
 3. Every parameter must be unsharded wherever it is used: the unit
    holding it must enclose every module that uses it (``param_uses``) and
-   every name of it (tied weights). If not, the units between the
-   parameter and the lowest common ancestor unit that enclose its names
-   are dropped, so that ancestor holds it (FSDP gives a parameter to the
-   innermost wrapped module, so the parameter cannot move otherwise).
+   every name of it (tied weights, and every path through a shared module).
+   If not, the units between the parameter and the lowest common ancestor
+   unit that enclose its names are dropped, so that ancestor holds it (FSDP
+   gives a parameter to the innermost wrapped module on the path it meets
+   it by, so the parameter cannot move otherwise).
 4. Units are ordered by first call (ties by definition order; never-called
    units last, in definition order).
 5. With ``bucket_numel``, consecutive units are merged greedily into FSDP2
@@ -33,8 +37,9 @@ between stated groups.
 
 Every departure from the policy, each tied parameter, units mixing
 ``requires_grad``, ignored modules, never-called modules with parameters,
-and groups FSDP1 cannot realise are explained in ``plan.notes``
-(:mod:`execwrap.plan_notes`).
+0-dim parameters (which FSDP refuses) and groups FSDP1 cannot realise are
+explained in ``plan.notes`` (:mod:`execwrap.plan_notes`); modules without
+parameters that are not units share one note.
 
 Planning with a policy callable (the default included) does not import
 ``torch.distributed.fsdp``.
@@ -68,6 +73,7 @@ from execwrap.plan_notes import (
     mixed_requires_grad_notes,
     no_calls_note,
     relocation_notes,
+    scalar_param_notes,
 )
 from execwrap.stated_groups import (
     bucket_between_groups,
@@ -77,7 +83,7 @@ from execwrap.stated_groups import (
 )
 from execwrap.unit import WrapUnit
 from tracing.checks import check_int
-from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
+from tracing.fqn import ancestors, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
@@ -323,10 +329,11 @@ class _Planner:
         """The atomic units in execution order; :attr:`notes` says why."""
         view, uses = self.view, self.uses
         has_calls = bool(uses.order.module_forward_order)
+        dropped = self._drop_shared()
         if has_calls:
-            dropped = self._drop_uncalled()
+            dropped += self._drop_uncalled()
         else:
-            dropped = self._drop_forwardless()
+            dropped += self._drop_forwardless()
             self.notes.append(no_calls_note())
         relocations = self._relocate()
         self.holder = {p: innermost(owner_fqn(p), self.units) for p in view.params}
@@ -337,7 +344,21 @@ class _Planner:
         units = self._make_units()
         self.notes += mixed_requires_grad_notes(view, units, self.target)
         self.notes += ignored_notes(view)
+        self.notes += scalar_param_notes(view)
         return units
+
+    def _drop_shared(self) -> list[tuple[str, str]]:
+        """Step 2: drop units whose module is registered under two parents
+        (FSDP1 wraps it under its first name only)."""
+        dropped: list[tuple[str, str]] = []
+        for fqn in list(self.units):
+            if fqn and fqn in self.view.registrations:
+                del self.units[fqn]
+                dropped.append((fqn, "shared"))
+                logger.debug(
+                    "dropping unit %r: registered as %s", fqn, self.view.registrations[fqn]
+                )
+        return dropped
 
     def _drop_forwardless(self) -> list[tuple[str, str]]:
         """Without calls to go by: drop non-root units whose class does not
@@ -386,16 +407,19 @@ class _Planner:
 
     def _units_splitting(self, p: str) -> tuple[str, list[str]]:
         """The unit that must hold canonical parameter ``p`` (the innermost
-        unit enclosing all its names and uses), and the units strictly inside
-        it that enclose one of its names (in policy order): those must go."""
-        owners = [self.view.owner(n) for n in self.view.fqns_of[p]]
-        if self._in_one_stated_group([*owners, *self.uses.users[p]]):
+        unit enclosing all its names and uses, on every path to them), and
+        the units strictly inside it that enclose one of its names (in policy
+        order): those must go."""
+        view = self.view
+        owners = [view.chain(owner_fqn(n)) for n in view.fqns_of[p]]
+        if self._in_one_stated_group([c[-1] for c in owners] + list(self.uses.users[p])):
             return "", []  # the group holds every name and use of it
-        holder = innermost(common_ancestor([*owners, *self.uses.users[p]]), self.units)
-        # walk each owner up to the holder (O(depth), not O(units))
+        users = [view.chain(q) for u in self.uses.users[p] for q in view.paths_of.get(u, [u])]
+        holder = _deepest_common_unit([*owners, *users], self.units)
+        # walk each owner's path up to the holder (O(depth), not O(units))
         found: set[str] = set()
-        for o in owners:
-            for a in ancestors(o):
+        for chain in owners:
+            for a in reversed(chain):
                 if a == holder:
                     break
                 if a in self.units:
@@ -446,3 +470,13 @@ class _Planner:
             )
         )
         return units
+
+
+def _deepest_common_unit(chains: Sequence[Sequence[str]], units: dict[str, None]) -> str:
+    """The innermost unit on every one of ``chains`` (module paths, root
+    first); the root when there is no other."""
+    common = set(chains[0]).intersection(*chains[1:]) if chains else {""}
+    for module in reversed(chains[0] if chains else ()):
+        if module in common and module in units:
+            return module
+    return ""

@@ -6,15 +6,24 @@ rank-dependent ``if``), their collectives pair up wrongly: the step hangs
 until the process group times out, or worse, mixes parameters of different
 units. :func:`check_order_across_ranks` finds that before the first step.
 
-Algorithm: every rank hashes its order (SHA-256 over the JSON of
-``module_forward_order`` and ``param_forward_order``) and the hashes are
-exchanged with one ``all_gather_object``. Only when they differ is a second
-``all_gather_object`` of the full orders made, on every rank (each rank sees
-every hash, so all ranks take the same branch and the same collectives), to
-name the first divergent call (:func:`execwrap.graph.first_divergence`, each
-rank against the lowest rank). Both collectives run under the process group's
-own timeout, so a rank that never arrives fails the call instead of hanging
-it forever.
+Ranks whose models differ in a parameter's shape, dtype or ``requires_grad``
+(a width read from a rank-local config, a dtype cast on one rank) run the same
+modules in the same order, and FSDP's first all-gather then pairs buffers of
+different sizes: gloo aborts ("Received data size doesn't match expected
+size"), NCCL hangs or reads garbage. So the check compares the parameter
+table too: each parameter's FQN, shape, numel, dtype and ``requires_grad``,
+in ``named_parameters()`` order, from the model when it is given (else from
+``order.params``).
+
+Algorithm: every rank hashes its order and its parameter table (SHA-256 over
+their JSON, :func:`order_fingerprint`) and the hashes are exchanged with one
+``all_gather_object``. Only when they differ is a second ``all_gather_object``
+of the full orders and tables made, on every rank (each rank sees every hash,
+so all ranks take the same branch and the same collectives), to name the
+first divergent call (:func:`execwrap.graph.first_divergence`, each rank
+against the lowest rank), else the first parameter that differs. Both
+collectives run under the process group's own timeout, so a rank that never
+arrives fails the call instead of hanging it forever.
 """
 
 from __future__ import annotations
@@ -24,34 +33,65 @@ import json
 import logging
 
 import torch.distributed as dist
+import torch.nn as nn
 
 from execwrap.divergence import Divergence, first_divergence
-from execwrap.errors import OrderDivergenceError
-from tracing.order import ExecutionOrder
+from execwrap.errors import OrderDivergenceError, ParamMismatchError
+from tracing.order import ExecutionOrder, ParamInfo, param_infos
 
-__all__ = ["check_order_across_ranks", "order_fingerprint"]
+__all__ = ["check_order_across_ranks", "order_fingerprint", "param_table"]
 
 logger = logging.getLogger(__name__)
 
 #: Calls of context shown on each side of a divergence in error messages.
 _CONTEXT = 3
 
-#: One rank's ``(global rank, module_forward_order, param_forward_order)``.
-_RankOrder = tuple[int, list[str], list[str]]
+#: One parameter as the ranks compare it: ``(FQN, shape, numel, dtype, requires_grad)``.
+ParamEntry = tuple[str, tuple[int, ...], int, str, bool]
+
+#: One rank's ``(global rank, module_forward_order, param_forward_order, parameter table)``.
+_RankOrder = tuple[int, list[str], list[str], list[ParamEntry]]
 
 
-def order_fingerprint(order: ExecutionOrder) -> str:
-    """A SHA-256 hex digest of the parts of ``order`` that decide collectives.
+def param_table(
+    order: ExecutionOrder, model: nn.Module | None = None, *, compare_params: bool = True
+) -> list[ParamEntry]:
+    """The parameters that decide FSDP's buffers, in ``named_parameters()`` order.
 
-    Covers ``module_forward_order`` (every call, repeats kept) and
-    ``param_forward_order``; not capture metadata (method, torch version),
-    which may differ between ranks without harm.
+    Args:
+        order: its ``params`` are used when ``model`` is ``None``.
+        model: the unwrapped model on this rank (what FSDP will shard).
+        compare_params: ``False``: an empty table (nothing to compare).
+
+    Returns:
+        ``(FQN, shape, numel, dtype, requires_grad)`` per canonical parameter.
+    """
+    if not compare_params:
+        return []
+    infos: dict[str, ParamInfo] = param_infos(model) if model is not None else order.params
+    return [
+        (fqn, tuple(info.shape), info.numel, info.dtype, info.requires_grad)
+        for fqn, info in infos.items()
+    ]
+
+
+def order_fingerprint(
+    order: ExecutionOrder, *, model: nn.Module | None = None, compare_params: bool = True
+) -> str:
+    """A SHA-256 hex digest of what decides collectives: the order and the parameters.
+
+    Covers ``module_forward_order`` (every call, repeats kept),
+    ``param_forward_order`` and the :func:`param_table` (of ``model`` when
+    given); not capture metadata (method, torch version), which may differ
+    between ranks without harm.
 
     Args:
         order: the order to hash.
+        model: this rank's unwrapped model, for the parameter table.
+        compare_params: ``False`` leaves the parameter table out.
 
     Returns:
-        64 hex characters; equal orders give equal digests.
+        64 hex characters; equal orders and tables give equal digests.
 
     Example:
         >>> a = ExecutionOrder(module_forward_order=["", "fc"])
@@ -59,7 +99,11 @@ def order_fingerprint(order: ExecutionOrder) -> str:
         True
     """
     payload = json.dumps(
-        [list(order.module_forward_order), list(order.param_forward_order)],
+        [
+            list(order.module_forward_order),
+            list(order.param_forward_order),
+            param_table(order, model, compare_params=compare_params),
+        ],
         separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
@@ -76,17 +120,31 @@ def _context(divergence: Divergence, side: tuple[str, ...]) -> str:
     return ", ".join(parts)
 
 
-def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | None = None) -> None:
-    """Check that every rank of ``group`` captured the same execution order.
+def check_order_across_ranks(
+    order: ExecutionOrder,
+    group: dist.ProcessGroup | None = None,
+    *,
+    model: nn.Module | None = None,
+    compare_params: bool = True,
+) -> None:
+    """Check that every rank of ``group`` captured the same execution order
+    and holds the same parameters.
 
     Collective: every rank of ``group`` must call it (with its own order).
-    Compares ``module_forward_order`` first, then ``param_forward_order``.
-    Without an initialised process group, or with a group of one rank, there
-    is nothing to compare and it returns at once.
+    Compares ``module_forward_order`` first, then ``param_forward_order``,
+    then the parameter table (:func:`param_table`: each parameter's FQN,
+    shape, dtype and ``requires_grad``). Without an initialised process group,
+    or with a group of one rank, there is nothing to compare and it returns at
+    once.
 
     Args:
         order: this rank's order.
         group: the process group (default: the default group, ``WORLD``).
+        model: this rank's unwrapped model: its parameters are compared (else
+            ``order.params``, which capture took from the model).
+        compare_params: ``False`` compares the orders only: for an order
+            recorded after wrapping, whose parameter sizes are each rank's
+            shards (the model was compared before wrapping).
 
     Raises:
         OrderDivergenceError: on every rank when any two ranks differ. Its
@@ -95,7 +153,10 @@ def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | N
             divergent call index in ``module_forward_order`` (or in
             ``param_forward_order`` when only that differs), ``expected`` /
             ``found`` the module (parameter) FQNs on each side, ``None`` where
-            an order ended early.
+            an order ended early. A :class:`ParamMismatchError` (a subclass)
+            when only the parameters differ: ``index`` is the position in
+            ``named_parameters()`` order, and the message names the parameter
+            and its shape, dtype and ``requires_grad`` on each rank.
         RuntimeError: from ``torch.distributed`` when a rank does not take
             part before the process group's timeout (it never hangs longer).
 
@@ -110,7 +171,8 @@ def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | N
     if world == 1:
         return
     my_rank = dist.get_rank()  # global rank, for messages
-    digest = order_fingerprint(order)
+    table = param_table(order, model, compare_params=compare_params)
+    digest = order_fingerprint(order, model=model, compare_params=compare_params)
     digests: list[tuple[int, str] | None] = [None] * world
     dist.all_gather_object(digests, (my_rank, digest), group=group)
     got = [d for d in digests if d is not None]
@@ -119,27 +181,28 @@ def check_order_across_ranks(order: ExecutionOrder, group: dist.ProcessGroup | N
         return
     # Orders differ: every rank saw it, so every rank gathers the full orders.
     full: list[_RankOrder | None] = [None] * world
-    dist.all_gather_object(
-        full,
-        (my_rank, list(order.module_forward_order), list(order.param_forward_order)),
-        group=group,
-    )
+    mine = (my_rank, list(order.module_forward_order), list(order.param_forward_order), table)
+    dist.all_gather_object(full, mine, group=group)
     _raise_first_divergence(sorted((e for e in full if e is not None), key=lambda e: e[0]))
 
 
 def _raise_first_divergence(entries: list[_RankOrder]) -> None:
     """Raise :class:`OrderDivergenceError` for the first rank (by rank) whose
     order differs from the lowest rank's; return if none does."""
-    ref_rank, ref_modules, ref_params = entries[0]
-    for other_rank, modules, params in entries[1:]:
+    ref_rank, ref_modules, ref_params, ref_table = entries[0]
+    for other_rank, modules, params, table in entries[1:]:
         what = "module"
         divergence = first_divergence(ref_modules, modules, context=_CONTEXT)
         if divergence is None:
             what = "parameter"
             divergence = first_divergence(ref_params, params, context=_CONTEXT)
+        differing = sorted(
+            r for r, *rest in entries if rest != [ref_modules, ref_params, ref_table]
+        )
         if divergence is None:
+            if table != ref_table:
+                raise _param_mismatch(ref_rank, ref_table, other_rank, table, differing)
             continue  # equal lists cannot have different digests; be safe
-        differing = sorted(r for r, m, p in entries if (m, p) != (ref_modules, ref_params))
         raise OrderDivergenceError(
             _message(divergence, what, ref_rank, other_rank, differing),
             ranks=(ref_rank, other_rank),
@@ -167,4 +230,47 @@ def _message(
         "flow the same on every rank (branch on values all ranks share, e.g. after "
         "an all_reduce), give every rank inputs that take the same path, or capture "
         "the order symbolically with a TracingConfig whose concrete_args fix the branch."
+    )
+
+
+def _describe(entry: ParamEntry | None) -> str:
+    if entry is None:
+        return "no parameter there (it has fewer)"
+    fqn, shape, numel, dtype, requires_grad = entry
+    elements = f"{numel} element{'' if numel == 1 else 's'}"
+    return f"{fqn!r} of shape {shape} ({elements}), {dtype}, requires_grad={requires_grad}"
+
+
+def _param_mismatch(
+    ref_rank: int,
+    ref_table: list[ParamEntry],
+    other_rank: int,
+    table: list[ParamEntry],
+    differing: list[int],
+) -> ParamMismatchError:
+    """The error naming the first parameter the two tables disagree on."""
+    index = next(
+        (i for i, (a, b) in enumerate(zip(ref_table, table, strict=False)) if a != b),
+        min(len(ref_table), len(table)),
+    )
+    a = ref_table[index] if index < len(ref_table) else None
+    b = table[index] if index < len(table) else None
+    message = (
+        f"Ranks {ref_rank} and {other_rank} hold different parameters (ranks differing from "
+        f"rank {ref_rank}: {differing}). First difference at parameter {index} in "
+        f"named_parameters() order: rank {ref_rank} has {_describe(a)}, rank {other_rank} has "
+        f"{_describe(b)}.\n"
+        "FSDP flattens, shards and all-gathers each unit's parameters by shape and dtype on "
+        "every rank, so these ranks would exchange buffers of different sizes and fail (gloo: "
+        '"Received data size doesn\'t match expected size") or hang. Fix: build the same model '
+        "on every rank (the same config, widths, dtype and frozen parameters) before wrapping."
+    )
+    return ParamMismatchError(
+        message,
+        ranks=(ref_rank, other_rank),
+        index=index,
+        expected=None if a is None else a[0],
+        found=None if b is None else b[0],
+        expected_param=None if a is None else (a[1], a[3], a[4]),
+        found_param=None if b is None else (b[1], b[3], b[4]),
     )

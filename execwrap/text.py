@@ -23,6 +23,7 @@ __all__ = [
     "modules_named",
     "param_count",
     "plural",
+    "printable",
 ]
 
 
@@ -61,3 +62,31 @@ def fqn_and_list(fqns: Iterable[str], limit: int = 8) -> str:
 def modules_named(fqns: Sequence[str]) -> str:
     """``module 'a'`` / ``modules 'a' and 'b'``."""
     return f"module{'s' if len(fqns) != 1 else ''} {fqn_and_list(fqns)}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as its
+    Python escape: each character that ``str.isprintable`` rejects, except the
+    space (C0 and C1 controls such as ESC ``\\x1b``, CR, BEL and DEL; Unicode
+    format characters such as the bidirectional overrides ``\\u202e``; line and
+    paragraph separators; lone surrogates; non-space blanks such as
+    ``\\xa0``) becomes ``\\xHH``, ``\\uHHHH`` or ``\\UHHHHHHHH``.
+
+    Printable text, backslashes included, is left as it is, so the rule can be
+    applied twice without harm (what it writes is printable). It is the rule
+    for text people read on a screen: the command line's output and the
+    report's chart labels; ``report.json`` keeps the exact names.
+
+    >>> printable("blocks.0\\x1b[2J\\u202e")
+    'blocks.0\\\\x1b[2J\\\\u202e'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"

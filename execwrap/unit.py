@@ -11,8 +11,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracing.fqn import display
+from tracing.schema import (
+    Field,
+    Record,
+    SchemaError,
+    field_path,
+    integer,
+    list_of,
+    optional,
+    string,
+)
 
-__all__ = ["WrapUnit"]
+__all__ = ["UNIT_FIELDS", "WrapUnit"]
+
+#: The fields of :meth:`WrapUnit.to_dict` and how each is checked on load.
+UNIT_FIELDS = Record(
+    {
+        "module_fqns": Field(list_of(string())),
+        "param_fqns": Field(list_of(string())),
+        "numel": Field(integer(what="elements")),
+        "bytes": Field(integer(what="bytes")),
+        "first_use": Field(optional(integer(what="a call index")), required=False),
+        "last_use": Field(optional(integer(what="a call index")), required=False),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -66,13 +88,31 @@ class WrapUnit:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WrapUnit:
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, data: Any, *, path: str = "") -> WrapUnit:
+        """Inverse of :meth:`to_dict`, checked against :data:`UNIT_FIELDS`.
+
+        Args:
+            data: the dict (parsed JSON).
+            path: where ``data`` sits in its file (``"plan.units[2]"``), for messages.
+
+        Raises:
+            tracing.schema.SchemaError: (a ``ValueError``) a field is missing or
+                of the wrong type or range, or exactly one of ``first_use`` /
+                ``last_use`` is ``null``, or ``first_use > last_use``.
+        """
+        f = UNIT_FIELDS(data, path)
+        first, last = f["first_use"], f["last_use"]
+        if (first is None) != (last is None) or (first is not None and first > last):
+            raise SchemaError(
+                field_path(path, "first_use"),
+                f"first_use {first!r} and last_use {last!r} are not a range of calls "
+                "(both null, or first_use <= last_use)",
+            )
         return cls(
-            module_fqns=tuple(str(m) for m in data["module_fqns"]),
-            param_fqns=tuple(str(p) for p in data["param_fqns"]),
-            numel=int(data["numel"]),
-            bytes=int(data["bytes"]),
-            first_use=None if data.get("first_use") is None else int(data["first_use"]),
-            last_use=None if data.get("last_use") is None else int(data["last_use"]),
+            module_fqns=tuple(f["module_fqns"]),
+            param_fqns=tuple(f["param_fqns"]),
+            numel=f["numel"],
+            bytes=f["bytes"],
+            first_use=first,
+            last_use=last,
         )

@@ -19,8 +19,24 @@ import torch
 import torch.nn as nn
 
 from tracing.atomic import atomic_write_text
+from tracing.checks import is_int
+from tracing.schema import (
+    Field,
+    Record,
+    SchemaError,
+    boolean,
+    dict_of,
+    field_path,
+    integer,
+    list_of,
+    one_of,
+    optional,
+    string,
+    type_and_value,
+)
 
 __all__ = [
+    "ORDER_FIELDS",
     "SCHEMA_VERSION",
     "CaptureMethod",
     "ExecutionOrder",
@@ -28,6 +44,7 @@ __all__ = [
     "ParamUse",
     "param_info",
     "param_infos",
+    "parse_json",
     "shared_param_map",
 ]
 
@@ -213,16 +230,24 @@ class ExecutionOrder:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<dict>") -> ExecutionOrder:
-        """Build an order from :meth:`to_dict` output.
+    def from_dict(cls, data: Any, *, source: str = "<dict>", prefix: str = "") -> ExecutionOrder:
+        """Build an order from :meth:`to_dict` output, checked field by field.
+
+        Every field is checked against :data:`ORDER_FIELDS` in one pass
+        (strict JSON types: counts are ints, never bools or floats; sizes and
+        indices ``>= 0``; dtypes are torch dtype names; every ``call_index``
+        is a call of ``module_forward_order``). Unknown keys are ignored.
 
         Args:
-            data: the dict.
-            source: where the dict came from, used in error messages.
+            data: the dict (parsed JSON).
+            source: where the dict came from (a file name), used in error messages.
+            prefix: where ``data`` sits in that file (``"order"`` inside a
+                report), so the message names the field as the file has it.
 
         Raises:
-            ValueError: if ``data`` is of another schema version or malformed;
-                the message names ``source`` and the problem.
+            ValueError: ``data`` is of another schema version or malformed; the
+                message (one line) names ``source``, the field and what is wrong
+                (a :class:`tracing.schema.SchemaError` for a malformed field).
         """
         if not isinstance(data, dict):
             raise ValueError(
@@ -234,52 +259,42 @@ class ExecutionOrder:
                 "'schema_version' or 'module_forward_order' field)"
             )
         version = data.get("schema_version")
+        if not is_int(version):
+            raise SchemaError(
+                field_path(prefix, "schema_version"),
+                f"expected the int {SCHEMA_VERSION} (the layout version), got "
+                f"{type_and_value(version)}",
+                source,
+                "ExecutionOrder",
+            )
         if version != SCHEMA_VERSION:
             raise ValueError(
                 f"{source}: unsupported ExecutionOrder schema_version {version!r} "
                 f"(this execwrap reads version {SCHEMA_VERSION}); capture the order again "
                 "with this version"
             )
-        try:
-            order = cls(
-                module_forward_order=_str_list(data["module_forward_order"]),
-                param_forward_order=_str_list(data["param_forward_order"]),
-                param_uses=[
-                    ParamUse(
-                        module_fqn=str(u["module_fqn"]),
-                        call_index=int(u["call_index"]),
-                        param_fqns=tuple(_str_list(u["param_fqns"])),
-                        op=str(u.get("op", "call_module")),
-                    )
-                    for u in data["param_uses"]
-                ],
-                param_backward_order=_str_list(data.get("param_backward_order", [])),
-                module_backward_order=_str_list(data.get("module_backward_order", [])),
-                recompute_order=_str_list(data.get("recompute_order", [])),
-                shared_params={
-                    str(k): _str_list(v) for k, v in dict(data.get("shared_params", {})).items()
-                },
-                params={
-                    str(k): ParamInfo(
-                        numel=int(v["numel"]),
-                        dtype=str(v["dtype"]),
-                        requires_grad=bool(v["requires_grad"]),
-                        shape=tuple(int(s) for s in v.get("shape", [])),
-                    )
-                    for k, v in dict(data.get("params", {})).items()
-                },
-                module_classes={
-                    str(k): str(v) for k, v in dict(data.get("module_classes", {})).items()
-                },
-                method=data["method"],
-                fallback_reason=data.get("fallback_reason"),
-                torch_version=str(data.get("torch_version", "")),
-            )
-        except KeyError as e:
-            raise ValueError(f"{source}: malformed ExecutionOrder: missing field {e}") from e
-        except (TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"{source}: malformed ExecutionOrder: {e}") from e
-        return order
+        f = ORDER_FIELDS.check(data, source=source, prefix=prefix, what="ExecutionOrder")
+        _check_call_indices(f, source, prefix)
+        return cls(
+            module_forward_order=f["module_forward_order"],
+            param_forward_order=f["param_forward_order"],
+            param_uses=[
+                ParamUse(u["module_fqn"], u["call_index"], tuple(u["param_fqns"]), u["op"])
+                for u in f["param_uses"]
+            ],
+            param_backward_order=f["param_backward_order"],
+            module_backward_order=f["module_backward_order"],
+            recompute_order=f["recompute_order"],
+            shared_params=f["shared_params"],
+            params={
+                k: ParamInfo(v["numel"], v["dtype"], v["requires_grad"], tuple(v["shape"]))
+                for k, v in f["params"].items()
+            },
+            module_classes=f["module_classes"],
+            method=f["method"],
+            fallback_reason=f["fallback_reason"],
+            torch_version=f["torch_version"],
+        )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the order as JSON to ``path`` atomically (temp file + rename).
@@ -305,20 +320,92 @@ class ExecutionOrder:
             FileNotFoundError: the file does not exist.
         """
         path = Path(path)
-        text = path.read_text(encoding="utf-8")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from e
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        data = parse_json(text, str(path))
+        prefix = ""
         if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
-            data = data["order"]
-        return cls.from_dict(data, source=str(path))
+            data, prefix = data["order"], "order"
+        return cls.from_dict(data, source=str(path), prefix=prefix)
 
 
-def _str_list(value: Any) -> list[str]:
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list of strings, got {type(value).__name__}")
-    return [str(v) for v in value]
+def parse_json(text: str, source: str) -> Any:
+    """``json.loads(text)``, with every way it can fail as one ``ValueError``
+    naming ``source``: invalid JSON, nesting too deep for the parser
+    (``RecursionError``), an int literal over Python's digit limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{source}: not valid JSON (nested too deeply to read)") from None
+    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ValueError(f"{source}: not valid JSON ({str(e).splitlines()[0]})") from None
+
+
+def _dtype_name(value: Any, path: str) -> str:
+    """A torch dtype name without the ``torch.`` prefix (``"float32"``)."""
+    if not isinstance(value, str):
+        raise SchemaError(
+            path, f"expected a dtype name such as 'float32', got {type_and_value(value)}"
+        )
+    if not isinstance(getattr(torch, value, None), torch.dtype):
+        raise SchemaError(
+            path, f"unknown dtype {value!r} (expected a torch dtype name such as 'float32')"
+        )
+    return value
+
+
+_PARAM_USE = Record(
+    {
+        "module_fqn": Field(string()),
+        "call_index": Field(integer(what="a call index")),
+        "param_fqns": Field(list_of(string())),
+        "op": Field(string(), required=False, default="call_module"),
+    }
+)
+_PARAM_INFO = Record(
+    {
+        "numel": Field(integer(what="elements")),
+        "dtype": Field(_dtype_name),
+        "requires_grad": Field(boolean()),
+        "shape": Field(list_of(integer()), required=False, default=[]),
+    }
+)
+
+#: The fields of :meth:`ExecutionOrder.to_dict` and how each is checked on load
+#: (``schema_version`` is checked first, on its own). A new field is one line here.
+ORDER_FIELDS = Record(
+    {
+        "method": Field(one_of(*_METHODS)),
+        "fallback_reason": Field(optional(string()), required=False),
+        "torch_version": Field(string(), required=False, default=""),
+        "module_forward_order": Field(list_of(string())),
+        "param_forward_order": Field(list_of(string())),
+        "param_uses": Field(list_of(_PARAM_USE)),
+        "param_backward_order": Field(list_of(string()), required=False, default=[]),
+        "module_backward_order": Field(list_of(string()), required=False, default=[]),
+        "recompute_order": Field(list_of(string()), required=False, default=[]),
+        "shared_params": Field(dict_of(list_of(string())), required=False, default={}),
+        "params": Field(dict_of(_PARAM_INFO), required=False, default={}),
+        "module_classes": Field(dict_of(string()), required=False, default={}),
+    }
+)
+
+
+def _check_call_indices(fields: dict[str, Any], source: str, prefix: str) -> None:
+    """Every ``param_uses[i].call_index`` is a call of ``module_forward_order``."""
+    calls = len(fields["module_forward_order"])
+    for i, use in enumerate(fields["param_uses"]):
+        if use["call_index"] >= calls:
+            raise SchemaError(
+                field_path(field_path(field_path(prefix, "param_uses"), i), "call_index"),
+                f"call {use['call_index']} is past the end of module_forward_order ({calls} calls)",
+                source,
+                "ExecutionOrder",
+            )
 
 
 def _dtype_itemsize(dtype: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from execwrap.cli.errors import EXIT_FINDING, EXIT_OK
 from execwrap.cli.options import DiffOptions
 from execwrap.cli.saved import call_label, load_saved
+from execwrap.cli.text import echo
 from execwrap.divergence import Divergence, first_divergence
 from tracing import ExecutionOrder
 
@@ -36,12 +37,12 @@ def run_diff(options: DiffOptions) -> int:
     param_div = _param_divergence(order_a, order_b)
     if param_div is not None:
         label, at = param_div
-        print(
+        echo(
             f"orders differ: same {calls} module calls, but the {label} differs at position "
             f"{at.index}: A {call_label(at.expected)}, B {call_label(at.found)}"
         )
         return EXIT_FINDING
-    print(
+    echo(
         f"orders are the same: {calls} module calls, "
         f"{len(order_a.param_forward_order)} parameters in the same order"
     )
@@ -54,22 +55,23 @@ def _print_call_divergence(
     """The first divergent forward call, and both orders side by side around it."""
     calls_a, calls_b = order_a.module_forward_order, order_b.module_forward_order
     index = div.index
-    print(
+    echo(
         f"orders differ: first divergence at forward call {index}: "
         f"A runs {call_label(div.expected)}, B runs {call_label(div.found)}"
     )
-    print(f"  A = {options.a} ({len(calls_a)} calls, {order_a.method})")
-    print(f"  B = {options.b} ({len(calls_b)} calls, {order_b.method})")
+    echo(f"  A = {options.a} ({len(calls_a)} calls, {order_a.method})")
+    echo(f"  B = {options.b} ({len(calls_b)} calls, {order_b.method})")
     lo, hi = max(0, index - options.context), index + options.context + 1
     width = max([len(call_label(c)) for c in div.context_a] + [len("A")])
-    print(f"\n  {'':>6}  {'A':<{width}}   B")
+    echo()
+    echo(f"  {'':>6}  {'A':<{width}}   B")
     for i in range(lo, hi):
         x = calls_a[i] if i < len(calls_a) else None
         y = calls_b[i] if i < len(calls_b) else None
         if x is None and y is None:
             break
         mark = ">>" if i == index else ("  " if x == y else "!=")
-        print(f"  {mark}{i:>4}  {call_label(x):<{width}}   {call_label(y)}")
+        echo(f"  {mark}{i:>4}  {call_label(x):<{width}}   {call_label(y)}")
 
 
 def _param_divergence(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from execwrap.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
 from execwrap.cli.options import diff_options, report_options, show_options
 from execwrap.cli.parser import build_parser
+from execwrap.cli.text import echo
 
 __all__ = ["main"]
 
@@ -51,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except CLIError as exc:
         logger.debug("error details", exc_info=True)
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        echo(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

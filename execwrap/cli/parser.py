@@ -22,6 +22,7 @@ from execwrap.cli.options import (
     DEFAULT_OUT,
     POLICY_HELP,
 )
+from execwrap.cli.text import terminal_safe
 from execwrap.report.files import REPORT_FORMATS
 
 __all__ = ["DEFAULTS_HELP", "build_parser"]
@@ -46,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         hint = f" (see '{self.prog} --help')"
-        self.exit(EXIT_USAGE, f"{PROG}: error: {message}{hint}\n")
+        self.exit(EXIT_USAGE, terminal_safe(f"{PROG}: error: {message}{hint}") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

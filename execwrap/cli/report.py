@@ -22,7 +22,7 @@ from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
 from execwrap.cli.options import ReportOptions
-from execwrap.cli.text import exc_line, print_table, shorten
+from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
 from execwrap.plan import WrapPlan
 from execwrap.report.formatting import format_bytes, format_numel, short_reason
@@ -55,7 +55,7 @@ def run_report(options: ReportOptions) -> int:
     rows = _summary_rows(model, order, capture_s, plan, baselines, options)
     print_table(rows + [(key, str(path)) for key, path in paths.items()])
     if "html" in paths:
-        print(f"open {paths['html']} in a browser to see the charts and tables")
+        echo(f"open {paths['html']} in a browser to see the charts and tables")
     return EXIT_OK
 
 

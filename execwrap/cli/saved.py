@@ -10,18 +10,18 @@ A saved file is a ``report.json`` (``schema_version`` of the report, an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from execwrap.cli.errors import CLIError
-from execwrap.cli.text import shorten
-from execwrap.errors import ExecwrapError
+from execwrap.cli.text import shorten, terminal_safe
 from execwrap.plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
-from tracing import ExecutionOrder
+from execwrap.report.json_file import REPORT_FIELDS
+from tracing.checks import is_int
 from tracing.fqn import display
+from tracing.order import ExecutionOrder, parse_json
 
 __all__ = ["SavedReport", "call_label", "load_saved"]
 
@@ -43,35 +43,41 @@ class SavedReport:
 
 def load_saved(path: Path) -> SavedReport:
     """Read a saved report or a bare order (``path`` as :func:`~execwrap.cli.options.locate_saved`
-    gives it).
+    gives it), every field checked in one pass.
+
+    The report's own fields are checked against
+    :data:`~execwrap.report.json_file.REPORT_FIELDS`, the order by
+    :meth:`ExecutionOrder.from_dict`, the plan by :meth:`WrapPlan.from_dict`
+    (its units against the order).
 
     Raises:
-        CLIError: the file cannot be read, is not JSON, is not an execwrap
-            report or order, is of another schema version, or is malformed.
+        CLIError: the file cannot be read, is not UTF-8 JSON (nested too
+            deeply included), is not an execwrap report or order, is of another
+            schema version, or a field is malformed; one line naming the file and
+            the field.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"{path}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CLIError(f"{path}: not valid JSON ({exc})") from exc
-    order_data, plan_data = _unwrap(data, path)
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CLIError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    source = str(path)
     try:
-        order = ExecutionOrder.from_dict(order_data, source=str(path))
-    except ValueError as exc:
-        raise CLIError(shorten(exc, 300)) from exc
-    if plan_data is None:
-        return SavedReport(order, None, None)
-    try:
-        plan = WrapPlan.from_dict(plan_data, order)
-    except (ValueError, TypeError, KeyError, ExecwrapError) as exc:
-        raise CLIError(f"{path}: malformed report 'plan': {shorten(exc, 240)}") from exc
-    stats = plan_data.get("stats")  # from_dict took it: a dict
-    return SavedReport(order, plan, stats if isinstance(stats, dict) else None)
+        order_data, plan_data, prefix = _unwrap(parse_json(text, source), path)
+        order = ExecutionOrder.from_dict(order_data, source=source, prefix=prefix)
+        if plan_data is None:
+            return SavedReport(order, None, None)
+        plan = WrapPlan.from_dict(plan_data, order, source=source, prefix="plan")
+    except ValueError as exc:  # SchemaError included: names the file and the field
+        raise CLIError(shorten(exc, 400)) from exc
+    stats = plan_data.get("stats")  # checked by WrapPlan.from_dict: a dict or None
+    return SavedReport(order, plan, stats)
 
 
-def _unwrap(data: Any, path: Path) -> tuple[Any, Any]:
-    """``(order data, plan data or None)`` of a report; ``(data, None)`` of a bare order."""
+def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str]:
+    """``(order data, plan data or None, where the order sits)`` of a report,
+    its own fields checked; ``(data, None, "")`` of a bare order."""
     not_ours = f"{path} is not an execwrap report or order"
     if not isinstance(data, dict):
         raise CLIError(f"{not_ours} (a JSON {type(data).__name__}, not an object)")
@@ -79,19 +85,21 @@ def _unwrap(data: Any, path: Path) -> tuple[Any, Any]:
         version = data.get("schema_version")
         if version is None:
             raise CLIError(f"{not_ours} (an 'order' but no 'schema_version')")
-        if version != REPORT_SCHEMA_VERSION:
+        if not is_int(version) or version != REPORT_SCHEMA_VERSION:
             raise CLIError(
                 f"{path}: unsupported execwrap report schema_version {version!r} (this "
                 f"execwrap reads version {REPORT_SCHEMA_VERSION}); write the report again "
                 "with this version's 'execwrap report'"
             )
-        return data["order"], data.get("plan")
+        fields = REPORT_FIELDS.check(data, source=str(path), what="report")
+        return fields["order"], fields["plan"], "order"
     if "schema_version" not in data and "module_forward_order" not in data:
         raise CLIError(f"{not_ours} (no 'schema_version' / 'module_forward_order')")
-    return data, None
+    return data, None, ""
 
 
 def call_label(fqn: str | None) -> str:
     """A module call as ``show`` and ``diff`` print it: the root as ``<root>``,
-    past the end of an order (``None``) as ``(end)``."""
-    return "(end)" if fqn is None else display(fqn)
+    past the end of an order (``None``) as ``(end)``; escaped as the terminal
+    shows it (:func:`~execwrap.cli.text.terminal_safe`), so columns line up."""
+    return "(end)" if fqn is None else terminal_safe(display(fqn))

@@ -7,7 +7,7 @@ from typing import Any
 from execwrap.cli.errors import EXIT_OK
 from execwrap.cli.options import ShowOptions
 from execwrap.cli.saved import SavedReport, call_label, load_saved
-from execwrap.cli.text import one_line
+from execwrap.cli.text import echo, one_line
 from execwrap.plan import WrapPlan
 from execwrap.report.formatting import format_bytes
 
@@ -24,7 +24,8 @@ def run_show(options: ShowOptions) -> int:
     saved = load_saved(options.path)
     _print_order(options.file, saved)
     if saved.plan is None:
-        print("\nno plan (a bare order)")
+        echo()
+        echo("no plan (a bare order)")
     else:
         _print_plan(saved.plan, saved.plan_stats)
     return EXIT_OK
@@ -33,46 +34,50 @@ def run_show(options: ShowOptions) -> int:
 def _print_order(file: str, saved: SavedReport) -> None:
     order, plan = saved.order, saved.plan
     classes = order.module_classes
-    print(
+    echo(
         f"{file}: {classes.get('', 'model')}, captured {order.method} (torch {order.torch_version})"
     )
     if order.fallback_reason:
-        print(f"fallback reason: {one_line(order.fallback_reason)}")
-    print(f"\nforward order ({len(order.module_forward_order)} calls):")
+        echo(f"fallback reason: {one_line(order.fallback_reason)}")
+    echo()
+    echo(f"forward order ({len(order.module_forward_order)} calls):")
     width = len(str(max(len(order.module_forward_order) - 1, 0)))
     for i, fqn in enumerate(order.module_forward_order):
         unit = ""
         if plan is not None:
             index = plan.unit_of_module(fqn)
             unit = f"  [unit {'-' if index is None else index}]"
-        print(f"  {i:>{width}}  {call_label(fqn)}  ({classes.get(fqn, '?')}){unit}")
+        echo(f"  {i:>{width}}  {call_label(fqn)}  ({classes.get(fqn, '?')}){unit}")
     if order.param_backward_order:
-        print(f"\nbackward gradient order ({len(order.param_backward_order)} parameters):")
+        echo()
+        echo(f"backward gradient order ({len(order.param_backward_order)} parameters):")
         for i, fqn in enumerate(order.param_backward_order):
-            print(f"  {i:>{width}}  {fqn}")
+            echo(f"  {i:>{width}}  {fqn}")
     if order.shared_params:
-        print("\ntied parameters:")
+        echo()
+        echo("tied parameters:")
         for canonical, aliases in order.shared_params.items():
-            print(f"  {canonical} = {', '.join(aliases)}")
+            echo(f"  {canonical} = {', '.join(aliases)}")
 
 
 def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
     bucket = "-" if plan.bucket_numel is None else f"{plan.bucket_numel} elements"
-    print(f"\nplan: policy {plan.policy_name or '-'}, bucket size {bucket}")
+    echo()
+    echo(f"plan: policy {plan.policy_name or '-'}, bucket size {bucket}")
     for i, unit in enumerate(plan.units):
         mods = ", ".join(call_label(m) for m in unit.module_fqns)
         calls = (
             "never called" if unit.first_use is None else f"calls {unit.first_use}..{unit.last_use}"
         )
-        print(
+        echo(
             f"  unit {i}: {mods}  ({len(unit.param_fqns)} parameters, {unit.numel} elements, "
             f"{format_bytes(unit.bytes)}, {calls})"
         )
     if stats is not None:
-        print(
+        echo(
             f"stats (prefetch {stats.get('prefetch')}): {stats.get('num_units')} units, "
             f"{stats.get('all_gathers_per_step')} all-gathers/step, peak unsharded "
             f"{format_bytes(stats.get('peak_unsharded_bytes'))}"
         )
     for note in plan.notes:
-        print(f"note: {note}")
+        echo(f"note: {note}")

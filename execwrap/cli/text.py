@@ -1,20 +1,53 @@
 """Short, one-line texts for the terminal: messages, exception summaries, tables.
 
+Everything the command line prints goes through :func:`echo`, which applies
+the terminal's one escaping rule (:func:`terminal_safe`, which is
+:func:`execwrap.text.printable`): names read from a
+model or a saved file may hold escape sequences or control characters, and
+they are shown escaped, never sent to the terminal.
+
 >>> shorten("a\\n  b " + "c" * 200, 12)
-'a b cccc...'
+'a b ccccc...'
 >>> article("int"), article("Linear")
 ('an int', 'a Linear')
+>>> terminal_safe("blocks.0\\x1b[2J\\u202e")
+'blocks.0\\\\x1b[2J\\\\u202e'
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["article", "exc_line", "one_line", "print_table", "shorten"]
+from execwrap.text import printable as terminal_safe
+
+__all__ = [
+    "article",
+    "echo",
+    "exc_line",
+    "one_line",
+    "print_table",
+    "shorten",
+    "terminal_safe",
+]
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def echo(text: str = "", *, file: IO[str] | None = None) -> None:
+    """Print one line of ``text`` with :func:`terminal_safe` applied, to
+    ``file`` (default ``sys.stdout``). Characters the stream's encoding cannot
+    write are written as backslash escapes instead of raising."""
+    stream = file if file is not None else sys.stdout
+    line = terminal_safe(text)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        line = line.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # a stream that names no codec Python knows
+        line = line.encode("ascii", "backslashreplace").decode("ascii")
+    print(line, file=stream)
 
 
 def one_line(value: Any) -> str:
@@ -47,4 +80,4 @@ def print_table(rows: Sequence[tuple[str, str]]) -> None:
     """Print ``key  value`` rows, indented two spaces, keys in one column."""
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        print(f"  {key:<{width}}  {value}")
+        echo(f"  {key:<{width}}  {value}")

@@ -16,7 +16,11 @@ people read, diff and plot:
   optional (``pip install 'execwrap[report]'``); without it the page has the
   tables and one line saying how to get the charts.
 
-The files are written all or nothing (:mod:`~execwrap.report.file_set`).
+The files are written as one set: a reader sees the old complete set or the
+new one, whenever the writer stops (:mod:`~execwrap.report.file_set`). Each
+format has one escaping rule for names, applied by its writer (see
+:mod:`~execwrap.report.csv_files`, :mod:`~execwrap.report.graphml_file`,
+:mod:`~execwrap.report.html_page`).
 
 Modules: :mod:`~execwrap.report.writer` (:func:`write_report`),
 :mod:`~execwrap.report.files` (formats, file names, schema version),
@@ -42,6 +46,7 @@ from tracing.lazy import lazy_exports
 if TYPE_CHECKING:
     from execwrap.report.files import REPORT_FILES, REPORT_FORMATS, REPORT_SCHEMA_VERSION
     from execwrap.report.formatting import byte_unit, format_bytes, format_numel, short_reason
+    from execwrap.report.graphml_file import graphml_unescape
     from execwrap.report.html_page import NO_CHARTS_LINE
     from execwrap.report.plans import plan_to_dict, stats_to_dict, unsharded_timeline
     from execwrap.report.tables import iter_calls, own_numel
@@ -56,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "format_bytes": "execwrap.report.formatting",
     "format_numel": "execwrap.report.formatting",
     "short_reason": "execwrap.report.formatting",
+    "graphml_unescape": "execwrap.report.graphml_file",
     "NO_CHARTS_LINE": "execwrap.report.html_page",
     "plan_to_dict": "execwrap.report.plans",
     "stats_to_dict": "execwrap.report.plans",
@@ -73,6 +79,7 @@ __all__ = [
     "byte_unit",
     "format_bytes",
     "format_numel",
+    "graphml_unescape",
     "iter_calls",
     "own_numel",
     "plan_to_dict",

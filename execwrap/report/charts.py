@@ -22,6 +22,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from execwrap.report.formatting import byte_unit, format_bytes
+from execwrap.text import printable
 from tracing.fqn import ancestors, display
 
 __all__ = [
@@ -160,7 +161,7 @@ def _backward_spans(plan: Any) -> dict[int, tuple[float, float]] | None:
 
 
 def _unit_label(i: int, unit: Any) -> str:
-    names = [display(m) for m in unit.module_fqns]
+    names = [printable(display(m)) for m in unit.module_fqns]
     label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
     if len(label) > 40:
         label = "…" + label[-39:]

@@ -1,55 +1,128 @@
-"""Write a set of files all or nothing: :func:`write_file_set`.
+"""Write a report's files as one set: :func:`write_file_set`.
 
-Every file is first written to a temporary name in its folder
-(:func:`tracing.atomic.write_temp`); only when every file has been written are
-they renamed into place. An interrupted or failed write leaves neither a
-half-written file nor a temporary one, the targets keep their old content,
-and the folders the call created are removed again. A folder in the way of a
-file is found before anything is written.
+A reader of the report folder sees either the old complete set of files or
+the new complete set, never a mix, whenever the writing process is stopped
+(an exception, Ctrl-C, ``kill -9``, a power cut once the data is on disk).
+The files are reached through one symbolic link, and replacing that link
+(``rename(2)``, atomic on POSIX) switches every file at once::
 
-(The renames themselves are one after another: a crash between two renames
-can leave a mix of old and new files.)
+    OUT/report.json -> .execwrap-report/current/report.json   one link per report file
+    OUT/calls.csv   -> .execwrap-report/current/calls.csv
+    OUT/.execwrap-report/current -> set-<id>                  the one commit point
+    OUT/.execwrap-report/set-<id>/report.json, calls.csv, ... the complete set
+
+(``os.replace`` cannot replace a non-empty folder, so the folder itself cannot
+be swapped; a link can. The report folder stays a plain folder: other files
+in it, and a shell whose working folder it is, are left alone.)
+
+The steps, under an exclusive ``flock`` on ``.execwrap-report`` (two runs
+into one folder take turns):
+
+1. clean up what interrupted runs left: every entry of ``.execwrap-report``
+   but ``current`` and the set it names (a half-written set, a temporary
+   link), and ``.<name>.*.tmp`` files of releases that wrote files one by one;
+2. adopt plain files with report names (an older release's report, a copy):
+   each is linked (or copied) into the current set and replaced by its link,
+   showing the same content at every step;
+3. write the new set into a new ``set-<id>`` folder, each file fsynced;
+4. add the link of each new file name (it shows nothing until step 5);
+5. commit: a new ``current`` link, made under a temporary name, renamed over
+   the old one;
+6. tidy: remove the links of names the new set does not have, and the old set.
+
+On a file system without symbolic links (FAT, some network shares) or a
+platform without ``flock``, the files are written to temporary names and
+renamed into place one by one (:func:`write_one_by_one`): no file is ever
+half-written, but a crash between two renames can leave old and new files
+side by side. A warning says so.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
-from collections.abc import Callable, Mapping
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO
 
 from tracing.atomic import write_temp
 
-__all__ = ["write_file_set"]
+__all__ = ["SET_FOLDER", "write_file_set", "write_one_by_one"]
+
+logger = logging.getLogger(__name__)
+
+#: The hidden folder inside the report folder that holds the sets.
+SET_FOLDER = ".execwrap-report"
+_CURRENT = "current"
+
+Writer = Callable[[IO[bytes]], None]
 
 
-def write_file_set(writers: Mapping[Path, Callable[[IO[bytes]], None]]) -> None:
-    """Write every file to a temp name in its folder, then rename all into place.
+def write_file_set(
+    folder: Path, writers: Mapping[str, Writer], *, known_names: Collection[str] = ()
+) -> None:
+    """Write the files ``writers`` names into ``folder`` as one set (see the module docstring).
 
     Args:
-        writers: target path -> a function that writes the file's bytes.
+        folder: the report folder; created (with its parents) if missing.
+        writers: file name -> a function that writes the file's bytes.
+        known_names: every file name a set may hold (``writers``' names are
+            added). Links of known names the new set lacks are removed with
+            the old set, and files (not folders) with known names are adopted.
 
     Raises:
-        IsADirectoryError: a target exists as a folder (before anything is
-            written; the error's ``filename`` is that target).
-        OSError: a folder cannot be created, or a file written or renamed (the
-            error names the target, not the temporary file).
+        IsADirectoryError: a file name is a folder in ``folder`` (before
+            anything is written; ``filename`` is that path).
+        OSError: a folder cannot be created or a file written (naming it).
 
-    If any writer raises (``KeyboardInterrupt`` included), every temporary
-    file is removed, no target is touched, the folders this call created are
+    If a writer raises (``KeyboardInterrupt`` included), the new set is
+    removed, the folder shows the old set, the folders this call created are
     removed again, and the error propagates.
     """
-    for path in writers:
-        if path.is_dir():
+    names = set(known_names) | set(writers)
+    for name in writers:
+        if (folder / name).is_dir():
             raise IsADirectoryError(
-                errno.EISDIR, "a folder is in the way of a report file", str(path)
+                errno.EISDIR, "a folder is in the way of a report file", str(folder / name)
             )
-    staged: list[tuple[Path, Path]] = []  # (temporary file, target)
-    created: list[Path] = []  # folders this call made, outermost first
+    created = _make_folders(folder)
+    try:
+        _remove_old_temp_files(folder, names)
+        sets = folder / SET_FOLDER
+        made_sets = not os.path.lexists(sets)
+        sets.mkdir(exist_ok=True)
+        if not _supports_sets(sets):
+            if made_sets:
+                shutil.rmtree(sets, ignore_errors=True)
+            logger.warning(
+                "%s: no symbolic links or flock here; report files are replaced one by one "
+                "(a crash between two can leave old and new files side by side)",
+                folder,
+            )
+            write_one_by_one({folder / n: w for n, w in writers.items()})
+            return
+        _FileSet(folder, names).write(writers, made_sets=made_sets)
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def write_one_by_one(writers: Mapping[Path, Writer]) -> None:
+    """Write every file to a temporary name in its folder, then rename each into place.
+
+    The fallback of :func:`write_file_set` where sets cannot be linked. If a
+    writer raises, every temporary file is removed and no target is touched.
+
+    Raises:
+        OSError: a file cannot be written or renamed (naming the target).
+    """
+    staged: list[tuple[Path, Path]] = []
     try:
         for path, writer in writers.items():
-            created += _make_folder(path.parent)
             staged.append((write_temp(path.parent, path.name, writer), path))
         for tmp, path in staged:
             try:
@@ -57,27 +130,196 @@ def write_file_set(writers: Mapping[Path, Callable[[IO[bytes]], None]]) -> None:
             except OSError as exc:  # name the target, not our temporary file
                 raise OSError(exc.errno, exc.strerror, str(path)) from exc
     except BaseException:
-        _clean_up(staged, created)
+        for tmp, _ in staged:
+            _remove(tmp)
         raise
 
 
-def _clean_up(staged: list[tuple[Path, Path]], created: list[Path]) -> None:
-    """Remove the temporary files, then the created folders if no target was written."""
-    for tmp, _ in staged:
+class _FileSet:
+    """One run of steps 1 to 6 on ``folder`` (see the module docstring)."""
+
+    def __init__(self, folder: Path, names: Collection[str]) -> None:
+        self.folder = folder
+        self.names = sorted(names)
+        self.sets = folder / SET_FOLDER
+        self.current = self.sets / _CURRENT
+
+    def link_target(self, name: str) -> str:
+        """What the link of report file ``name`` points to (relative)."""
+        return f"{SET_FOLDER}/{_CURRENT}/{name}"
+
+    def write(self, writers: Mapping[str, Writer], *, made_sets: bool) -> None:
+        """Steps 1 to 6; ``made_sets``: this call created the sets folder."""
+        lock = os.open(self.sets, os.O_RDONLY)
+        new_links: list[Path] = []
+        new_set: Path | None = None
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    if any(path.exists() for _, path in staged):
-        return
-    for folder in reversed(created):
+            _flock(lock)
+            self._clean_up()
+            self._adopt()
+            new_set = self._new_set_folder()
+            self._write_set(new_set, writers)
+            new_links = self._link(writers)
+            self._commit(new_set.name)
+            new_set, new_links = None, []  # committed: the folder shows them now
+            self._tidy(set(writers))
+        except BaseException:
+            for link in new_links:
+                _remove(link)
+            if new_set is not None:
+                shutil.rmtree(new_set, ignore_errors=True)
+            if made_sets and not os.path.lexists(self.current):
+                shutil.rmtree(self.sets, ignore_errors=True)
+            raise
+        finally:
+            os.close(lock)
+
+    # -------------------------------------------------------------- the steps
+    def _current_set(self) -> str | None:
+        """The set folder ``current`` names, or ``None``."""
         try:
-            folder.rmdir()  # only if still empty
+            return os.readlink(self.current)
         except OSError:
-            break
+            return None
+
+    def _clean_up(self) -> None:
+        """Step 1: everything in the sets folder but ``current`` and its set."""
+        keep = {_CURRENT, self._current_set()}
+        for entry in os.scandir(self.sets):
+            if entry.name in keep and entry.is_symlink() == (entry.name == _CURRENT):
+                continue
+            logger.debug("removing %s, left by an interrupted report", entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                _remove(Path(entry.path))
+
+    def _adopt(self) -> None:
+        """Step 2: plain files (or foreign links) with report names join the current set."""
+        strays = [
+            n
+            for n in self.names
+            if os.path.lexists(self.folder / n)
+            and not self._ours(n)
+            and not (self.folder / n).is_dir()  # a folder is not in the way of another set
+        ]
+        if not strays:
+            return
+        current = self._current_set()
+        if current is None:  # a folder of an older release: make its files a set first
+            current = self._new_set_folder().name
+            self._commit(current)
+        for name in strays:
+            path, kept = self.folder / name, self.sets / current / name
+            if path.exists():  # a dangling foreign link shows nothing: nothing to keep
+                tmp = kept.with_name(f".{name}.{secrets.token_hex(4)}.tmp")
+                try:
+                    os.link(path, tmp, follow_symlinks=True)
+                except OSError:
+                    shutil.copy2(path, tmp)
+                os.replace(tmp, kept)
+            self._replace_with_link(name)
+
+    def _write_set(self, new_set: Path, writers: Mapping[str, Writer]) -> None:
+        """Step 3: the new set, complete and on disk."""
+        for name, writer in writers.items():
+            path = new_set / name
+            try:
+                with open(path, "xb") as f:
+                    writer(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:  # name the report file, not the set's copy
+                raise OSError(exc.errno, exc.strerror, str(self.folder / name)) from exc
+        _fsync_folder(new_set)
+
+    def _link(self, writers: Mapping[str, Writer]) -> list[Path]:
+        """Step 4: links for the new names (they point into ``current``)."""
+        made: list[Path] = []
+        for name in writers:
+            if not self._ours(name):
+                self._replace_with_link(name)
+                made.append(self.folder / name)
+        _fsync_folder(self.folder)
+        return made
+
+    def _commit(self, set_name: str) -> None:
+        """Step 5: point ``current`` at ``set_name`` with one rename."""
+        tmp = self.sets / f"{_CURRENT}.{secrets.token_hex(4)}.tmp"
+        os.symlink(set_name, tmp)
+        os.replace(tmp, self.current)
+        _fsync_folder(self.sets)
+
+    def _tidy(self, written: Collection[str]) -> None:
+        """Step 6: links of names the new set lacks, and the old sets."""
+        for name in self.names:
+            if name not in written and self._ours(name):
+                _remove(self.folder / name)
+        self._clean_up()
+
+    # --------------------------------------------------------------- helpers
+    def _ours(self, name: str) -> bool:
+        try:
+            return os.readlink(self.folder / name) == self.link_target(name)
+        except OSError:
+            return False
+
+    def _replace_with_link(self, name: str) -> None:
+        tmp = self.sets / f"link.{secrets.token_hex(4)}.tmp"
+        os.symlink(self.link_target(name), tmp)
+        os.replace(tmp, self.folder / name)
+
+    def _new_set_folder(self) -> Path:
+        path = self.sets / f"set-{time.time_ns():x}-{secrets.token_hex(3)}"
+        path.mkdir()
+        return path
 
 
-def _make_folder(folder: Path) -> list[Path]:
+# ------------------------------------------------------------------ helpers
+def _supports_sets(sets: Path) -> bool:
+    """Whether ``flock`` exists and a symbolic link can be made in the sets folder."""
+    try:
+        import fcntl  # noqa: F401  (POSIX only)
+    except ImportError:
+        return False
+    probe = sets / f"probe.{secrets.token_hex(4)}.tmp"  # step 1 removes a leftover
+    try:
+        os.symlink(SET_FOLDER, probe)
+    except (OSError, NotImplementedError):
+        return False
+    _remove(probe)
+    return True
+
+
+def _flock(fd: int) -> None:
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _remove_old_temp_files(folder: Path, names: Collection[str]) -> None:
+    """``.<name>.*.tmp`` files left by one-by-one writes that were killed."""
+    for name in names:
+        for path in folder.glob(f".{name}.*.tmp"):
+            logger.debug("removing %s, left by an interrupted report", path)
+            _remove(path)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the folder's entries durable (renames and new files survive a power cut)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _make_folders(folder: Path) -> list[Path]:
     """``mkdir -p folder``; returns the folders it created, outermost first."""
     missing: list[Path] = []
     probe = folder
@@ -86,3 +328,18 @@ def _make_folder(folder: Path) -> list[Path]:
         probe = probe.parent
     folder.mkdir(parents=True, exist_ok=True)
     return list(reversed(missing))
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for path in reversed(created):
+        try:
+            path.rmdir()  # only if still empty
+        except OSError:
+            break
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -4,7 +4,13 @@ Sections, in order: a summary, the charts (:mod:`execwrap.report.charts`,
 inline SVG), the units table in execution order, the baselines, the notes,
 and the call and parameter tables (folded). matplotlib is optional
 (``pip install 'execwrap[report]'``); without it the page has the tables and
-:data:`NO_CHARTS_LINE` instead of charts. Every text is HTML-escaped.
+:data:`NO_CHARTS_LINE` instead of charts.
+
+One escaping rule, applied to every text (:func:`html_text`): characters a
+reader cannot see or that a browser would act on (controls, bidirectional
+overrides, lone surrogates) are shown as Python escapes
+(:func:`execwrap.text.printable`, the rule of the terminal and the charts),
+then the text is HTML-escaped (``&``, ``<``, ``>`` and quotes).
 """
 
 from __future__ import annotations
@@ -20,18 +26,25 @@ from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.formatting import blank, format_bytes, format_numel, short_reason
 from execwrap.report.plans import unsharded_timeline
 from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
+from execwrap.text import printable
 from tracing.fqn import display
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.report.context import ReportContext
 
-__all__ = ["NO_CHARTS_LINE", "render_html", "timeline_caption", "write_html"]
+__all__ = ["NO_CHARTS_LINE", "html_text", "render_html", "timeline_caption", "write_html"]
 
 logger = logging.getLogger(__name__)
 
 #: The line the HTML page shows instead of charts when matplotlib is missing.
 NO_CHARTS_LINE = "Charts need matplotlib: pip install 'execwrap[report]'"
+
+
+def html_text(text: str) -> str:
+    """Any text as the page shows it: :func:`~execwrap.text.printable`, then
+    ``html.escape`` (quotes included, so it is safe in attribute values too)."""
+    return html.escape(printable(text))
 
 
 def write_html(ctx: ReportContext, f: IO[bytes]) -> None:
@@ -41,7 +54,7 @@ def write_html(ctx: ReportContext, f: IO[bytes]) -> None:
 
 def render_html(ctx: ReportContext) -> str:
     """The whole page."""
-    e = html.escape
+    e = html_text
     parts: list[str] = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -101,7 +114,7 @@ def _summary(ctx: ReportContext) -> list[str]:
     rows += _plan_summary(ctx)
     out = ['<section id="summary">', "<h2>Summary</h2>", '<table class="summary">']
     for key, value in rows:
-        out.append(f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>")
+        out.append(f"<tr><th>{html_text(key)}</th><td>{html_text(value)}</td></tr>")
     out += ["</table>", "</section>"]
     return out
 
@@ -139,7 +152,7 @@ def _charts(ctx: ReportContext) -> list[str]:
         from execwrap.report import charts
     except ImportError as exc:
         logger.debug("no charts: %s", exc)
-        return out + [f'<p class="no-charts">{html.escape(NO_CHARTS_LINE)}</p>', "</section>"]
+        return out + [f'<p class="no-charts">{html_text(NO_CHARTS_LINE)}</p>', "</section>"]
     named = ctx.named_plans()
     timelines = {name: unsharded_timeline(plan, ctx.prefetch) for name, plan, _ in named}
     peaks = {name: int(st.peak_unsharded_bytes) for name, _, st in named}
@@ -149,11 +162,11 @@ def _charts(ctx: ReportContext) -> list[str]:
     except Exception as exc:  # a broken matplotlib must not cost the whole report
         logger.warning("report charts failed, writing the page without them: %s", exc)
         line = f"Charts failed: {type(exc).__name__}: {exc}"
-        return out + [f'<p class="no-charts">{html.escape(line)}</p>', "</section>"]
+        return out + [f'<p class="no-charts">{html_text(line)}</p>', "</section>"]
     return out + [
         '<figure class="chart" id="chart-timeline">',
         timeline_svg,
-        f"<figcaption>{html.escape(ctx.timeline_caption())}</figcaption>",
+        f"<figcaption>{html_text(ctx.timeline_caption())}</figcaption>",
         "</figure>",
         '<figure class="chart" id="chart-memory">',
         memory_svg,
@@ -211,7 +224,7 @@ def _notes(ctx: ReportContext) -> list[str]:
     if not notes:
         return out + ["<p>None.</p>", "</section>"]
     out.append('<ul class="notes">')
-    out += [f"<li>{html.escape(str(n))}</li>" for n in notes]
+    out += [f"<li>{html_text(str(n))}</li>" for n in notes]
     out += ["</ul>", "</section>"]
     return out
 
@@ -233,7 +246,7 @@ def _folded_table(
 
 
 def _table(cls: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    e = html.escape
+    e = html_text
     out = [f'<table class="{e(cls)}">', "<thead><tr>"]
     out += [f"<th>{e(str(h))}</th>" for h in header]
     out += ["</tr></thead>", "<tbody>"]

@@ -11,13 +11,50 @@ from __future__ import annotations
 import json
 from typing import IO, TYPE_CHECKING, Any
 
+from execwrap.plan import STATS_FIELDS
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.plans import stats_to_dict
+from tracing.schema import Field, Record, dict_of, integer, list_of, one_of, optional, string
 
 if TYPE_CHECKING:
     from execwrap.report.context import ReportContext
 
-__all__ = ["report_dict", "write_json"]
+__all__ = ["REPORT_FIELDS", "report_dict", "write_json"]
+
+
+def _any(value: Any, path: str) -> Any:
+    """Any value (``order`` and ``plan`` are checked by their own tables)."""
+    return value
+
+
+#: The fields of ``report.json`` around the order and the plan, and how each is
+#: checked on load (``schema_version`` first, on its own; ``order`` by
+#: :data:`tracing.order.ORDER_FIELDS`, ``plan`` by
+#: :data:`execwrap.plan.PLAN_FIELDS`). A new field is one line here.
+REPORT_FIELDS = Record(
+    {
+        "kind": Field(one_of("execwrap-report"), required=False),
+        "title": Field(string(), required=False, default=""),
+        "model_class": Field(string(), required=False, default=""),
+        "prefetch": Field(integer(what="units ahead"), required=False, default=1),
+        "order": Field(_any),
+        "plan": Field(_any, required=False),
+        "baselines": Field(
+            dict_of(
+                Record(
+                    {
+                        "policy_name": Field(string(), required=False, default=""),
+                        "bucket_numel": Field(optional(integer(1)), required=False),
+                        "groups": Field(list_of(list_of(string()))),
+                        "stats": Field(STATS_FIELDS),
+                    }
+                )
+            ),
+            required=False,
+            default={},
+        ),
+    }
+)
 
 
 def report_dict(ctx: ReportContext) -> dict[str, Any]:

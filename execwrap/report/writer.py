@@ -1,8 +1,8 @@
 """Write an execution-order report: :func:`write_report`.
 
 It checks its arguments, builds one :class:`~execwrap.report.context.ReportContext`,
-and writes the requested files all or nothing
-(:func:`~execwrap.report.file_set.write_file_set`).
+and writes the requested files as one set: a reader sees the old complete
+set or the new one (:func:`~execwrap.report.file_set.write_file_set`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from execwrap.report.context import ReportContext
 from execwrap.report.file_set import write_file_set
-from execwrap.report.files import REPORT_FORMATS, check_formats, report_paths
+from execwrap.report.files import REPORT_FILES, REPORT_FORMATS, check_formats, report_paths
 from execwrap.report.plans import is_plan
 from tracing.checks import check_int
 from tracing.order import ExecutionOrder
@@ -83,7 +83,11 @@ def write_report(
         "html": ctx.write_html,
     }
     targets = report_paths(out_dir, formats)
-    write_file_set({path: writers[key] for key, path in targets.items()})
+    write_file_set(
+        Path(out_dir),
+        {path.name: writers[key] for key, path in targets.items()},
+        known_names=[name for files in REPORT_FILES.values() for name in files.values()],
+    )
     logger.debug("wrote report files %s", {k: str(p) for k, p in targets.items()})
     return targets
 

@@ -486,6 +486,7 @@ PLANS: dict[str, PlanCase] = {
             (("",), ("w1", "w2", "proj", "scale"), 0, 1),  # forward order, not definition
             (("fc",), ("fc.weight", "fc.bias"), 1, 1),
         ],
+        notes=[("Parameter 'scale' is 0-dim (a scalar)", "refuse this model before wrapping")],
     ),
     "called_twice": PlanCase(
         "called_twice",

@@ -13,6 +13,7 @@ from execwrap import (
     ExecutionOrder,
     OrderDivergenceError,
     ParamExecOrderWrapPolicy,
+    ParamMismatchError,
     TracingConfig,
     always_wrap_policy,
     apply_fully_shard,
@@ -20,6 +21,7 @@ from execwrap import (
 )
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import branch_case
+from tracing import trace_execution_order
 
 
 def _error(fn: Any) -> dict[str, Any] | None:
@@ -114,3 +116,83 @@ def test_check_order_across_ranks() -> None:
 def test_check_order_without_process_group() -> None:
     assert not dist.is_initialized()
     assert check_order_across_ranks(ExecutionOrder(module_forward_order=[""])) is None
+
+
+class _Scaled(torch.nn.Module):
+    """``fc(x) * scale``: with ``scale`` of 4 or of 1 element the forward runs the
+    same way, so the ranks differ only in that one parameter's shape."""
+
+    def __init__(self, scale_numel: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(4, 4)
+        self.out = torch.nn.Linear(4, 2)
+        self.scale = torch.nn.Parameter(torch.ones(scale_numel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.fc(x) * self.scale)
+
+
+def _mismatch(fn: Any) -> dict[str, Any] | None:
+    try:
+        fn()
+    except ParamMismatchError as e:
+        return {
+            "ranks": e.ranks,
+            "index": e.index,
+            "names": (e.expected, e.found),
+            "params": (e.expected_param, e.found_param),
+            "msg": str(e),
+        }
+    return None
+
+
+def _shapes_worker(rank: int, world_size: int) -> dict[str, Any]:
+    def model() -> torch.nn.Module:
+        return _Scaled(4 if rank == 0 else 1)
+
+    x = (torch.randn(2, 4),)
+    mesh = init_device_mesh("cpu", (world_size,))
+    out: dict[str, Any] = {}
+    out["check"] = _mismatch(
+        lambda: check_order_across_ranks(trace_execution_order(model()), model=model())
+    )
+    out["fsdp1"] = _mismatch(
+        lambda: FSDP(
+            model(),
+            auto_wrap_policy=ParamExecOrderWrapPolicy(always_wrap_policy, TracingConfig()),
+            device_id=torch.device("cpu"),
+        )
+    )
+    out["fsdp2"] = _mismatch(
+        lambda: apply_fully_shard(
+            model(), ParamExecOrderWrapPolicy(always_wrap_policy, example_inputs=x), mesh=mesh
+        )
+    )
+    out["fsdp2_recorded"] = _mismatch(  # no order before the first step: parameters checked now
+        lambda: apply_fully_shard(model(), ParamExecOrderWrapPolicy(always_wrap_policy), mesh=mesh)
+    )
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the ranks are still in step
+    out["after"] = float(t)
+    return out
+
+
+def test_ranks_whose_parameters_differ_in_shape_fail_before_wrapping() -> None:
+    # timeout_s bounds every collective: a hang would fail the test, not stall it
+    r0, r1 = run_ranks(_shapes_worker, world_size=2, timeout_s=30)
+    expected = (
+        "Ranks 0 and 1 hold different parameters (ranks differing from rank 0: [1]). First "
+        "difference at parameter 0 in named_parameters() order: rank 0 has 'scale' of shape "
+        "(4,) (4 elements), float32, requires_grad=True, rank 1 has 'scale' of shape (1,) "
+        "(1 element), float32, requires_grad=True.\n"
+    )
+    for r in (r0, r1):
+        for key in ("check", "fsdp1", "fsdp2", "fsdp2_recorded"):
+            e = r[key]
+            assert e is not None, key
+            assert (e["ranks"], e["index"], e["names"]) == ((0, 1), 0, ("scale", "scale"))
+            assert e["params"] == (((4,), "float32", True), ((1,), "float32", True))
+            assert e["msg"].startswith(expected)
+            assert "Received data size doesn't match expected size" in e["msg"]
+        assert r["after"] == 2.0

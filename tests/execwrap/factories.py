@@ -1,4 +1,6 @@
-"""Model factories and tracers for the CLI tests (``--model`` / ``--tracer`` targets).
+"""Model factories and tracers for the CLI tests (``--model`` / ``--tracer`` targets),
+and the models FSDP cannot build naively (shared modules, a scalar parameter)
+that the plan tests share with ``tests/distributed/test_fsdp_builds.py``.
 
 Used as ``tests.execwrap.factories:NAME`` from the repository root.
 """
@@ -12,13 +14,21 @@ import torch.nn as nn
 from execwrap.demo_models import Block, build_demo_model
 
 __all__ = [
+    "HOSTILE_NAMES",
+    "ClipHead",
+    "Conv",
+    "SharedBlocks",
+    "SharedEmbed",
     "NUMBER",
     "BlockLeafTracer",
     "FlagModel",
+    "GainBlock",
+    "HostileNames",
     "broken",
     "demo2",
     "flag_model",
     "gpt2",
+    "hostile_names",
     "not_a_module",
     "raising_model",
     "returns_int",
@@ -123,3 +133,107 @@ class BlockLeafTracer(torch.fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return isinstance(m, Block) or super().is_leaf_module(m, module_qualified_name)
+
+
+#: Module names a model may legally have that break naive output formats:
+#: spreadsheet formulas (OWASP CSV injection), characters XML 1.0 cannot carry,
+#: terminal escape sequences and controls, a bidirectional override, a lone
+#: surrogate, the escape characters themselves.
+HOSTILE_NAMES = (
+    "=HYPERLINK(1)",
+    "+x",
+    "-y",
+    "@z",
+    "\tt",
+    "\rr",
+    "'q",
+    "a\x0bb",
+    "\x1b[31mred",
+    "\u202eevil",
+    "s\ud800",
+    "back\\slash",
+    "nl\nx",
+    "\x00nul",
+    "\x07bell",
+    "\x9bcsi",
+    "\ufffe",
+)
+
+
+class HostileNames(nn.ModuleDict):
+    """One ``Linear(4, 4)`` per name of :data:`HOSTILE_NAMES`, directly on the
+    root (so each FQN starts with its name), called in that order."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        super().__init__({name: nn.Linear(4, 4) for name in HOSTILE_NAMES})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.values():
+            x = layer(x)
+        return x
+
+
+def hostile_names() -> nn.Module:
+    return HostileNames()
+
+
+class Conv(nn.Module):
+    def __init__(self, embed: nn.Module) -> None:
+        super().__init__()
+        self.embed = embed
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.relu(self.embed(x)))
+
+
+class SharedEmbed(nn.Module):
+    """``conv1.embed`` and ``conv2.embed`` are one ``Linear``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        embed = nn.Linear(8, 8)
+        self.conv1 = Conv(embed)
+        self.conv2 = Conv(embed)
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv1(x) + self.conv2(x))
+
+
+class GainBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(8))
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x)) * self.gain
+
+
+class SharedBlocks(nn.Module):
+    """ALBERT-style: one ``GainBlock`` registered three times (``layers.0`` .. ``layers.2``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        block = GainBlock()
+        self.layers = nn.ModuleList([block, block, block])
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x)
+
+
+class ClipHead(nn.Module):
+    """A CLIP-style head: its ``logit_scale`` is a 0-dim parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.logit_scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.logit_scale.exp()

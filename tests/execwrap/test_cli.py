@@ -24,6 +24,7 @@ from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import parse_policy
 from execwrap.cli.options import parse_numel
 from execwrap.demo_models import Block, build_demo_model
+from execwrap.report.file_set import SET_FOLDER
 from tracing import ExecutionOrder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def test_bare_report_writes_all_formats_to_default_dir(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["report"]) == 0
     out = capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES | {SET_FOLDER}
     lines = _summary(out)
     assert "GPT (execwrap.demo_models:build_demo_model)" in lines["model"]
     assert lines["capture"].split()[-3] == "symbolic"
@@ -103,7 +104,12 @@ def test_report_options(tmp_path, capsys):
         ]
     )  # fmt: skip
     assert rc == 0, capsys.readouterr().err
-    assert {p.name for p in tmp_path.iterdir()} == {"report.json", "calls.csv", "params.csv"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "report.json",
+        "calls.csv",
+        "params.csv",
+        SET_FOLDER,
+    }
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["prefetch"] == 0
     assert data["plan"]["stats"]["prefetch"] == 0
@@ -387,6 +393,7 @@ def test_report_folder_in_the_way_writes_nothing(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
     assert list((tmp_path / "report.html").iterdir()) == []
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0  # not in the way
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SET_FOLDER, "report.html", "report.json"]
 
 
 def test_report_interrupted_while_writing_leaves_no_folder(tmp_path, capsys, monkeypatch):
@@ -410,12 +417,12 @@ def test_report_out_dir_not_writable(tmp_path, capsys):
 
 
 def test_report_write_failure_is_bad_output(tmp_path, capsys, monkeypatch):
-    import tracing.atomic as report_mod  # its tempfile module, which writes every report file
+    import execwrap.report.file_set as file_set  # its open() writes every report file
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(report_mod.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(file_set, "open", refuse, raising=False)
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 2
     assert "cannot write the report: [Errno 13] Permission denied" in _err_line(capsys)
 
@@ -479,7 +486,9 @@ def test_diff_same_and_different(demo_report, tmp_path, capsys):
 
 def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
     data = json.loads(demo_report.read_text())["order"]
-    short = dict(data, module_forward_order=data["module_forward_order"][:-1])
+    calls = data["module_forward_order"][:-1]
+    uses = [u for u in data["param_uses"] if u["call_index"] < len(calls)]  # a consistent order
+    short = dict(data, module_forward_order=calls, param_uses=uses)
     (tmp_path / "short.json").write_text(json.dumps(short))
     assert main(["diff", str(demo_report), str(tmp_path / "short.json")]) == 1
     out = capsys.readouterr().out
@@ -519,7 +528,7 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
         ('{"schema_version": 99}', "unsupported ExecutionOrder schema_version 99"),
         (
             '{"schema_version": 1, "order": {"schema_version": 1}}',
-            "missing field 'module_forward_order'",
+            "malformed ExecutionOrder: field order.method: missing",
         ),
     ],
 )
@@ -577,7 +586,9 @@ def test_show_malformed_plan(demo_report, tmp_path, capsys):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
     assert main(["show", str(path)]) == 2
-    assert f"{path}: malformed report 'plan'" in _err_line(capsys)
+    assert _err_line(capsys) == (
+        f"execwrap: error: {path}: malformed WrapPlan: field plan.units[0].param_fqns: missing"
+    )
 
 
 # ---------------------------------------------------------------- value parsing
@@ -777,7 +788,7 @@ def test_subprocess_bare_report(tmp_path):
     proc = _run(["report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES
+    assert {p.name for p in (tmp_path / "execwrap-report").iterdir()} == ALL_FILES | {SET_FOLDER}
     assert "capture" in proc.stdout and "symbolic" in proc.stdout
 
 
@@ -790,7 +801,7 @@ def test_subprocess_gpt2_report_falls_back_to_runtime(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES
+    assert {p.name for p in tmp_path.iterdir()} == ALL_FILES | {SET_FOLDER}
     data = json.loads((tmp_path / "report.json").read_text())
     order = ExecutionOrder.from_dict(data["order"])
     assert order.method == "runtime"
@@ -823,7 +834,8 @@ def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
 
 def test_subprocess_diff_exit_1(demo_report, tmp_path):
     data = json.loads(demo_report.read_text())
-    data["order"]["module_forward_order"].pop(3)
+    calls = data["order"]["module_forward_order"]
+    calls[3], calls[4] = calls[4], calls[3]
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data))
     proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)

@@ -374,9 +374,16 @@ def test_shared_module_is_visited_once() -> None:
     model = Shared()
     assert policy_units(model) == ["", "a"]
     plan = plan_wrap(model, trace_execution_order(model))
-    assert plan.groups == [[""], ["a"]]
-    assert plan.units[1].first_use == 1 and plan.units[1].last_use == 2
-    assert plan.stats(0).all_gathers_per_step == 4  # called twice: 2 forward + 2 backward
+    # FSDP1 would set its wrapper as `a` only and `b` would run it sharded
+    assert plan.groups == [[""]]
+    assert plan.units[0].param_fqns == ("a.weight", "a.bias")
+    assert plan.notes[0] == (
+        "Module 'a' (Linear) is registered under 2 names ('a' and 'b'), so it cannot be an "
+        "FSDP unit: FSDP1 puts a unit's wrapper under the module's first name only, and a call "
+        "through another name would run it with its parameters still sharded. Not wrapped; its "
+        "own parameters (2 parameters, 6 elements) go to unit <root>, which encloses every name "
+        "of it."
+    )
 
 
 # ---------------------------------------------------------------- buckets

@@ -25,6 +25,7 @@ from execwrap.report import (
     write_report,
 )
 from execwrap.report import context as report_mod
+from execwrap.report.file_set import SET_FOLDER
 from tracing import ExecutionOrder, trace_execution_order
 
 ALL_FILES = {"report.json", "calls.csv", "params.csv", "order.graphml", "report.html"}
@@ -65,7 +66,7 @@ def _stats_dict(stats) -> dict:
 def test_writes_every_format_and_nothing_else(written):
     out, paths = written
     assert set(paths) == {"json", "calls_csv", "params_csv", "graphml", "html"}
-    assert {p.name for p in out.iterdir()} == ALL_FILES
+    assert {p.name for p in out.iterdir()} == ALL_FILES | {SET_FOLDER}
     assert all(p.parent == out for p in paths.values())
     assert (out / "report.json").stat().st_mode & 0o044  # readable like open() makes it
 
@@ -73,7 +74,7 @@ def test_writes_every_format_and_nothing_else(written):
 def test_formats_subset(plan, tmp_path):
     paths = write_report(plan, tmp_path, formats=("csv",))
     assert set(paths) == {"calls_csv", "params_csv"}
-    assert {p.name for p in tmp_path.iterdir()} == {"calls.csv", "params.csv"}
+    assert {p.name for p in tmp_path.iterdir()} == {"calls.csv", "params.csv", SET_FOLDER}
 
 
 # ----------------------------------------------------------------------- JSON
@@ -336,7 +337,7 @@ def test_interrupted_write_leaves_no_file(plan, tmp_path, monkeypatch):
 
 def test_interrupted_rewrite_keeps_previous_report(plan, tmp_path, monkeypatch):
     write_report(plan, tmp_path, formats=["json", "csv"])
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
 
     def boom(self, f):
         f.write(b"<!DOCTYPE html><html><body>half")
@@ -345,8 +346,9 @@ def test_interrupted_rewrite_keeps_previous_report(plan, tmp_path, monkeypatch):
     monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path, formats=["json", "csv", "html"], prefetch=0)
-    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
     assert after == before
+    assert len(list((tmp_path / SET_FOLDER).iterdir())) == 2  # current and its set: no leftover
 
 
 def test_unwritable_out_dir_raises_and_leaves_nothing(plan, tmp_path):

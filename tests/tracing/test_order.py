@@ -91,7 +91,7 @@ def test_load_malformed_file_names_the_file_and_field(
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(data))
     with pytest.raises(
-        ValueError, match=r"broken\.json: malformed ExecutionOrder: missing field 'param_uses'"
+        ValueError, match=r"broken\.json: malformed ExecutionOrder: field param_uses: missing$"
     ):
         ExecutionOrder.load(path)
 
@@ -100,14 +100,19 @@ def test_load_malformed_file_names_the_file_and_field(
     path.write_text(json.dumps(data))
     with pytest.raises(
         ValueError,
-        match=r"broken\.json: malformed ExecutionOrder: expected a list of strings, got str",
+        match=r"broken\.json: malformed ExecutionOrder: field module_forward_order: expected a "
+        r"list, got str 'not a list'$",
     ):
         ExecutionOrder.load(path)
 
     data = order.to_dict()
     data["method"] = "guess"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"broken\.json: malformed ExecutionOrder: .*'guess'"):
+    with pytest.raises(
+        ValueError,
+        match=r"broken\.json: malformed ExecutionOrder: field method: expected one of "
+        r"'symbolic', 'runtime', got str 'guess'$",
+    ):
         ExecutionOrder.load(path)
 
 

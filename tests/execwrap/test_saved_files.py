@@ -1,0 +1,268 @@
+"""Malformed saved files: ``show`` and ``diff`` exit 2 with one line naming the file and the field.
+
+Each case damages a valid ``report.json`` the way the adversarial review did
+(issue 15); the one-line message is asserted exactly. The same checks guard
+:meth:`ExecutionOrder.load`, which raises ``ValueError`` with the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from execwrap.cli import main
+from tracing import ExecutionOrder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("saved") / "r"
+    assert main(["report", "--out", str(out), "--format", "json"]) == 0
+    return out / "report.json"
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return edit
+
+
+def _param_field(field: str, value: Any) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        data["order"]["params"]["wte.weight"][field] = value
+
+    return edit
+
+
+# (id, edit of the parsed report or None, raw text replacement or None, message after the path)
+CASES: list[tuple[str, Any, Any, str]] = [
+    (
+        "nested-100000-deep",
+        None,
+        "[" * 100_000 + "]" * 100_000,
+        "not valid JSON (nested too deeply to read)",
+    ),
+    (
+        "int-over-digit-limit",
+        None,
+        "1" * 5000,
+        "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: "
+        "value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)",
+    ),
+    (
+        "numel-1e999",
+        _param_field("numel", "INF"),
+        None,
+        "malformed ExecutionOrder: field order.params['wte.weight'].numel: expected an int "
+        ">= 0 (elements), got float inf",
+    ),
+    (
+        "bucket-size-1e999",
+        _set(("plan", "bucket_numel"), "INF"),
+        None,
+        "malformed WrapPlan: field plan.bucket_numel: expected an int >= 1 (elements), "
+        "got float inf",
+    ),
+    (
+        "string-in-stats",
+        _set(("plan", "stats", "peak_unsharded_bytes"), "big"),
+        None,
+        "malformed WrapPlan: field plan.stats.peak_unsharded_bytes: expected an int >= 0 "
+        "(bytes), got str 'big'",
+    ),
+    (
+        "report-schema-version-true",
+        _set(("schema_version",), True),
+        None,
+        "unsupported execwrap report schema_version True (this execwrap reads version 1); "
+        "write the report again with this version's 'execwrap report'",
+    ),
+    (
+        "report-schema-version-1.0",
+        _set(("schema_version",), 1.0),
+        None,
+        "unsupported execwrap report schema_version 1.0 (this execwrap reads version 1); "
+        "write the report again with this version's 'execwrap report'",
+    ),
+    (
+        "plan-schema-version-true",
+        _set(("plan", "schema_version"), True),
+        None,
+        "unsupported WrapPlan schema_version True (this execwrap reads 1); build the plan again "
+        "with plan_wrap",
+    ),
+    (
+        "order-schema-version-1.0",
+        _set(("order", "schema_version"), 1.0),
+        None,
+        "malformed ExecutionOrder: field order.schema_version: expected the int 1 (the layout "
+        "version), got float 1.0",
+    ),
+    (
+        "order-schema-version-true",
+        _set(("order", "schema_version"), True),
+        None,
+        "malformed ExecutionOrder: field order.schema_version: expected the int 1 (the layout "
+        "version), got bool True",
+    ),
+    (
+        "negative-numel",
+        _param_field("numel", -5),
+        None,
+        "malformed ExecutionOrder: field order.params['wte.weight'].numel: expected an int "
+        ">= 0 (elements), got int -5",
+    ),
+    (
+        "unknown-dtype",
+        _param_field("dtype", "float33"),
+        None,
+        "malformed ExecutionOrder: field order.params['wte.weight'].dtype: unknown dtype "
+        "'float33' (expected a torch dtype name such as 'float32')",
+    ),
+    (
+        "bool-requires-grad-as-int",
+        _param_field("requires_grad", 1),
+        None,
+        "malformed ExecutionOrder: field order.params['wte.weight'].requires_grad: expected "
+        "true or false, got int 1",
+    ),
+    (
+        "call-index-past-the-end",
+        _set(("order", "param_uses", 0, "call_index"), 999),
+        None,
+        "malformed ExecutionOrder: field order.param_uses[0].call_index: call 999 is past the "
+        "end of module_forward_order (40 calls)",
+    ),
+    (
+        "plan-unit-names-unknown-module",
+        _set(("plan", "units", 1, "module_fqns"), ["ghost"]),
+        None,
+        "malformed WrapPlan: field plan.units[1].module_fqns[0]: names module 'ghost', which "
+        "the order does not have",
+    ),
+    (
+        "plan-unit-names-unknown-parameter",
+        _set(("plan", "units", 0, "param_fqns"), ["wte.weight", "ghost.weight"]),
+        None,
+        "malformed WrapPlan: field plan.units[0].param_fqns[1]: names parameter 'ghost.weight', "
+        "which the order does not have",
+    ),
+    (
+        "unit-last-use-past-the-end",
+        _set(("plan", "units", 0, "last_use"), 40),
+        None,
+        "malformed WrapPlan: field plan.units[0].last_use: call 40 is past the end of the "
+        "order's module_forward_order (40 calls)",
+    ),
+    (
+        "unit-use-range-half-null",
+        _set(("plan", "units", 0, "first_use"), None),
+        None,
+        "malformed WrapPlan: field plan.units[0].first_use: first_use None and last_use 39 are "
+        "not a range of calls (both null, or first_use <= last_use)",
+    ),
+    (
+        "call-name-not-a-string",
+        _set(("order", "module_forward_order", 3), 7),
+        None,
+        "malformed ExecutionOrder: field order.module_forward_order[3]: expected a string, "
+        "got int 7",
+    ),
+    (
+        "nan-prefetch",
+        _set(("prefetch",), "NAN"),
+        None,
+        "malformed report: field prefetch: expected an int >= 0 (units ahead), got float nan",
+    ),
+    (
+        "stats-list-of-strings",
+        _set(("plan", "stats", "bytes_per_all_gather"), ["1"]),
+        None,
+        "malformed WrapPlan: field plan.stats.bytes_per_all_gather[0]: expected an int >= 0 "
+        "(bytes), got str '1'",
+    ),
+    (
+        "baseline-groups-not-lists",
+        _set(("baselines", "transformer:Block (no buckets)", "groups"), "x"),
+        None,
+        "malformed report: field baselines['transformer:Block (no buckets)'].groups: expected "
+        "a list, got str 'x'",
+    ),
+]
+
+
+def _write(report: Path, tmp_path: Path, edit: Any, raw: Any) -> Path:
+    if raw is None:
+        data = json.loads(report.read_text())
+        edit(data)
+        text = json.dumps(data).replace('"INF"', "1e999").replace('"NAN"', "NaN")
+    else:
+        text = raw
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("edit, raw, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_malformed_file_exits_2_with_one_line(report, tmp_path, capsys, edit, raw, message):
+    path = _write(report, tmp_path, edit, raw)
+    expected = f"execwrap: error: {path}: {message}\n"
+    assert main(["show", str(path)]) == 2
+    assert capsys.readouterr() == ("", expected)
+    assert main(["diff", str(report), str(path)]) == 2
+    assert capsys.readouterr() == ("", expected)
+
+
+def test_load_gives_the_same_message(report, tmp_path):
+    path = _write(report, tmp_path, _param_field("dtype", "float33"), None)
+    with pytest.raises(ValueError) as info:
+        ExecutionOrder.load(path)
+    assert str(info.value) == (
+        f"{path}: malformed ExecutionOrder: field order.params['wte.weight'].dtype: unknown "
+        "dtype 'float33' (expected a torch dtype name such as 'float32')"
+    )
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON \(nested too deeply"):
+        ExecutionOrder.load(path)
+    path.write_bytes(b'{"schema_version": 1, "method": "\xff"}')
+    with pytest.raises(ValueError, match=r"bad\.json: not UTF-8 text \(invalid start byte at"):
+        ExecutionOrder.load(path)
+
+
+def test_negative_context_is_a_usage_error(report, capsys):
+    assert main(["diff", str(report), str(report), "--context", "-3"]) == 2
+    assert capsys.readouterr().err == "execwrap: error: --context must be >= 0, got -3\n"
+
+
+def test_not_utf8(report, tmp_path, capsys):
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"schema_version": 1, "title": "caf\xe9"}')
+    assert main(["show", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"execwrap: error: {path}: not UTF-8 text (invalid continuation byte at byte 35)\n"
+    )
+
+
+def test_no_traceback_in_a_real_process(report, tmp_path):
+    path = _write(report, tmp_path, None, "[" * 100_000 + "]" * 100_000)
+    proc = subprocess.run(
+        [sys.executable, "-m", "execwrap", "show", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"execwrap: error: {path}: not valid JSON (nested too deeply to read)\n"
