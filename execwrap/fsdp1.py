@@ -222,53 +222,47 @@ class ParamExecOrderWrapPolicy(_Policy):
                 (checked before wrapping, also when the order is recorded
                 during the first step).
         """
-        ignored = list(ignored_modules or ())
-        order = self.order
-        if order is None and (self.tracing_config is not None or self.example_inputs is not None):
-            order = capture_execution_order(
-                model,
-                tracing_config=self.tracing_config,
-                example_inputs=self.example_inputs,
-                example_kwargs=self.example_kwargs,
-            )
-            if order.fallback_reason is not None:  # tracing logged it at INFO already
-                logger.debug(
-                    "ParamExecOrderWrapPolicy: symbolic tracing failed, order captured at "
-                    "run time instead (%s)",
-                    order.fallback_reason,
-                )
-        check = self.check_ranks and dist.is_available() and dist.is_initialized()
-        if order is not None:
-            if check:  # the order, and this rank's parameters (shapes, dtypes, requires_grad)
-                check_order_across_ranks(order, group=group, model=model)
-            self.order = order
-            self.plan = plan_wrap_unwatched(
-                model,
-                order,
-                self.init_policy,
-                bucket_numel=self.bucket_numel,
-                ignored_modules=ignored,
-                groups=self.groups,
-                target=target,
-            )
-        else:
+        order = self.order if self.order is not None else self._capture(model)
+        if order is None:
             logger.info(
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
-            empty = _empty_order(model)
-            if check:  # the parameters now; the order after the first step
-                check_order_across_ranks(empty, group=group, model=model)
-            self.plan = plan_wrap_unwatched(
-                model,
-                empty,
-                self.init_policy,
-                bucket_numel=None,
-                ignored_modules=ignored,
-                groups=self.groups,
-                target=target,
-            )
+        planned = order if order is not None else _empty_order(model)
+        if self.check_ranks and dist.is_available() and dist.is_initialized():
+            # the order, and this rank's parameters (shapes, dtypes, requires_grad); an
+            # order recorded during the first step is checked after that step
+            check_order_across_ranks(planned, group=group, model=model)
+        self.order = order
+        self.plan = plan_wrap_unwatched(
+            model,
+            planned,
+            self.init_policy,
+            bucket_numel=self.bucket_numel if order is not None else None,
+            ignored_modules=list(ignored_modules or ()),
+            groups=self.groups,
+            target=target,
+        )
         return self.plan
+
+    def _capture(self, model: nn.Module) -> ExecutionOrder | None:
+        """Capture ``model``'s order from the tracing config / example inputs
+        (``None`` when there is neither: it is recorded during the first step)."""
+        if self.tracing_config is None and self.example_inputs is None:
+            return None
+        order = capture_execution_order(
+            model,
+            tracing_config=self.tracing_config,
+            example_inputs=self.example_inputs,
+            example_kwargs=self.example_kwargs,
+        )
+        if order.fallback_reason is not None:  # tracing logged it at INFO already
+            logger.debug(
+                "ParamExecOrderWrapPolicy: symbolic tracing failed, order captured at "
+                "run time instead (%s)",
+                order.fallback_reason,
+            )
+        return order
 
     def _run_policy(
         self,
