@@ -46,7 +46,7 @@ import torch.nn as nn
 from execwrap.cost.curve import CollectiveCurve
 from tracing.rates import ComputeRates
 
-__all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "sweep_sizes"]
+__all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def calibration_fields(
     ag_curve = CollectiveCurve.from_samples(sizes, ag)
     rs_curve = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
-    rates = ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
+    rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     overlap = _overlap(group, dev)
     group_overhead, opt_overhead = _fsdp_overheads(group, dev, ag_curve, rs_curve, copy_rate)
     fields: dict[str, Any] = {
@@ -132,6 +132,28 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def measure_compute_rates(
+    device: torch.device | str = "cpu", *, copy_bytes_per_s: float | None = None
+) -> ComputeRates:
+    """The device's compute rates, measured in this process (no process group needed).
+
+    A square matmul loop (FLOP/s; float32 on CPU, bfloat16 on CUDA), a 64 MiB
+    copy (memory traffic: twice the bytes copied per second) and a loop of
+    one-element adds (the fixed cost per op), medians of several runs.
+
+    Args:
+        device: where to measure.
+        copy_bytes_per_s: a copy rate measured already (skips the copy).
+
+    Example:
+        >>> rates = measure_compute_rates("cpu")  # doctest: +SKIP
+        >>> order = record_execution_order(meta_model, meta_inputs, timing=rates)  # doctest: +SKIP
+    """
+    dev = torch.device(device)
+    copy_rate = _copy_rate(dev) if copy_bytes_per_s is None else copy_bytes_per_s
+    return ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
 
 
 # ------------------------------------------------------------------ measurements
