@@ -6,11 +6,12 @@ collectives) and returns the model's constructor arguments, measured on rank
 The measurements, in about 10 to 30 s:
 
 * collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
-  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single``
-  (what FSDP2 calls), a barrier before each size, the median of several
+  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
+  ``ReduceOp.AVG`` (what FSDP2 calls for float32), a barrier before each size, the median of several
   runs per size; the curve is piecewise-linear through the medians
   (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
-* copy bandwidth: the median time of copying a 64 MiB buffer;
+* copy bandwidth: the median time of copying a 64 MiB buffer into a freshly
+  allocated one (as FSDP2's copy-out fills new unsharded storage);
 * compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
   twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
@@ -201,10 +202,10 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
         def run() -> None:
             dist.all_gather_single(full, shard, group=group)
 
-    else:
+    else:  # FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG
 
         def run() -> None:
-            dist.reduce_scatter_single(shard, full, group=group)
+            dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
 
     dist.barrier(group=group)
     seconds = _median_time(run, dev, repeats=_repeats(nbytes))
@@ -212,10 +213,10 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
 
 
 def _copy_rate(dev: torch.device) -> float:
-    """Bytes copied per second for a 64 MiB buffer."""
+    """Bytes copied per second into a freshly allocated 64 MiB buffer (FSDP2 allocates
+    each all-gather output and unsharded parameter anew, so allocation counts)."""
     src = torch.ones(_COPY_BYTES // 4, device=dev)
-    dst = torch.empty_like(src)
-    seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
+    seconds = _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=9)
     return _COPY_BYTES / max(seconds, 1e-9)
 
 
