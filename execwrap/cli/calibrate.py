@@ -68,6 +68,7 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
     rows += [
         ("copy bandwidth", f"{model.copy_bytes_per_s / 1e9:.2f} GB/s"),
         ("fixed cost per group per collective", f"{model.group_overhead_s * 1e6:.1f} us"),
+        ("  and per parameter tensor", f"{model.param_overhead_s * 1e6:.1f} us"),
         ("overlap (compute speed beside a collective)", f"{model.overlap:.2f}"),
         ("matmul rate", f"{model.compute.flops_per_s / 1e9:.1f} GFLOP/s"),
         ("cost per op", f"{model.compute.op_overhead_s * 1e6:.2f} us"),

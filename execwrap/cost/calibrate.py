@@ -17,13 +17,14 @@ The measurements, in about 10 to 30 s:
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* the fixed cost per FSDP2 group: steps (forward, backward) of stacks of 4,
-  12 and 24 ``Linear(16, 16)`` layers, each layer its own ``fully_shard``
-  group, and of the same stacks unsharded, in interleaved rounds; the slope
-  over the layer count of the difference, minus what the curves and copies
-  predict for a layer's collectives, per collective; and the optimizer's
-  cost per parameter tensor (the slope of ``AdamW.step`` on those models,
-  whose parameters FSDP2 made DTensors).
+* FSDP2's fixed costs: steps (forward, backward) of stacks of 4, 12 and 24
+  groups of 1 or 4 ``Linear(16, 16)`` layers, each group its own
+  ``fully_shard`` unit, and of the same stacks unsharded, in interleaved
+  rounds; the slope over the group count of the difference, minus what the
+  curves and copies predict for a group's collectives, is three collectives'
+  fixed cost, ``group + tensors * per_tensor``, solved for the two group
+  sizes; and the optimizer's cost per parameter tensor (the slope of
+  ``AdamW.step``, whose parameters FSDP2 made DTensors).
 
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
@@ -110,7 +111,9 @@ def calibration_fields(
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     overlap = _overlap(group, dev)
-    group_overhead, opt_overhead = _fsdp_overheads(group, dev, ag_curve, rs_curve, copy_rate)
+    group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
+        group, dev, ag_curve, rs_curve, copy_rate
+    )
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,
@@ -119,6 +122,7 @@ def calibration_fields(
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
         "group_overhead_s": group_overhead,
+        "param_overhead_s": tensor_overhead,
         "overlap": overlap,
         "compute": rates,
         "optimizer_param_overhead_s": opt_overhead,
@@ -278,8 +282,10 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
 
 
-#: Layer counts of the tiny FSDP2 models whose step times give the per-group cost.
-_LAYERS = (4, 12, 24)
+#: Group counts of the tiny FSDP2 models whose step times give the fixed costs.
+_GROUPS = (4, 12, 24)
+#: Linear(16, 16) layers per group (2 and 8 parameter tensors per group).
+_LAYERS_PER_GROUP = (1, 4)
 
 
 def _fsdp_overheads(
@@ -288,45 +294,49 @@ def _fsdp_overheads(
     ag: CollectiveCurve,
     rs: CollectiveCurve,
     copy_rate: float,
-) -> tuple[float, float]:
-    """(fixed seconds per FSDP2 group per collective, optimizer seconds per parameter tensor).
+) -> tuple[float, float, float]:
+    """Fixed seconds per FSDP2 group per collective, per parameter tensor per collective,
+    and per parameter tensor per optimizer step.
 
-    Steps of ``Linear(16, 16)`` stacks, each layer a ``fully_shard`` group, and of
-    the same stacks unsharded, all measured in interleaved rounds; the slope
-    over the layer count (least squares) of sharded minus unsharded step time
-    is one group's cost: two all-gathers and one reduce-scatter of its 1 KiB,
-    their copies, and three times the fixed cost sought.
+    Stacks of 4, 12 and 24 groups of 1 or 4 ``Linear(16, 16)`` layers, each
+    group a ``fully_shard`` unit, and the same stacks unsharded, measured in
+    interleaved rounds. The slope over the group count (least squares) of
+    sharded minus unsharded step time is one group's cost: two all-gathers and
+    one reduce-scatter of its bytes (the curves), their copies, and three times
+    ``group + tensors * per_tensor`` (solved from the two group sizes).
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = DeviceMesh.from_group(group, dev.type)
-    steps: dict[tuple[int, bool], Callable[[], None]] = {}
-    updates: dict[int, Callable[[], None]] = {}
-    for layers in _LAYERS:
-        for sharded in (True, False):
-            model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(layers)]).to(dev)
-            if sharded:
-                for layer in model:
-                    fully_shard(layer, mesh=mesh)
-                fully_shard(model, mesh=mesh)
-            step, update = _tiny_step(model, dev)
-            steps[layers, sharded] = step
-            if sharded:
-                updates[layers] = update
-    times = _interleaved(
-        {**{str(k): v for k, v in steps.items()}, **{f"opt{k}": v for k, v in updates.items()}},
-        dev,
-        group,
-        rounds=9,
-    )
-    extra = [times[str((n, True))] - times[str((n, False))] for n in _LAYERS]
-    per_layer = _slope(list(_LAYERS), extra)
-    nbytes = (16 * 16 + 16) * 4  # one layer's parameters, float32
-    predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
-    group_overhead = max(0.0, (per_layer - predicted) / 3)
-    per_tensor = _slope([2 * n for n in _LAYERS], [times[f"opt{n}"] for n in _LAYERS])
-    return group_overhead, max(0.0, per_tensor)
+    fns: dict[str, Callable[[], None]] = {}
+    for k in _LAYERS_PER_GROUP:
+        for n in _GROUPS:
+            for sharded in (True, False):
+                model = nn.Sequential(
+                    *[nn.Sequential(*[nn.Linear(16, 16) for _ in range(k)]) for _ in range(n)]
+                ).to(dev)
+                if sharded:
+                    for unit in model:
+                        fully_shard(unit, mesh=mesh)
+                    fully_shard(model, mesh=mesh)
+                step, update = _tiny_step(model, dev)
+                fns[f"{k}/{n}/{sharded}"] = step
+                if sharded:
+                    fns[f"opt {k}/{n}"] = update
+    times = _interleaved(fns, dev, group, rounds=9, fastest=True)
+    per_collective: list[float] = []
+    for k in _LAYERS_PER_GROUP:
+        extra = [times[f"{k}/{n}/True"] - times[f"{k}/{n}/False"] for n in _GROUPS]
+        nbytes = k * (16 * 16 + 16) * 4  # one group's parameters, float32
+        predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
+        per_collective.append((_slope(list(_GROUPS), extra) - predicted) / 3)
+    tensors = [2 * k for k in _LAYERS_PER_GROUP]
+    per_tensor = max(0.0, (per_collective[1] - per_collective[0]) / (tensors[1] - tensors[0]))
+    per_group = max(0.0, per_collective[0] - tensors[0] * per_tensor)
+    k = _LAYERS_PER_GROUP[-1]
+    opt = _slope([2 * k * n for n in _GROUPS], [times[f"opt {k}/{n}"] for n in _GROUPS])
+    return per_group, per_tensor, max(0.0, opt)
 
 
 def _slope(xs: list[int], ys: list[float]) -> float:
@@ -357,10 +367,17 @@ def _tiny_step(
 
 
 def _interleaved(
-    fns: dict[str, Callable[[], None]], dev: torch.device, group: dist.ProcessGroup, *, rounds: int
+    fns: dict[str, Callable[[], None]],
+    dev: torch.device,
+    group: dist.ProcessGroup,
+    *,
+    rounds: int,
+    fastest: bool = False,
 ) -> dict[str, float]:
-    """Median seconds of each function, run in rounds (each once per round, same order on
-    every rank: they may issue collectives), a barrier before each run."""
+    """Median (``fastest``: smallest) seconds of each function, run in rounds (each once per
+    round, in the same order on every rank: they may issue collectives), a barrier before
+    each run. The fixed costs are small differences of larger times: the fastest round is
+    the one least disturbed by other load."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -369,7 +386,7 @@ def _interleaved(
             fn()
             _sync(dev)
             times[k].append(time.perf_counter() - t0)
-    return {k: float(statistics.median(v)) for k, v in times.items()}
+    return {k: float(min(v) if fastest else statistics.median(v)) for k, v in times.items()}
 
 
 def _machine() -> str:
