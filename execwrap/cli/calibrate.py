@@ -67,6 +67,10 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
     ]
     rows += [
         ("copy bandwidth", f"{model.copy_bytes_per_s / 1e9:.2f} GB/s"),
+        (
+            "copy into a new buffer, 1 / 16 / 256 MiB",
+            " / ".join(f"{model.copy_time(n) * 1e3:.3f}" for n in (2**20, 2**24, 2**28)) + " ms",
+        ),
         ("fixed cost per group per collective", f"{model.group_overhead_s * 1e6:.1f} us"),
         ("  and per parameter tensor", f"{model.param_overhead_s * 1e6:.1f} us"),
         ("overlap (compute speed beside a collective)", f"{model.overlap:.2f}"),

@@ -7,11 +7,14 @@ The measurements, in about 10 to 30 s:
 
 * collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
   ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
-  ``ReduceOp.AVG`` (what FSDP2 calls for float32), a barrier before each size, the median of several
+  ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
+  float32), a barrier before each size, the median of several
   runs per size; the curve is piecewise-linear through the medians
   (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
-* copy bandwidth: the median time of copying a 64 MiB buffer into a freshly
-  allocated one (as FSDP2's copy-out fills new unsharded storage);
+* copies: the same sweep of copies into freshly allocated buffers (as
+  FSDP2's copy-out fills new unsharded storage: on CPU small buffers stay in
+  cache, large fresh ones pay their page faults), and the bandwidth of a
+  64 MiB copy between allocated buffers;
 * compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
   twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
@@ -109,6 +112,7 @@ def calibration_fields(
     ag_curve = CollectiveCurve.from_samples(sizes, ag)
     rs_curve = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
+    copies = [_fresh_copy_time(n, dev) for n in sizes]
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     overlap = _overlap(group, dev)
     group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
@@ -121,6 +125,7 @@ def calibration_fields(
         "all_gather": ag_curve,
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
+        "copy_curve": CollectiveCurve.from_samples(sizes, copies),
         "group_overhead_s": group_overhead,
         "param_overhead_s": tensor_overhead,
         "overlap": overlap,
@@ -201,15 +206,18 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
     world = dist.get_world_size(group)
     full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
+    # FSDP2 allocates every all-gather output and reduce-scatter output anew
     if kind == "all_gather":
 
         def run() -> None:
-            dist.all_gather_single(full, shard, group=group)
+            dist.all_gather_single(torch.empty_like(full), shard, group=group)
 
     else:  # FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG
 
         def run() -> None:
-            dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
+            dist.reduce_scatter_single(
+                torch.empty_like(shard), full, op=dist.ReduceOp.AVG, group=group
+            )
 
     dist.barrier(group=group)
     seconds = _median_time(run, dev, repeats=_repeats(nbytes))
@@ -217,11 +225,20 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
 
 
 def _copy_rate(dev: torch.device) -> float:
-    """Bytes copied per second into a freshly allocated 64 MiB buffer (FSDP2 allocates
-    each all-gather output and unsharded parameter anew, so allocation counts)."""
+    """Bytes copied per second between two 64 MiB buffers (the memory bandwidth)."""
     src = torch.ones(_COPY_BYTES // 4, device=dev)
-    seconds = _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=9)
+    dst = torch.empty_like(src)
+    seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
     return _COPY_BYTES / max(seconds, 1e-9)
+
+
+def _fresh_copy_time(nbytes: int, dev: torch.device) -> float:
+    """Median seconds to copy ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out
+    fills new unsharded storage (allocation and first-touch page faults included)."""
+    src = torch.ones(max(1, nbytes // 4), device=dev)
+    return max(
+        _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=_repeats(nbytes)), 1e-9
+    )
 
 
 def _matmul_rate(dev: torch.device) -> float:

@@ -53,6 +53,9 @@ class CostModel:
         copy_bytes_per_s: bytes copied per second by a large device copy
             (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
             are memory-bound copies).
+        copy_curve: seconds of a copy into a freshly allocated buffer, by
+            bytes, when measured (on CPU small buffers stay in cache and
+            large fresh ones pay page faults); ``None``: ``copy_bytes_per_s``.
         group_overhead_s: fixed cost per FSDP2 group per collective it issues
             (the hooks, the copy-in/copy-out bookkeeping, the collective's
             Python path), seconds.
@@ -92,6 +95,7 @@ class CostModel:
     compute: ComputeRates
     optimizer_param_overhead_s: float = 0.0
     param_overhead_s: float = 0.0
+    copy_curve: CollectiveCurve | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -136,7 +140,9 @@ class CostModel:
         return self.group_overhead_s + tensors * self.param_overhead_s
 
     def copy_time(self, nbytes: int) -> float:
-        """Seconds to copy ``nbytes`` bytes on the device (FSDP2 copy-in / copy-out)."""
+        """Seconds to copy ``nbytes`` bytes into a new buffer (FSDP2 copy-in / copy-out)."""
+        if self.copy_curve is not None:
+            return self.copy_curve.time(nbytes)
         return max(0, nbytes) / self.copy_bytes_per_s
 
     @property
@@ -247,6 +253,7 @@ class CostModel:
             "copy_bytes_per_s": self.copy_bytes_per_s,
             "group_overhead_s": self.group_overhead_s,
             "param_overhead_s": self.param_overhead_s,
+            "copy_curve": None if self.copy_curve is None else self.copy_curve.to_dict(),
             "overlap": self.overlap,
             "compute": self.compute.to_dict(),
             "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
@@ -284,6 +291,9 @@ class CostModel:
                 copy_bytes_per_s=float(data["copy_bytes_per_s"]),
                 group_overhead_s=float(data["group_overhead_s"]),
                 param_overhead_s=float(data.get("param_overhead_s", 0.0)),
+                copy_curve=None
+                if data.get("copy_curve") is None
+                else CollectiveCurve.from_dict(data["copy_curve"]),
                 overlap=float(data["overlap"]),
                 compute=ComputeRates.from_dict(data["compute"]),
                 optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),
