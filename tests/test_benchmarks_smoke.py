@@ -29,6 +29,7 @@ CASES = [
     ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], True),
     ("startup", ["-m", "benchmarks.startup"], True),
     ("report_io", ["-m", "benchmarks.report_io"], True),
+    ("estimate", ["-m", "benchmarks.estimate"], True),
 ]
 
 

@@ -29,6 +29,7 @@ from tracing.schema import (
     field_path,
     integer,
     list_of,
+    number,
     one_of,
     optional,
     string,
@@ -37,8 +38,10 @@ from tracing.schema import (
 
 __all__ = [
     "ORDER_FIELDS",
+    "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "CaptureMethod",
+    "TimingMethod",
     "ExecutionOrder",
     "ParamInfo",
     "ParamUse",
@@ -49,10 +52,17 @@ __all__ = [
 ]
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
-SCHEMA_VERSION = 1
+#: Version 2 added the optional timing fields (``forward_times_s`` ...);
+#: version-1 files still load (without timing).
+SCHEMA_VERSION = 2
+#: Layout versions :meth:`ExecutionOrder.from_dict` reads.
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
 CaptureMethod = Literal["symbolic", "runtime"]
 _METHODS: tuple[str, ...] = ("symbolic", "runtime")
+#: How compute times were obtained: ``""`` (none recorded), measured, or estimated.
+TimingMethod = Literal["", "measured", "estimated"]
+_TIMING_METHODS: tuple[str, ...] = ("", "measured", "estimated")
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,28 @@ class ExecutionOrder:
             used instead, else ``None``.
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
+        forward_times_s: timing (schema 2; empty unless captured with
+            ``timing=True``): one entry per :attr:`module_forward_order` call,
+            its inclusive wall time in seconds (pre-forward hook to
+            post-forward hook: nested calls included).
+        forward_start_s: per call, when it started, in seconds from the start
+            of the first call (same clock as the other timing fields).
+        backward_start_s: per forward call, when its backward began (the
+            first gradient with respect to one of its outputs was computed),
+            same clock; ``None`` for a call autograd never ran backward through.
+        backward_end_s: when the backward pass ended, same clock (``None``
+            without timing or without backward).
+        backward_times_s: module FQN -> inclusive backward time of its last
+            call, seconds: from its backward start to the end of the last
+            backward segment of it or of a call nested in it (see
+            :mod:`tracing.runtime.timing`).
+        saved_activation_bytes: per forward call, bytes of the tensors saved
+            for backward while that call was the innermost running one
+            (deduplicated by storage; parameters excluded).
+        timing_device: device type the times are for (``"cpu"``, ``"cuda"``);
+            ``""`` without timing.
+        timing_method: ``"measured"`` (clocks), ``"estimated"`` (a roofline on
+            the meta device or fake tensors), or ``""`` without timing.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")
@@ -150,12 +182,31 @@ class ExecutionOrder:
     fallback_reason: str | None = None
     torch_version: str = field(default_factory=lambda: str(torch.__version__))
     schema_version: int = SCHEMA_VERSION
+    # ---- timing (schema version 2; empty when not recorded)
+    forward_times_s: list[float] = field(default_factory=list)
+    forward_start_s: list[float] = field(default_factory=list)
+    backward_start_s: list[float | None] = field(default_factory=list)
+    backward_end_s: float | None = None
+    backward_times_s: dict[str, float] = field(default_factory=dict)
+    saved_activation_bytes: list[int] = field(default_factory=list)
+    timing_device: str = ""
+    timing_method: TimingMethod = ""
 
     def __post_init__(self) -> None:
         if self.method not in _METHODS:
             raise ValueError(
                 f"ExecutionOrder.method must be one of {_METHODS}, got {self.method!r}"
             )
+        if self.timing_method not in _TIMING_METHODS:
+            raise ValueError(
+                f"ExecutionOrder.timing_method must be one of {_TIMING_METHODS}, got "
+                f"{self.timing_method!r}"
+            )
+
+    @property
+    def has_timing(self) -> bool:
+        """Whether per-call forward times were recorded (``timing=True``)."""
+        return bool(self.forward_times_s)
 
     # ------------------------------------------------------------------ helpers
     def alias_to_canonical(self) -> dict[str, str]:
@@ -227,6 +278,7 @@ class ExecutionOrder:
                 for k, v in self.params.items()
             },
             "module_classes": dict(self.module_classes),
+            **_timing_dict(self),
         }
 
     @classmethod
@@ -262,16 +314,16 @@ class ExecutionOrder:
         if not is_int(version):
             raise SchemaError(
                 field_path(prefix, "schema_version"),
-                f"expected the int {SCHEMA_VERSION} (the layout version), got "
-                f"{type_and_value(version)}",
+                f"expected an int layout version ({' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}), "
+                f"got {type_and_value(version)}",
                 source,
                 "ExecutionOrder",
             )
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_SCHEMA_VERSIONS:
             raise ValueError(
                 f"{source}: unsupported ExecutionOrder schema_version {version!r} "
-                f"(this execwrap reads version {SCHEMA_VERSION}); capture the order again "
-                "with this version"
+                f"(this execwrap reads versions {list(READABLE_SCHEMA_VERSIONS)}); capture "
+                "the order again with this version"
             )
         f = ORDER_FIELDS.check(data, source=source, prefix=prefix, what="ExecutionOrder")
         _check_call_indices(f, source, prefix)
@@ -294,6 +346,7 @@ class ExecutionOrder:
             method=f["method"],
             fallback_reason=f["fallback_reason"],
             torch_version=f["torch_version"],
+            **{name: f[name] for name in TIMING_FIELDS},
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -329,6 +382,20 @@ class ExecutionOrder:
         if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
             data, prefix = data["order"], "order"
         return cls.from_dict(data, source=str(path), prefix=prefix)
+
+
+def _timing_dict(order: ExecutionOrder) -> dict[str, Any]:
+    """The schema-2 timing fields of :meth:`ExecutionOrder.to_dict`."""
+    return {
+        "forward_times_s": list(order.forward_times_s),
+        "forward_start_s": list(order.forward_start_s),
+        "backward_start_s": list(order.backward_start_s),
+        "backward_end_s": order.backward_end_s,
+        "backward_times_s": dict(order.backward_times_s),
+        "saved_activation_bytes": list(order.saved_activation_bytes),
+        "timing_device": order.timing_device,
+        "timing_method": order.timing_method,
+    }
 
 
 def parse_json(text: str, source: str) -> Any:
@@ -391,7 +458,28 @@ ORDER_FIELDS = Record(
         "shared_params": Field(dict_of(list_of(string())), required=False, default={}),
         "params": Field(dict_of(_PARAM_INFO), required=False, default={}),
         "module_classes": Field(dict_of(string()), required=False, default={}),
+        # schema 2: timing (absent in version-1 files)
+        "forward_times_s": Field(list_of(number()), required=False, default=[]),
+        "forward_start_s": Field(list_of(number()), required=False, default=[]),
+        "backward_start_s": Field(list_of(optional(number())), required=False, default=[]),
+        "backward_end_s": Field(optional(number()), required=False),
+        "backward_times_s": Field(dict_of(number()), required=False, default={}),
+        "saved_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
+        "timing_device": Field(string(), required=False, default=""),
+        "timing_method": Field(one_of(*_TIMING_METHODS), required=False, default=""),
     }
+)
+
+#: The schema-2 timing fields, passed to the constructor as loaded.
+TIMING_FIELDS = (
+    "forward_times_s",
+    "forward_start_s",
+    "backward_start_s",
+    "backward_end_s",
+    "backward_times_s",
+    "saved_activation_bytes",
+    "timing_device",
+    "timing_method",
 )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "dict_of",
     "field_path",
     "integer",
+    "number",
     "list_of",
     "one_of",
     "optional",
@@ -144,6 +145,21 @@ def integer(minimum: int | None = 0, *, what: str = "") -> Check:
         if minimum is not None and value < minimum:
             raise _fail(path, expected, value)
         return value
+
+    return check
+
+
+def number(minimum: float | None = 0.0) -> Check:
+    """A finite JSON number (an int or a float, not a bool) ``>= minimum``
+    (``None``: any finite number); returned as a float."""
+    expected = f"a finite number >= {minimum}" if minimum is not None else "a finite number"
+
+    def check(value: Any, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _fail(path, expected, value)
+        if not math.isfinite(value) or (minimum is not None and value < minimum):
+            raise SchemaError(path, f"expected {expected}, got {value!r}")
+        return float(value)
 
     return check
 

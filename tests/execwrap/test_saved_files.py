@@ -107,15 +107,15 @@ CASES: list[tuple[str, Any, Any, str]] = [
         "order-schema-version-1.0",
         _set(("order", "schema_version"), 1.0),
         None,
-        "malformed ExecutionOrder: field order.schema_version: expected the int 1 (the layout "
-        "version), got float 1.0",
+        "malformed ExecutionOrder: field order.schema_version: expected an int layout version "
+        "(1 or 2), got float 1.0",
     ),
     (
         "order-schema-version-true",
         _set(("order", "schema_version"), True),
         None,
-        "malformed ExecutionOrder: field order.schema_version: expected the int 1 (the layout "
-        "version), got bool True",
+        "malformed ExecutionOrder: field order.schema_version: expected an int layout version "
+        "(1 or 2), got bool True",
     ),
     (
         "negative-numel",
