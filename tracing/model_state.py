@@ -1,4 +1,4 @@
-"""What a capture may change, saved before and put back after: grads, buffers, RNG.
+"""What a capture may change, saved before and put back after.
 
 Capture must leave the model as it found it. Running a forward and backward
 changes three things besides the hooks: the parameters' ``.grad``, buffers
@@ -6,6 +6,13 @@ that the forward updates (BatchNorm running statistics, counters), and the
 random number generators that dropout and other random ops draw from.
 :class:`SavedModelState` saves them and restores them. The training flag and
 ``requires_grad`` are never touched by capture, so they are not saved.
+
+Symbolic capture and the zero-cost shadow run the model's Python with stand-in
+tensors (Proxies, fake tensors); whatever a forward stores on a module then
+(``self.cache = x``, a buffer reassigned, a submodule registered lazily) must
+not stay behind. :class:`ModuleSnapshot` keeps each module's attributes and its
+``_parameters`` / ``_buffers`` / ``_modules`` entries (references, no copies)
+and puts exactly those back.
 """
 
 from __future__ import annotations
@@ -13,10 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-__all__ = ["SavedModelState"]
+__all__ = ["ModuleSnapshot", "RngState", "SavedModelState"]
 
 
-class _RngState:
+class RngState:
     """CPU (and initialised CUDA) RNG states, restored on :meth:`restore`."""
 
     def __init__(self) -> None:
@@ -52,7 +59,7 @@ class SavedModelState:
             for name, b in module._buffers.items()
             if b is not None
         ]
-        self._rng = _RngState()
+        self._rng = RngState()
 
     def clear_grads(self) -> None:
         """Set every parameter's ``.grad`` to ``None`` (fresh gradients for a capture)."""
@@ -68,3 +75,46 @@ class SavedModelState:
         for p, g in self._grads:
             p.grad = g
         self._rng.restore()
+
+
+_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+class ModuleSnapshot:
+    """Every module's attributes and parameter/buffer/child entries, by reference.
+
+    :meth:`restore` puts back the same objects under the same names: entries
+    the run added are removed, entries it replaced (a parameter swapped for a
+    stand-in, ``self.count = self.count + 1``) get their old object back. Values
+    inside tensors are not saved (see :class:`SavedModelState` for buffers).
+    The cost is one shallow ``dict`` copy per module and slot.
+
+    Args:
+        model: the model; every module reached by ``modules()`` is kept.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._saved = [
+            (module, dict(vars(module)), [dict(getattr(module, slot)) for slot in _SLOTS])
+            for module in model.modules()
+        ]
+
+    def restore(self) -> None:
+        """Put every module's attributes and entries back as they were saved."""
+        for module, attrs, slots in self._saved:
+            current = vars(module)
+            for name in [n for n in current if n not in attrs]:
+                del current[name]
+            for name, value in attrs.items():
+                if current.get(name, _MISSING) is not value:
+                    current[name] = value
+            for slot, saved in zip(_SLOTS, slots, strict=True):
+                entries = getattr(module, slot)
+                if len(entries) != len(saved) or any(
+                    entries.get(k, _MISSING) is not v for k, v in saved.items()
+                ):
+                    entries.clear()
+                    entries.update(saved)
+
+
+_MISSING = object()

@@ -21,6 +21,7 @@ import torch.nn as nn
 from tracing.atomic import atomic_write_text
 
 __all__ = [
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "CaptureMethod",
     "ExecutionOrder",
@@ -32,7 +33,10 @@ __all__ = [
 ]
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions :meth:`ExecutionOrder.from_dict` reads (version 1 lacks the
+#: optional fields added in 2; they get their defaults).
+READABLE_VERSIONS = (1, 2)
 
 CaptureMethod = Literal["symbolic", "runtime"]
 _METHODS: tuple[str, ...] = ("symbolic", "runtime")
@@ -109,8 +113,14 @@ class ExecutionOrder:
         module_classes: module FQN -> class name, for every module of the model
             in ``named_modules()`` order.
         method: ``"symbolic"`` or ``"runtime"``.
-        fallback_reason: why symbolic capture failed when runtime capture was
-            used instead, else ``None``.
+        fallback_reason: why each skipped step of the capture ladder failed
+            (one line each, ``"; "``-joined), or why the symbolic order was
+            replaced by the runtime one; ``None`` when the first step tried was used.
+        zero_cost: runtime capture ran on a fake shadow of the model
+            (``FakeTensorMode``: no compute, no weight copy), not a real
+            forward/backward. Always ``False`` for symbolic capture.
+        warnings: things the capture could not rule out, one sentence each
+            (e.g. optional ``forward`` arguments that fx turned into Proxies).
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
 
@@ -133,6 +143,8 @@ class ExecutionOrder:
     fallback_reason: str | None = None
     torch_version: str = field(default_factory=lambda: str(torch.__version__))
     schema_version: int = SCHEMA_VERSION
+    zero_cost: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.method not in _METHODS:
@@ -141,6 +153,14 @@ class ExecutionOrder:
             )
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def capture_step(self) -> str:
+        """The step of the capture ladder that produced this order:
+        ``"symbolic"``, ``"zero-cost runtime"`` or ``"runtime"``."""
+        if self.method == "symbolic":
+            return "symbolic"
+        return "zero-cost runtime" if self.zero_cost else "runtime"
+
     def alias_to_canonical(self) -> dict[str, str]:
         """Map every parameter FQN (canonical and alias) to its canonical FQN."""
         mapping = {fqn: fqn for fqn in self.params}
@@ -210,6 +230,8 @@ class ExecutionOrder:
                 for k, v in self.params.items()
             },
             "module_classes": dict(self.module_classes),
+            "zero_cost": self.zero_cost,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -234,10 +256,11 @@ class ExecutionOrder:
                 "'schema_version' or 'module_forward_order' field)"
             )
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
+            readable = " and ".join(str(v) for v in READABLE_VERSIONS)
             raise ValueError(
                 f"{source}: unsupported ExecutionOrder schema_version {version!r} "
-                f"(this execwrap reads version {SCHEMA_VERSION}); capture the order again "
+                f"(this execwrap reads versions {readable}); capture the order again "
                 "with this version"
             )
         try:
@@ -274,6 +297,8 @@ class ExecutionOrder:
                 method=data["method"],
                 fallback_reason=data.get("fallback_reason"),
                 torch_version=str(data.get("torch_version", "")),
+                zero_cost=bool(data.get("zero_cost", False)),
+                warnings=_str_list(data.get("warnings", [])),
             )
         except KeyError as e:
             raise ValueError(f"{source}: malformed ExecutionOrder: missing field {e}") from e

@@ -21,7 +21,7 @@ def order() -> ExecutionOrder:
 
 def test_to_dict_from_dict_round_trip(order: ExecutionOrder) -> None:
     data = order.to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["param_uses"][2] == {
         "module_fqn": "head",
         "call_index": 3,

@@ -84,7 +84,7 @@ def record_execution_order(
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model)
         with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-            _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn)
+            run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         if _is_meta(model, args, kwargs) and not isinstance(e, TypeError):
@@ -97,7 +97,7 @@ def record_execution_order(
     return recorder.order
 
 
-def _run_step(
+def run_step(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
