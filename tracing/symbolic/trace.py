@@ -110,16 +110,10 @@ def trace_execution_order(
     config = _checked_config(config)
     _check_traceable(model)
     has_inputs = example_inputs is not None or example_kwargs is not None
-    root = bind_root(
-        model,
-        args=as_args(example_inputs) if has_inputs else None,
-        kwargs=example_kwargs,
-        concrete_args=config.concrete_args,
-    )
-    recorder = SymbolicRecorder(model)
-    watch = ConcreteValueWatch()
+    args = as_args(example_inputs) if has_inputs else None
+    root = bind_root(model, args=args, kwargs=example_kwargs, concrete_args=config.concrete_args)
+    recorder, watch, tracer = SymbolicRecorder(model), ConcreteValueWatch(), config.tracer
     saved, snapshot = SavedModelState(model), ModuleSnapshot(model)
-    tracer = config.tracer
     try:
         with recorder.patched(tracer), root_patched(tracer, root), watch.patched(tracer):
             tracer.trace(model, concrete_args=root.fx_concrete_args)
@@ -129,9 +123,13 @@ def trace_execution_order(
     finally:
         snapshot.restore()
         saved.restore()
-    order = recorder.result()
-    if root.proxied_optional:
-        order.warnings.append(_proxied_optional_warning(model, root.proxied_optional))
+    return _finished(recorder.result(), model, root.proxied_optional)
+
+
+def _finished(order: ExecutionOrder, model: nn.Module, proxied: tuple[str, ...]) -> ExecutionOrder:
+    """``order`` with the warning about optional arguments made Proxies, logged."""
+    if proxied:
+        order.warnings.append(_proxied_optional_warning(model, proxied))
         logger.warning("%s", order.warnings[-1])
     logger.debug(
         "traced %s: %d module calls, %d parameter uses, %d of %d parameters used",
