@@ -22,6 +22,7 @@ from tracing.fqn import module_phrase
 from tracing.model_state import SavedModelState
 from tracing.nested import default_loss, tensors_in
 from tracing.order import ExecutionOrder
+from tracing.preconditions import check_no_lazy_modules
 from tracing.runtime.recorder import RuntimeRecorder
 
 __all__ = ["record_execution_order"]
@@ -67,6 +68,7 @@ def record_execution_order(
     Raises:
         TracingError: on the meta device, an op needed tensor values
             (``.item()``, a tensor-valued ``if``); the message names the module.
+            Also for an uninitialised lazy module (nothing is run).
         TypeError: ``loss_fn`` did not return a tensor.
         Exception: whatever the model raises otherwise, unchanged (with a
             note naming the innermost module).
@@ -77,7 +79,9 @@ def record_execution_order(
         >>> order.param_forward_order
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
+    check_no_lazy_modules(model)
     saved = SavedModelState(model)
+    input_grads = _InputGrads((args, kwargs))
     recorder: RuntimeRecorder | None = None
     try:
         if backward:
@@ -94,6 +98,7 @@ def record_execution_order(
         raise
     finally:
         saved.restore()
+        input_grads.restore()
     return recorder.order
 
 
@@ -116,6 +121,17 @@ def run_step(
         logger.debug("runtime capture: the loss needs no grad; skipping backward")
     else:
         (loss if loss.dim() == 0 else loss.sum()).backward()
+
+
+class _InputGrads:
+    """The ``.grad`` of every leaf input tensor that requires grad, put back by :meth:`restore`."""
+
+    def __init__(self, inputs: Any) -> None:
+        self._grads = [(t, t.grad) for t in tensors_in(inputs) if t.is_leaf and t.requires_grad]
+
+    def restore(self) -> None:
+        for t, grad in self._grads:
+            t.grad = grad
 
 
 def _is_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
