@@ -237,6 +237,28 @@ class OptionalMaskViT(nn.Module):
         return self.head(h.mean(dim=1))
 
 
+def _convnext() -> Built:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(
+        num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3,
+        image_size=32,
+    )
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    return ConvNextForImageClassification(config), (), {"pixel_values": pixels}
+
+
+def _swin() -> Built:
+    from transformers import SwinConfig, SwinForImageClassification
+
+    config = SwinConfig(
+        image_size=16, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1],
+        num_heads=[2, 2], window_size=4, num_labels=3,
+    )
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    return SwinForImageClassification(config), (), {"pixel_values": pixels}
+
+
 def _optional_mask_vit() -> Built:
     return (
         OptionalMaskViT(),
@@ -307,15 +329,23 @@ FAMILIES: dict[str, Callable[[], Built]] = {
         qk_nope_head_dim=4,
         v_head_dim=8,
     ),
+    "mixtral_eager": _decoder(
+        "Mixtral", num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"
+    ),
+    "olmo2": _decoder("Olmo2"),
+    "starcoder2": _decoder("Starcoder2"),
     "opt": _decoder("OPT", ffn_dim=64, word_embed_proj_dim=32),
     "gpt_neox": _decoder("GPTNeoX"),
     "bert": _encoder("Bert"),
     "roberta": _encoder("Roberta"),
     "distilbert": _encoder("DistilBert", head="ForMaskedLM"),
     "albert": _encoder("Albert", embedding_size=16),
+    "electra": _encoder("Electra", embedding_size=16),
     "t5": _t5,
     "bart": _bart,
     "vit": _vit,
+    "convnext": _convnext,
+    "swin": _swin,
     "clip": _clip,
     "whisper": _whisper,
     "lora_llama": _lora,

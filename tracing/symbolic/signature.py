@@ -86,26 +86,42 @@ def forward_signature(model: nn.Module) -> inspect.Signature:
     return sig.replace(parameters=params[1:])
 
 
-def _typed_kwargs(param: inspect.Parameter) -> frozenset[str] | None:
-    """The keys of a ``**kwargs: Unpack[SomeTypedDict]`` annotation (PEP 692), else None."""
-    annotation = param.annotation
-    if isinstance(annotation, str) or annotation is inspect.Parameter.empty:
-        return None
-    if typing.get_origin(annotation) is not getattr(typing, "Unpack", None):
-        unpacked = getattr(annotation, "__origin__", None)
-        if unpacked is None or getattr(unpacked, "_name", None) != "Unpack":
+def _typed_kwargs(model: nn.Module, param: inspect.Parameter) -> frozenset[str] | None:
+    """The keys of a ``**kwargs: Unpack[SomeTypedDict]`` annotation (PEP 692), else None.
+
+    String annotations (``from __future__ import annotations``) are resolved
+    with :func:`typing.get_type_hints`; one that cannot be resolved counts as
+    no annotation.
+    """
+    annotation: Any = param.annotation
+    if isinstance(annotation, str):
+        try:
+            hints = typing.get_type_hints(inspect.unwrap(type(model).forward), include_extras=True)
+        except Exception:  # noqa: BLE001 - unresolvable names: no annotation
             return None
-    args = typing.get_args(annotation)
-    keys = getattr(args[0], "__annotations__", None) if args else None
+        annotation = hints.get(param.name)
+    origin = typing.get_origin(annotation)
+    if origin is None or "Unpack" not in repr(origin) or not typing.get_args(annotation):
+        return None
+    keys = getattr(typing.get_args(annotation)[0], "__annotations__", None)
     return frozenset(keys) if keys else None
+
+
+def _display(sig: inspect.Signature) -> str:
+    """``(xs, *, reverse=False)``: the signature without annotations."""
+    empty = inspect.Parameter.empty
+    params = [p.replace(annotation=empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=empty))
 
 
 def check_concrete_args(model: nn.Module, concrete_args: Mapping[str, Any] | None) -> None:
     """Check that every ``concrete_args`` name is an argument of ``model.forward``.
 
     A name is valid when ``forward`` has a parameter of that name, or takes
-    ``**kwargs`` (then any name goes into ``kwargs``; with a
-    ``**kwargs: Unpack[SomeTypedDict]`` annotation only that TypedDict's keys).
+    ``**kwargs`` (then any name goes into ``kwargs``). An undecorated forward
+    whose ``**kwargs`` is annotated ``Unpack[SomeTypedDict]`` (PEP 692) takes
+    only that TypedDict's keys; a decorated one may consume other names in its
+    decorator (transformers' ``return_dict``), so any name is accepted there.
 
     Raises:
         ValueError: a name ``forward`` does not take; the message names the
@@ -124,10 +140,12 @@ def check_concrete_args(model: nn.Module, concrete_args: Mapping[str, Any] | Non
     var_kw = next(
         (p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
     )
-    typed = _typed_kwargs(var_kw) if var_kw is not None else None
+    typed = None
+    if var_kw is not None and not _is_decorated(type(model).forward):
+        typed = _typed_kwargs(model, var_kw)
     if var_kw is not None and typed is None:
         return  # any name goes into **kwargs
-    valid = named + sorted(typed or ())
+    valid = list(dict.fromkeys(named + sorted(typed or ())))
     unknown = [name for name in concrete_args if name not in valid]
     if unknown:
         listed = ", ".join(repr(n) for n in valid) or "(none)"
@@ -293,7 +311,7 @@ def _bound_arguments(
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
         raise TypeError(
-            f"the example inputs do not fit {type(model).__name__}.forward{sig}: {e}"
+            f"the example inputs do not fit {type(model).__name__}.forward{_display(sig)}: {e}"
         ) from e
     return dict(bound.arguments)
 
