@@ -241,7 +241,11 @@ def _convnext() -> Built:
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
     config = ConvNextConfig(
-        num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3,
+        num_channels=3,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        num_stages=2,
+        num_labels=3,
         image_size=32,
     )
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
@@ -252,8 +256,14 @@ def _swin() -> Built:
     from transformers import SwinConfig, SwinForImageClassification
 
     config = SwinConfig(
-        image_size=16, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1],
-        num_heads=[2, 2], window_size=4, num_labels=3,
+        image_size=16,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=8,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        num_labels=3,
     )
     pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
     return SwinForImageClassification(config), (), {"pixel_values": pixels}

@@ -151,7 +151,9 @@ def test_without_inputs_the_warning_names_the_proxied_optional_arguments(
 
 
 def test_concrete_args_fix_the_optional_argument_without_inputs() -> None:
-    order = trace_execution_order(OptionalMaskViT(), TracingConfig(concrete_args={"attn_mask": None}))
+    order = trace_execution_order(
+        OptionalMaskViT(), TracingConfig(concrete_args={"attn_mask": None})
+    )
     assert order.module_forward_order == ["", "patch", "qkv", "proj", "head"]
     assert order.warnings == []
 

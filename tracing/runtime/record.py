@@ -124,10 +124,16 @@ def run_step(
 
 
 class _InputGrads:
-    """The ``.grad`` of every leaf input tensor that requires grad, put back by :meth:`restore`."""
+    """The ``.grad`` of every leaf input tensor that requires grad, put back by :meth:`restore`.
+
+    The inputs' ``.grad`` is set to ``None`` for the run, so that backward
+    accumulates into a fresh tensor and never into the user's gradient.
+    """
 
     def __init__(self, inputs: Any) -> None:
         self._grads = [(t, t.grad) for t in tensors_in(inputs) if t.is_leaf and t.requires_grad]
+        for t, _ in self._grads:
+            t.grad = None
 
     def restore(self) -> None:
         for t, grad in self._grads:
