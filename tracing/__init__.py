@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from tracing.config import TracingConfig
     from tracing.errors import TracingError
     from tracing.order import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse
-    from tracing.runtime import RuntimeRecorder, record_execution_order
+    from tracing.runtime import RuntimeRecorder, record_execution_order, record_zero_cost
     from tracing.symbolic import trace_execution_order
 
 #: Public name -> module that defines it (imported on first use).
@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "ParamUse": "tracing.order",
     "RuntimeRecorder": "tracing.runtime",
     "record_execution_order": "tracing.runtime",
+    "record_zero_cost": "tracing.runtime",
     "trace_execution_order": "tracing.symbolic",
 }
 
@@ -44,6 +45,7 @@ __all__ = [
     "TracingError",
     "capture_execution_order",
     "record_execution_order",
+    "record_zero_cost",
     "trace_execution_order",
 ]
 

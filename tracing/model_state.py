@@ -48,9 +48,13 @@ class SavedModelState:
 
     Args:
         model: the model; each parameter tensor is saved once, tied ones included.
+        tensor_attributes: also save the values of plain tensor attributes
+            (``self.scale = torch.tensor(2.0)``, neither parameter nor buffer),
+            which symbolic tracing computes on for real. Leave it off for a
+            model wrapped by FSDP, which keeps views of its flat parameters there.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, tensor_attributes: bool = False) -> None:
         self._params = list(model.parameters())
         self._grads = [(p, p.grad) for p in self._params]
         self._buffers = [
@@ -58,6 +62,12 @@ class SavedModelState:
             for module in model.modules()
             for name, b in module._buffers.items()
             if b is not None
+        ]
+        self._attrs = [
+            (module, name, t, t.detach().clone())
+            for module in (model.modules() if tensor_attributes else ())
+            for name, t in vars(module).items()
+            if isinstance(t, torch.Tensor)
         ]
         self._rng = RngState()
 
@@ -72,6 +82,9 @@ class SavedModelState:
             for module, name, b, saved in self._buffers:
                 module._buffers[name] = b
                 b.copy_(saved)
+            for module, name, t, saved in self._attrs:
+                vars(module)[name] = t
+                t.copy_(saved)
         for p, g in self._grads:
             p.grad = g
         self._rng.restore()

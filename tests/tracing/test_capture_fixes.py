@@ -157,3 +157,58 @@ def test_uninitialised_lazy_module_is_named(capture) -> None:  # type: ignore[no
     assert (info.value.module_fqn, info.value.module_class) == ("head", "LazyLinear")
     assert type(model.head) is nn.LazyLinear and model.head.has_uninitialized_params()
     assert list(model.body.parameters()) == body and model.body.weight.grad is None
+
+
+class PlainTensorState(nn.Module):
+    """Updates a plain tensor attribute (neither parameter nor buffer) in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.seen = torch.zeros(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(1)
+        return self.fc(x) + self.seen
+
+
+@pytest.mark.parametrize(
+    "capture",
+    [
+        lambda m, x: trace_execution_order(m),
+        lambda m, x: record_zero_cost(m, x),
+        lambda m, x: record_execution_order(m, x),
+    ],
+    ids=["symbolic", "zero-cost", "runtime"],
+)
+def test_plain_tensor_attributes_keep_their_values(capture) -> None:  # type: ignore[no-untyped-def]
+    model = PlainTensorState()
+    seen = model.seen
+    capture(model, torch.ones(2, 4))
+    assert model.seen is seen and torch.equal(seen, torch.zeros(4))
+
+
+class Cache:
+    """A KV-cache-like input object that the forward appends to."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+
+
+class UsesCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        cache.keys.append(self.k(x))
+        return torch.cat(cache.keys).sum(0)
+
+
+def test_zero_cost_capture_leaves_input_objects_alone() -> None:
+    cache = Cache()
+    order = capture_execution_order(
+        UsesCache(), example_inputs=torch.ones(2, 4), example_kwargs={"cache": cache}
+    )
+    assert order.capture_step == "zero-cost runtime"
+    assert cache.keys == []

@@ -22,7 +22,7 @@ from tracing.fqn import module_phrase
 from tracing.model_state import SavedModelState
 from tracing.nested import default_loss, tensors_in
 from tracing.order import ExecutionOrder
-from tracing.preconditions import check_no_lazy_modules
+from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.runtime.recorder import RuntimeRecorder
 
 __all__ = ["record_execution_order"]
@@ -44,8 +44,9 @@ def record_execution_order(
     model is as before: hooks removed, ``.grad`` of every parameter exactly
     what it was (``None`` stays ``None``; existing gradients keep their tensor
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
-    CUDA RNG states restored so the user's random stream does not shift. The
-    training flag and ``requires_grad`` are never touched.
+    CUDA RNG states restored so the user's random stream does not shift (and,
+    unless the model is wrapped by FSDP/DDP, the values of plain tensor
+    attributes). The training flag and ``requires_grad`` are never touched.
 
     Runs on the meta device too (meta model and meta inputs): no memory is
     allocated for weights or activations, provided the model's control flow
@@ -80,7 +81,7 @@ def record_execution_order(
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
     check_no_lazy_modules(model)
-    saved = SavedModelState(model)
+    saved = SavedModelState(model, tensor_attributes=distributed_wrapper(model) is None)
     input_grads = _InputGrads((args, kwargs))
     recorder: RuntimeRecorder | None = None
     try:

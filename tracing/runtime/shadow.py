@@ -12,7 +12,11 @@ or too large to run on CPU can still be recorded.
 The shadow is the model itself, with stand-ins: the same module objects run
 their own Python ``forward``, so FQNs, hooks, wrappers and tied weights (one
 fake tensor per real tensor, memoised by the fake mode) are those of the
-original. :class:`~tracing.model_state.ModuleSnapshot` puts every real tensor
+original; plain tensor attributes (``self.scale = torch.tensor(...)``, not a
+buffer) are swapped too, since a fake mode runs ops on real tensors for real.
+Inputs are deep-copied under ``FakeCopyMode`` (fake tensors, no data), so a
+forward that mutates what it is given (a KV cache) leaves the user's objects
+alone. :class:`~tracing.model_state.ModuleSnapshot` puts every real tensor
 back afterwards (also when the run fails), together with anything else the
 forward stored on a module; the parameters' ``.grad`` (the fake ones
 accumulate their own), the inputs, buffers' values and the RNG are never
@@ -33,6 +37,7 @@ rule instead (see :data:`SHAPE_RULES`).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,6 +50,7 @@ from torch._subclasses import FakeTensorMode
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeCopyMode,
     UnsupportedOperatorException,
 )
 from torch.fx.immutable_collections import immutable_dict
@@ -136,9 +142,38 @@ def _fake_stand_ins(model: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
                 for name, t in slot.items():
                     if t is not None:
                         slot[name] = mode.from_tensor(t)  # type: ignore[assignment]
+            attrs = vars(module)
+            for name, value in list(attrs.items()):
+                if _holds_tensors(value):  # a plain tensor attribute (or a list/dict of them)
+                    attrs[name] = pytree.tree_map_only(torch.Tensor, mode.from_tensor, value)
         yield
     finally:
         snapshot.restore()
+
+
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple, dict)):
+        return any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value))
+    return False
+
+
+def fake_inputs(mode: FakeTensorMode, inputs: Any) -> Any:
+    """``inputs`` with every tensor replaced by a fake one, the user's objects untouched.
+
+    A deep copy under torch's ``FakeCopyMode`` reaches tensors inside any
+    object (a KV cache, a dataclass) and copies no tensor data, so the forward
+    can mutate what it is given without touching the user's inputs. Objects
+    that cannot be deep-copied fall back to converting the tensors of lists,
+    tuples and dicts only.
+    """
+    try:
+        with FakeCopyMode(mode):
+            return copy.deepcopy(inputs)
+    except Exception:  # noqa: BLE001 - an object that refuses deepcopy
+        logger.debug("zero-cost capture: inputs cannot be deep-copied; converting containers only")
+        return pytree.tree_map_only(torch.Tensor, mode.from_tensor, inputs)
 
 
 def record_zero_cost(
@@ -203,9 +238,7 @@ def record_zero_cost(
     recorder: RuntimeRecorder | None = None
     try:
         with _fake_stand_ins(model, mode):
-            fake_args, fake_kwargs = pytree.tree_map_only(
-                torch.Tensor, mode.from_tensor, (args, kwargs)
-            )
+            fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
             with recorder, mode, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
                 run_step(model, fake_args, fake_kwargs, backward=backward, loss_fn=loss_fn)

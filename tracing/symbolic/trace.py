@@ -113,7 +113,8 @@ def trace_execution_order(
     args = as_args(example_inputs) if has_inputs else None
     root = bind_root(model, args=args, kwargs=example_kwargs, concrete_args=config.concrete_args)
     recorder, watch, tracer = SymbolicRecorder(model), ConcreteValueWatch(), config.tracer
-    saved, snapshot = SavedModelState(model), ModuleSnapshot(model)
+    saved = SavedModelState(model, tensor_attributes=True)
+    snapshot = ModuleSnapshot(model)
     try:
         with recorder.patched(tracer), root_patched(tracer, root), watch.patched(tracer):
             tracer.trace(model, concrete_args=root.fx_concrete_args)
