@@ -41,7 +41,8 @@ def capture_execution_order(
        (:func:`~tracing.symbolic.trace_execution_order`; the example inputs,
        when given, are bound to ``forward``'s signature and every argument not
        passed keeps its default). With example inputs and ``check``, the
-       trace is compared with step 2 on the same inputs; when they differ,
+       trace is compared with step 2 on the same inputs (with step 3 if step
+       2 cannot run them); when they differ,
        the runtime order is returned, one WARNING is logged on
        ``tracing.ladder`` and ``fallback_reason`` says where they first
        differ (call index, the module each has there).
@@ -71,8 +72,9 @@ def capture_execution_order(
         example_kwargs: keyword inputs for that forward.
         backward: with runtime capture, also run one backward pass to record
             gradient-ready order (ignored by symbolic capture).
-        check: check a symbolic order against a zero-cost run of the example
-            inputs (costs one fake forward/backward, see ``benchmarks/zero_cost.py``).
+        check: check a symbolic order against a runtime recording of the
+            example inputs: one fake forward/backward (``benchmarks/zero_cost.py``
+            measures it), or one real one when the fake run cannot decide.
 
     Returns:
         The :class:`ExecutionOrder`.
@@ -89,18 +91,11 @@ def capture_execution_order(
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-        >>> capture_execution_order(model, TracingConfig()).method
-        'symbolic'
         >>> capture_execution_order(model, example_inputs=torch.randn(3, 4)).capture_step
         'zero-cost runtime'
     """
     has_inputs = example_inputs is not None or example_kwargs is not None
+    args, kwargs = as_args(example_inputs), dict(example_kwargs or {})
     return run_ladder(
-        model,
-        tracing_config,
-        as_args(example_inputs),
-        dict(example_kwargs or {}),
-        has_inputs=has_inputs,
-        backward=backward,
-        check=check,
+        model, tracing_config, args, kwargs, has_inputs=has_inputs, backward=backward, check=check
     )

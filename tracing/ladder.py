@@ -6,8 +6,9 @@ does, step by step:
 1. **symbolic** (with a :class:`~tracing.config.TracingConfig`):
    :func:`~tracing.symbolic.trace_execution_order`, with the example inputs
    bound to ``forward``'s signature. When example inputs are given, a
-   successful trace is **checked** against step 2 on the same inputs; if the
-   orders differ (a branch taken on a Proxy that the real call does not
+   successful trace is **checked** against step 2 on the same inputs (against
+   step 3 when step 2 cannot run them), unless ``check=False``; if the orders
+   differ (a branch taken on a Proxy that the real call does not
    take), the runtime order is used, one WARNING is logged and
    ``fallback_reason`` says where they first differ
    (:func:`~tracing.order_diff.first_difference`).

@@ -323,6 +323,11 @@ def test_report_bad_input(args, message, tmp_path, capsys):
             "and mat2 shapes cannot be multiplied (1x3 and 8x8) (in module 'b' (Linear))",
         ),
         (
+            ["--model", f"{FACTORIES}:flag_model", "--concrete-arg", "flg=True"],
+            "--concrete-arg: FlagModel.forward has no argument 'flg'; its arguments are 'x', "
+            "'flag'",
+        ),
+        (
             ["--bucket-size", "0"],
             "--bucket-size '0': must be > 0 elements; use --bucket-size none for no bucketing",
         ),

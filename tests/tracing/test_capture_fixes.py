@@ -212,3 +212,25 @@ def test_zero_cost_capture_leaves_input_objects_alone() -> None:
     )
     assert order.capture_step == "zero-cost runtime"
     assert cache.keys == []
+
+
+def test_flags_stay_as_they_were_also_when_capture_fails() -> None:
+    model = _fails_late()
+    model.eval()
+    model.late.train()
+    model.first.bias.requires_grad_(False)
+    before = snapshot(model)
+    for capture in (
+        lambda: capture_execution_order(model, example_inputs=-torch.ones(2, 4)),
+        lambda: capture_execution_order(model, TracingConfig(), example_inputs=-torch.ones(2, 4)),
+    ):
+        capture()  # negative inputs: `late` does not raise
+        before.assert_unchanged(model)
+    with pytest.raises(ValueError):
+        capture_execution_order(model, TracingConfig(), example_inputs=torch.ones(2, 4))
+    before.assert_unchanged(model)
+    assert (model.training, model.late.training, model.first.bias.requires_grad) == (
+        False,
+        True,
+        False,
+    )
