@@ -17,6 +17,9 @@ and puts exactly those back.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -91,6 +94,21 @@ class SavedModelState:
 
 
 _SLOTS = ("_parameters", "_buffers", "_modules")
+#: Stands for an empty slot dict (no copy needed).
+_EMPTY: dict[str, Any] = {}
+#: Attributes every ``nn.Module`` has (hook dicts, ``training``, ...): never tensors.
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
+def _changed(current: dict[str, Any], saved: dict[str, Any]) -> bool:
+    """Whether ``current`` differs from ``saved`` by keys or by the identity of a value.
+
+    Equal keys in the same order (reassigning a key keeps its place) are
+    compared value by value with ``operator.is_not``, all in C.
+    """
+    if len(current) != len(saved) or current.keys() != saved.keys():
+        return True
+    return any(map(operator.is_not, current.values(), saved.values()))
 
 
 class ModuleSnapshot:
@@ -98,36 +116,59 @@ class ModuleSnapshot:
 
     :meth:`restore` puts back the same objects under the same names: entries
     the run added are removed, entries it replaced (a parameter swapped for a
-    stand-in, ``self.count = self.count + 1``) get their old object back. Values
-    inside tensors are not saved (see :class:`SavedModelState` for buffers).
-    The cost is one shallow ``dict`` copy per module and slot.
+    stand-in, ``self.count = self.count + 1``) get their old object back. With
+    ``values``, the values of buffers and plain tensor attributes are saved
+    too (a clone each; tensors without data, on the meta device, are
+    skipped) and copied back, for code that updates them in place
+    (``self.count += 1`` while fx traces). The cost is one shallow ``dict``
+    copy per module and slot; only what changed is written back.
 
     Args:
         model: the model; every module reached by ``modules()`` is kept.
+        values: also save tensor values (see above).
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        self._saved = [
-            (module, dict(vars(module)), [dict(getattr(module, slot)) for slot in _SLOTS])
-            for module in model.modules()
-        ]
+    def __init__(self, model: nn.Module, *, values: bool = False) -> None:
+        # (module.__dict__, its copy, copies of its _parameters/_buffers/_modules)
+        self._saved: list[tuple[dict[str, Any], ...]] = []
+        self._values: list[tuple[torch.Tensor, torch.Tensor]] = []
+        saved = self._saved
+        for module in model.modules():
+            attrs = vars(module)
+            params, buffers, children = attrs["_parameters"], attrs["_buffers"], attrs["_modules"]
+            saved.append(
+                (
+                    attrs,
+                    attrs.copy(),
+                    params.copy() if params else _EMPTY,
+                    buffers.copy() if buffers else _EMPTY,
+                    children.copy() if children else _EMPTY,
+                )
+            )
+            if values:
+                self._save_values(attrs)
+
+    def _save_values(self, attrs: dict[str, Any]) -> None:
+        tensors = [b for b in attrs["_buffers"].values() if b is not None]
+        for name in attrs.keys() - _MODULE_INTERNALS:  # the module's own attributes only
+            if isinstance(attrs[name], torch.Tensor):
+                tensors.append(attrs[name])
+        for t in tensors:
+            if t.device.type != "meta" and not isinstance(t, nn.Parameter):
+                self._values.append((t, t.detach().clone()))
 
     def restore(self) -> None:
-        """Put every module's attributes and entries back as they were saved."""
-        for module, attrs, slots in self._saved:
-            current = vars(module)
-            for name in [n for n in current if n not in attrs]:
-                del current[name]
-            for name, value in attrs.items():
-                if current.get(name, _MISSING) is not value:
-                    current[name] = value
-            for slot, saved in zip(_SLOTS, slots, strict=True):
-                entries = getattr(module, slot)
-                if len(entries) != len(saved) or any(
-                    entries.get(k, _MISSING) is not v for k, v in saved.items()
-                ):
-                    entries.clear()
-                    entries.update(saved)
-
-
-_MISSING = object()
+        """Put every module's attributes, entries and saved values back."""
+        for attrs, saved, *slots in self._saved:
+            if _changed(attrs, saved):
+                for name in attrs.keys() - saved.keys():
+                    del attrs[name]
+                attrs.update(saved)
+            for slot, entries in zip(_SLOTS, slots, strict=True):
+                current = attrs[slot]
+                if (current or entries) and _changed(current, entries):
+                    current.clear()
+                    current.update(entries)
+        with torch.no_grad():
+            for t, value in self._values:
+                t.copy_(value)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch.nn as nn
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -83,7 +84,11 @@ def distributed_wrapper(model: nn.Module) -> tuple[str, str, str] | None:
             classes.append((cls, label))
     if not classes:
         return None
-    for fqn, module in model.named_modules():
+    if "torch.distributed.fsdp" not in sys.modules:  # DDP only: it must be the root
+        modules: Any = [("", model)]
+    else:
+        modules = model.named_modules()
+    for fqn, module in modules:
         for cls, label in classes:
             if isinstance(module, cls):
                 inner = getattr(module, "module", module) if label.startswith("DDP") else module

@@ -42,7 +42,7 @@ import torch.nn as nn
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
 from tracing.fqn import display, module_phrase, quoted
-from tracing.model_state import ModuleSnapshot, SavedModelState
+from tracing.model_state import ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.source_line import source_line
@@ -113,8 +113,7 @@ def trace_execution_order(
     args = as_args(example_inputs) if has_inputs else None
     root = bind_root(model, args=args, kwargs=example_kwargs, concrete_args=config.concrete_args)
     recorder, watch, tracer = SymbolicRecorder(model), ConcreteValueWatch(), config.tracer
-    saved = SavedModelState(model, tensor_attributes=True)
-    snapshot = ModuleSnapshot(model)
+    rng, snapshot = RngState(), ModuleSnapshot(model, values=True)
     try:
         with recorder.patched(tracer), root_patched(tracer, root), watch.patched(tracer):
             tracer.trace(model, concrete_args=root.fx_concrete_args)
@@ -123,7 +122,7 @@ def trace_execution_order(
         raise _tracing_error(e, fqn, cls, bound=root.bound, diagnosis=diagnose(watch)) from e
     finally:
         snapshot.restore()
-        saved.restore()
+        rng.restore()
     return _finished(recorder.result(), model, root.proxied_optional)
 
 
