@@ -61,7 +61,7 @@ ONE_BILLION = {"dim": 2048, "n_heads": 16, "mlp_hidden": 5632, "n_layers": 18, "
 QUICK_MEMORY = {"dim": 512, "n_heads": 8, "mlp_hidden": 1376, "n_layers": 6, "vocab_size": 32000}
 
 
-def _llama(dim: int, n_layers: int, vocab_size: int, *, materialise: bool = True) -> Any:
+def _llama(dim: int, n_layers: int, vocab_size: int) -> Any:
     """A Llama demo model of width ``dim`` (heads of 64, MLP 2.75x), on CPU."""
     import torch
 
