@@ -9,7 +9,9 @@ For every family in :mod:`tests.models.zoo`, :func:`capture_execution_order`
   runtime recording of the same call (and, at run time, the same parameter
   uses and gradient-ready order);
 * leaves the model exactly as it was (state_dict, parameters, ``requires_grad``,
-  ``.grad``, training flags, attributes, hooks).
+  ``.grad``, training flags, attributes, hooks);
+* runs no kernel on real data but bookkeeping (:data:`BOOKKEEPING`), unless
+  the step is real runtime.
 
 Every family but one is captured without real computation (symbolic or
 zero-cost). The exception is ``mixtral_eager`` (transformers' ``eager``
@@ -21,6 +23,10 @@ reason.
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.cases._checks import snapshot
 from tests.models.zoo import FAMILIES, build
@@ -70,6 +76,32 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
 }
 
 
+#: Ops on real tensors that are no computation: the symbolic attempt saves and
+#: restores buffer values (detach, clone, copy_) and fx runs the model's
+#: ``torch.tensor(...)`` constants (lift_fresh).
+BOOKKEEPING = {
+    "aten.detach.default",
+    "aten.clone.default",
+    "aten.copy_.default",
+    "aten.lift_fresh.default",
+}
+
+
+class RealKernels(TorchDispatchMode):
+    """Entered below the capture's fake mode: sees every kernel that touches real data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and not t.is_meta:
+                self.ops.add(str(func))
+                break
+        return func(*args, **(kwargs or {}))
+
+
 def _uses(order: ExecutionOrder) -> list[tuple[str, int, tuple[str, ...], str]]:
     return [(u.module_fqn, u.call_index, u.param_fqns, u.op) for u in order.param_uses]
 
@@ -85,12 +117,17 @@ def test_every_family_is_pinned() -> None:
 def test_capture_matches_a_real_recording(name: str) -> None:
     model, args, kwargs = build(name)
     before = snapshot(model)
-    order = capture_execution_order(
-        model, TracingConfig(), example_inputs=args, example_kwargs=kwargs
-    )
+    with RealKernels() as kernels:
+        order = capture_execution_order(
+            model, TracingConfig(), example_inputs=args, example_kwargs=kwargs
+        )
     before.assert_unchanged(model)
     step, reason = EXPECTED[name]
     assert order.capture_step == step
+    if step != "runtime":  # no real computation: no kernel but bookkeeping saw real data
+        assert kernels.ops <= BOOKKEEPING, sorted(kernels.ops - BOOKKEEPING)
+    else:
+        assert "aten.mm.default" in kernels.ops
     assert (order.fallback_reason.split(": ")[0] if order.fallback_reason else None) == reason
 
     real = record_execution_order(model, *args, **kwargs)
