@@ -30,6 +30,7 @@ CASES = [
     ("startup", ["-m", "benchmarks.startup"], True),
     ("report_io", ["-m", "benchmarks.report_io"], True),
     ("estimate", ["-m", "benchmarks.estimate"], True),
+    ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
 ]
 
 

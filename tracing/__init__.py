@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tracing.errors import TracingError
     from tracing.order import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse
     from tracing.rates import ComputeRates
-    from tracing.runtime import RuntimeRecorder, record_execution_order
+    from tracing.runtime import RuntimeRecorder, record_execution_order, record_zero_cost
     from tracing.symbolic import trace_execution_order
 
 #: Public name -> module that defines it (imported on first use).
@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "ComputeRates": "tracing.rates",
     "RuntimeRecorder": "tracing.runtime",
     "record_execution_order": "tracing.runtime",
+    "record_zero_cost": "tracing.runtime",
     "trace_execution_order": "tracing.symbolic",
 }
 
@@ -47,6 +48,7 @@ __all__ = [
     "TracingError",
     "capture_execution_order",
     "record_execution_order",
+    "record_zero_cost",
     "trace_execution_order",
 ]
 

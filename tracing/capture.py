@@ -1,39 +1,27 @@
-"""One entry point for order capture: symbolic when possible, else at run time.
+"""One entry point for order capture: the capture ladder.
 
-:func:`capture_execution_order` tries ``torch.fx`` symbolic capture when a
-:class:`~tracing.config.TracingConfig` is given (no inputs needed, meta device
-fine) and falls back to runtime capture (one real forward and backward) when
-tracing fails and example inputs are given. Most real models need the
-fallback: data-dependent branches, tensor factories with traced sizes,
-iteration over proxies.
+:func:`capture_execution_order` gets an order by the cheapest step that is
+right for the model (:mod:`tracing.ladder`): ``torch.fx`` symbolic capture
+when a :class:`~tracing.config.TracingConfig` is given (no inputs needed, meta
+device fine), else, or when tracing fails, a recording on a fake shadow of the
+model (zero-cost: no compute, no weight copy), else one real forward and
+backward. With example inputs, a symbolic order is checked against the
+zero-cost recording of the same call and replaced by it when they differ.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from tracing.config import TracingConfig
-from tracing.errors import TracingError
-from tracing.fqn import module_phrase
+from tracing.ladder import run_ladder
 from tracing.order import ExecutionOrder
-from tracing.runtime import record_execution_order
-from tracing.symbolic import trace_execution_order
+from tracing.symbolic.signature import as_args
 
 __all__ = ["capture_execution_order"]
-
-logger = logging.getLogger(__name__)
-
-
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
-    if example_inputs is None:
-        return ()
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    return (example_inputs,)
 
 
 def capture_execution_order(
@@ -42,29 +30,51 @@ def capture_execution_order(
     example_inputs: tuple[Any, ...] | torch.Tensor | None = None,
     example_kwargs: dict[str, Any] | None = None,
     backward: bool = True,
+    *,
+    check: bool = True,
 ) -> ExecutionOrder:
-    """Capture ``model``'s execution order, symbolically or at run time.
+    """Capture ``model``'s execution order: symbolic, zero-cost runtime, or real runtime.
 
-    * With ``tracing_config``: symbolic capture
-      (:func:`~tracing.symbolic.trace_execution_order`). If it raises
-      :class:`TracingError` and example inputs are given, runtime capture
-      (:func:`~tracing.runtime.record_execution_order`) is used instead; the
-      returned order has ``method == "runtime"`` and ``fallback_reason``
-      naming the module where tracing failed and the error, and one INFO line
-      is logged on the ``tracing.capture`` logger.
-    * Without ``tracing_config``: runtime capture with the example inputs.
+    The ladder (:mod:`tracing.ladder`):
+
+    1. With ``tracing_config``: symbolic capture
+       (:func:`~tracing.symbolic.trace_execution_order`; the example inputs,
+       when given, are bound to ``forward``'s signature and every argument not
+       passed keeps its default). With example inputs and ``check``, the
+       trace is compared with step 2 on the same inputs (with step 3 if step
+       2 cannot run them); when they differ,
+       the runtime order is returned, one WARNING is logged on
+       ``tracing.ladder`` and ``fallback_reason`` says where they first
+       differ (call index, the module each has there).
+    2. With example inputs: zero-cost runtime capture
+       (:func:`~tracing.runtime.shadow.record_zero_cost`): the recording
+       forward/backward on fake tensors (``order.zero_cost``).
+    3. Otherwise real runtime capture
+       (:func:`~tracing.runtime.record_execution_order`).
+
+    ``fallback_reason`` has one line (``"; "``-joined) per step that was
+    tried and skipped: where it failed (module FQN and class), why, and what
+    would help; one INFO line is logged when a later step is used.
+    ``order.capture_step`` names the step used. The model and the inputs are
+    never changed (state_dict, buffers, hooks, ``requires_grad``, training
+    flags, ``.grad`` of parameters and inputs), also when capture fails.
 
     Args:
-        model: the model (may be on the meta device; runtime capture then
-            needs meta inputs and shape-only control flow).
-        tracing_config: how to trace symbolically, or ``None`` to capture at
-            run time.
+        model: the model (may be on the meta device; the real runtime step
+            then needs meta inputs and shape-only control flow). A model
+            wrapped by FSDP1/FSDP2/DDP is recorded by one real step (original
+            FQNs), never traced.
+        tracing_config: how to trace symbolically, or ``None`` to start at
+            step 2.
         example_inputs: positional inputs for one forward: a tuple of
             arguments, or a single tensor (any other non-tuple value is one
             positional argument).
         example_kwargs: keyword inputs for that forward.
         backward: with runtime capture, also run one backward pass to record
             gradient-ready order (ignored by symbolic capture).
+        check: check a symbolic order against a runtime recording of the
+            example inputs: one fake forward/backward (``benchmarks/zero_cost.py``
+            measures it), or one real one when the fake run cannot decide.
 
     Returns:
         The :class:`ExecutionOrder`.
@@ -72,76 +82,20 @@ def capture_execution_order(
     Raises:
         TracingError: symbolic capture failed and no example inputs were
             given (the message names the failing module and says to pass
-            ``example_inputs``), or neither a config nor inputs were given,
-            or runtime capture on the meta device hit a value-dependent op.
-        Exception: what the model raises during runtime capture.
+            ``example_inputs``), or neither a config nor inputs were given, or
+            an uninitialised lazy module, or a wrapped model without inputs,
+            or real runtime capture on the meta device hit a value-dependent op.
+        ValueError: a ``concrete_args`` name that ``forward`` does not take.
+        TypeError: ``tracing_config`` is not a ``TracingConfig``.
+        Exception: what the model raises during real runtime capture.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-        >>> capture_execution_order(model, TracingConfig()).method
-        'symbolic'
-        >>> capture_execution_order(model, example_inputs=torch.randn(3, 4)).method
-        'runtime'
+        >>> capture_execution_order(model, example_inputs=torch.randn(3, 4)).capture_step
+        'zero-cost runtime'
     """
     has_inputs = example_inputs is not None or example_kwargs is not None
-    args = _as_args(example_inputs)
-    kwargs = dict(example_kwargs or {})
-    if tracing_config is not None:
-        try:
-            return trace_execution_order(model, tracing_config)
-        except TracingError as e:
-            if not has_inputs:
-                raise _no_inputs_error(e) from e
-            return _fall_back(e, model, args, kwargs, backward=backward)
-    if not has_inputs:
-        raise TracingError(
-            "cannot capture the execution order: no tracing_config (for symbolic capture) "
-            "and no example_inputs (for runtime capture) were given. Pass example_inputs "
-            "(and example_kwargs) to capture at run time, or a TracingConfig for a "
-            "symbolically traceable model."
-        )
-    return record_execution_order(model, *args, backward=backward, **kwargs)
-
-
-def _failed_where(e: TracingError) -> str:
-    """``module 'a' (Cls)``, ``the root module <root> (Cls)`` or ``an unknown module``."""
-    where = "an unknown module" if e.module_fqn is None else module_phrase(e.module_fqn)
-    return where + (f" ({e.module_class})" if e.module_class else "")
-
-
-def _failed_what(e: TracingError) -> str:
-    """What failed, in one line."""
-    return e.reason or str(e).splitlines()[0]
-
-
-def _no_inputs_error(e: TracingError) -> TracingError:
-    """Symbolic capture failed and there is nothing to run: say to pass inputs."""
-    return TracingError(
-        f"cannot capture the execution order: symbolic tracing failed in "
-        f"{_failed_where(e)} and no example inputs were given for runtime capture "
-        f"({_failed_what(e)}). Pass example_inputs (and example_kwargs) to "
-        "capture_execution_order to capture at run time instead.\n"
-        f"Tracing error: {e}",
-        module_fqn=e.module_fqn,
-        module_class=e.module_class,
-        reason=e.reason,
+    args, kwargs = as_args(example_inputs), dict(example_kwargs or {})
+    return run_ladder(
+        model, tracing_config, args, kwargs, has_inputs=has_inputs, backward=backward, check=check
     )
-
-
-def _fall_back(
-    e: TracingError,
-    model: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    backward: bool,
-) -> ExecutionOrder:
-    """Runtime capture after symbolic capture failed with ``e``; one INFO line."""
-    where = _failed_where(e)
-    logger.info(
-        "symbolic capture failed in %s; falling back to runtime capture with the example inputs",
-        where,
-    )
-    order = record_execution_order(model, *args, backward=backward, **kwargs)
-    order.fallback_reason = f"symbolic tracing failed in {where}: {_failed_what(e)}"
-    return order

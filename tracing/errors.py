@@ -15,6 +15,7 @@ class TracingError(RuntimeError):
         reason: what failed, in one line, without advice (e.g.
             ``"TraceError: symbolically traced variables cannot be used as
             inputs to control flow"``), or ``None``.
+        advice: what to do about it, in one short clause, or ``None``.
     """
 
     def __init__(
@@ -24,8 +25,10 @@ class TracingError(RuntimeError):
         module_fqn: str | None = None,
         module_class: str | None = None,
         reason: str | None = None,
+        advice: str | None = None,
     ) -> None:
         super().__init__(message)
         self.module_fqn = module_fqn
         self.module_class = module_class
         self.reason = reason
+        self.advice = advice

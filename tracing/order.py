@@ -19,25 +19,17 @@ import torch
 import torch.nn as nn
 
 from tracing.atomic import atomic_write_text
-from tracing.checks import is_int
-from tracing.schema import (
-    Field,
-    Record,
-    SchemaError,
-    boolean,
-    dict_of,
-    field_path,
-    integer,
-    list_of,
-    number,
-    one_of,
-    optional,
-    string,
-    type_and_value,
+from tracing.order_fields import (
+    CAPTURE_METHODS,
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    TIMING_FIELDS,
+    TIMING_METHODS,
+    checked_fields,
+    parse_json,
 )
 
 __all__ = [
-    "ORDER_FIELDS",
     "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "CaptureMethod",
@@ -47,22 +39,13 @@ __all__ = [
     "ParamUse",
     "param_info",
     "param_infos",
-    "parse_json",
     "shared_param_map",
 ]
 
-#: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
-#: Version 2 added the optional timing fields (``forward_times_s`` ...);
-#: version-1 files still load (without timing).
-SCHEMA_VERSION = 2
-#: Layout versions :meth:`ExecutionOrder.from_dict` reads.
-READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
-
+#: How the order was captured.
 CaptureMethod = Literal["symbolic", "runtime"]
-_METHODS: tuple[str, ...] = ("symbolic", "runtime")
 #: How compute times were obtained: ``""`` (none recorded), measured, or estimated.
 TimingMethod = Literal["", "measured", "estimated"]
-_TIMING_METHODS: tuple[str, ...] = ("", "measured", "estimated")
 
 
 @dataclass(frozen=True)
@@ -136,8 +119,14 @@ class ExecutionOrder:
         module_classes: module FQN -> class name, for every module of the model
             in ``named_modules()`` order.
         method: ``"symbolic"`` or ``"runtime"``.
-        fallback_reason: why symbolic capture failed when runtime capture was
-            used instead, else ``None``.
+        fallback_reason: why each skipped step of the capture ladder failed
+            (one line each, ``"; "``-joined), or why the symbolic order was
+            replaced by the runtime one; ``None`` when the first step tried was used.
+        zero_cost: runtime capture ran on a fake shadow of the model
+            (``FakeTensorMode``: no compute, no weight copy), not a real
+            forward/backward. Always ``False`` for symbolic capture.
+        warnings: things the capture could not rule out, one sentence each
+            (e.g. optional ``forward`` arguments that fx turned into Proxies).
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
         forward_times_s: timing (schema 2; empty unless captured with
@@ -191,15 +180,18 @@ class ExecutionOrder:
     saved_activation_bytes: list[int] = field(default_factory=list)
     timing_device: str = ""
     timing_method: TimingMethod = ""
+    # ---- capture (schema version 2)
+    zero_cost: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.method not in _METHODS:
+        if self.method not in CAPTURE_METHODS:
             raise ValueError(
-                f"ExecutionOrder.method must be one of {_METHODS}, got {self.method!r}"
+                f"ExecutionOrder.method must be one of {CAPTURE_METHODS}, got {self.method!r}"
             )
-        if self.timing_method not in _TIMING_METHODS:
+        if self.timing_method not in TIMING_METHODS:
             raise ValueError(
-                f"ExecutionOrder.timing_method must be one of {_TIMING_METHODS}, got "
+                f"ExecutionOrder.timing_method must be one of {TIMING_METHODS}, got "
                 f"{self.timing_method!r}"
             )
 
@@ -209,6 +201,14 @@ class ExecutionOrder:
         return bool(self.forward_times_s)
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def capture_step(self) -> str:
+        """The step of the capture ladder that produced this order:
+        ``"symbolic"``, ``"zero-cost runtime"`` or ``"runtime"``."""
+        if self.method == "symbolic":
+            return "symbolic"
+        return "zero-cost runtime" if self.zero_cost else "runtime"
+
     def alias_to_canonical(self) -> dict[str, str]:
         """Map every parameter FQN (canonical and alias) to its canonical FQN."""
         mapping = {fqn: fqn for fqn in self.params}
@@ -279,13 +279,15 @@ class ExecutionOrder:
             },
             "module_classes": dict(self.module_classes),
             **_timing_dict(self),
+            "zero_cost": self.zero_cost,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<dict>", prefix: str = "") -> ExecutionOrder:
         """Build an order from :meth:`to_dict` output, checked field by field.
 
-        Every field is checked against :data:`ORDER_FIELDS` in one pass
+        Every field is checked against :data:`tracing.order_fields.ORDER_FIELDS` in one pass
         (strict JSON types: counts are ints, never bools or floats; sizes and
         indices ``>= 0``; dtypes are torch dtype names; every ``call_index``
         is a call of ``module_forward_order``). Unknown keys are ignored.
@@ -301,32 +303,7 @@ class ExecutionOrder:
                 message (one line) names ``source``, the field and what is wrong
                 (a :class:`tracing.schema.SchemaError` for a malformed field).
         """
-        if not isinstance(data, dict):
-            raise ValueError(
-                f"{source}: expected a JSON object for an ExecutionOrder, got {type(data).__name__}"
-            )
-        if "schema_version" not in data and "module_forward_order" not in data:
-            raise ValueError(
-                f"{source}: not an execwrap ExecutionOrder or report (it has no "
-                "'schema_version' or 'module_forward_order' field)"
-            )
-        version = data.get("schema_version")
-        if not is_int(version):
-            raise SchemaError(
-                field_path(prefix, "schema_version"),
-                f"expected an int layout version ({' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}), "
-                f"got {type_and_value(version)}",
-                source,
-                "ExecutionOrder",
-            )
-        if version not in READABLE_SCHEMA_VERSIONS:
-            raise ValueError(
-                f"{source}: unsupported ExecutionOrder schema_version {version!r} "
-                f"(this execwrap reads versions {list(READABLE_SCHEMA_VERSIONS)}); capture "
-                "the order again with this version"
-            )
-        f = ORDER_FIELDS.check(data, source=source, prefix=prefix, what="ExecutionOrder")
-        _check_call_indices(f, source, prefix)
+        f = checked_fields(data, source=source, prefix=prefix)
         return cls(
             module_forward_order=f["module_forward_order"],
             param_forward_order=f["param_forward_order"],
@@ -346,6 +323,8 @@ class ExecutionOrder:
             method=f["method"],
             fallback_reason=f["fallback_reason"],
             torch_version=f["torch_version"],
+            zero_cost=f["zero_cost"],
+            warnings=f["warnings"],
             **{name: f[name] for name in TIMING_FIELDS},
         )
 
@@ -396,104 +375,6 @@ def _timing_dict(order: ExecutionOrder) -> dict[str, Any]:
         "timing_device": order.timing_device,
         "timing_method": order.timing_method,
     }
-
-
-def parse_json(text: str, source: str) -> Any:
-    """``json.loads(text)``, with every way it can fail as one ``ValueError``
-    naming ``source``: invalid JSON, nesting too deep for the parser
-    (``RecursionError``), an int literal over Python's digit limit."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{source}: not valid JSON (nested too deeply to read)") from None
-    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
-        raise ValueError(f"{source}: not valid JSON ({str(e).splitlines()[0]})") from None
-
-
-def _dtype_name(value: Any, path: str) -> str:
-    """A torch dtype name without the ``torch.`` prefix (``"float32"``)."""
-    if not isinstance(value, str):
-        raise SchemaError(
-            path, f"expected a dtype name such as 'float32', got {type_and_value(value)}"
-        )
-    if not isinstance(getattr(torch, value, None), torch.dtype):
-        raise SchemaError(
-            path, f"unknown dtype {value!r} (expected a torch dtype name such as 'float32')"
-        )
-    return value
-
-
-_PARAM_USE = Record(
-    {
-        "module_fqn": Field(string()),
-        "call_index": Field(integer(what="a call index")),
-        "param_fqns": Field(list_of(string())),
-        "op": Field(string(), required=False, default="call_module"),
-    }
-)
-_PARAM_INFO = Record(
-    {
-        "numel": Field(integer(what="elements")),
-        "dtype": Field(_dtype_name),
-        "requires_grad": Field(boolean()),
-        "shape": Field(list_of(integer()), required=False, default=[]),
-    }
-)
-
-#: The fields of :meth:`ExecutionOrder.to_dict` and how each is checked on load
-#: (``schema_version`` is checked first, on its own). A new field is one line here.
-ORDER_FIELDS = Record(
-    {
-        "method": Field(one_of(*_METHODS)),
-        "fallback_reason": Field(optional(string()), required=False),
-        "torch_version": Field(string(), required=False, default=""),
-        "module_forward_order": Field(list_of(string())),
-        "param_forward_order": Field(list_of(string())),
-        "param_uses": Field(list_of(_PARAM_USE)),
-        "param_backward_order": Field(list_of(string()), required=False, default=[]),
-        "module_backward_order": Field(list_of(string()), required=False, default=[]),
-        "recompute_order": Field(list_of(string()), required=False, default=[]),
-        "shared_params": Field(dict_of(list_of(string())), required=False, default={}),
-        "params": Field(dict_of(_PARAM_INFO), required=False, default={}),
-        "module_classes": Field(dict_of(string()), required=False, default={}),
-        # schema 2: timing (absent in version-1 files)
-        "forward_times_s": Field(list_of(number()), required=False, default=[]),
-        "forward_start_s": Field(list_of(number()), required=False, default=[]),
-        "backward_start_s": Field(list_of(optional(number())), required=False, default=[]),
-        "backward_end_s": Field(optional(number()), required=False),
-        "backward_times_s": Field(dict_of(number()), required=False, default={}),
-        "saved_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
-        "timing_device": Field(string(), required=False, default=""),
-        "timing_method": Field(one_of(*_TIMING_METHODS), required=False, default=""),
-    }
-)
-
-#: The schema-2 timing fields, passed to the constructor as loaded.
-TIMING_FIELDS = (
-    "forward_times_s",
-    "forward_start_s",
-    "backward_start_s",
-    "backward_end_s",
-    "backward_times_s",
-    "saved_activation_bytes",
-    "timing_device",
-    "timing_method",
-)
-
-
-def _check_call_indices(fields: dict[str, Any], source: str, prefix: str) -> None:
-    """Every ``param_uses[i].call_index`` is a call of ``module_forward_order``."""
-    calls = len(fields["module_forward_order"])
-    for i, use in enumerate(fields["param_uses"]):
-        if use["call_index"] >= calls:
-            raise SchemaError(
-                field_path(field_path(field_path(prefix, "param_uses"), i), "call_index"),
-                f"call {use['call_index']} is past the end of module_forward_order ({calls} calls)",
-                source,
-                "ExecutionOrder",
-            )
 
 
 def _dtype_itemsize(dtype: str) -> int:

@@ -29,6 +29,7 @@ from execwrap.report.formatting import format_bytes, format_numel, short_reason
 from execwrap.report.writer import write_report
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
 from tracing.fqn import module_phrase
+from tracing.symbolic import check_concrete_args
 
 __all__ = ["run_report"]
 
@@ -44,6 +45,10 @@ def run_report(options: ReportOptions) -> int:
             capture, planning, or writing the files).
     """
     model = load_model(options.model_path, options.device)
+    try:
+        check_concrete_args(model, options.concrete_args)
+    except ValueError as exc:
+        raise CLIError(f"--concrete-arg: {str(exc).removeprefix('concrete_args: ')}") from None
     example = _example_inputs(options, model)
     config = tracing_config(options.tracer_path, options.concrete_args)
     init_policy = parse_policy(options.policy.text, model)

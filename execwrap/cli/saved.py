@@ -21,7 +21,8 @@ from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
 from tracing.checks import is_int
 from tracing.fqn import display
-from tracing.order import ExecutionOrder, parse_json
+from tracing.order import ExecutionOrder
+from tracing.order_fields import parse_json
 
 __all__ = ["SavedReport", "call_label", "load_saved"]
 

@@ -50,6 +50,9 @@ class Case:
         recompute_order: module calls re-run by activation checkpointing.
         symbolic_error: ``(module_fqn, module_class, error type name)`` when
             plain ``torch.fx`` tracing must fail, else ``None``.
+        traces_with_inputs: symbolic tracing fails without inputs but works
+            with the example inputs bound to ``forward`` (``*args`` of a known
+            length), so the capture ladder stays symbolic.
     """
 
     make: Callable[[], nn.Module]
@@ -61,6 +64,7 @@ class Case:
     shared_params: dict[str, list[str]] = field(default_factory=dict)
     recompute_order: list[str] = field(default_factory=list)
     symbolic_error: tuple[str, str, str] | None = None
+    traces_with_inputs: bool = False
 
 
 def build(case: Case, seed: int = 0) -> nn.Module:
@@ -199,6 +203,7 @@ CASES: dict[str, Case] = {
             ("layers.0", 3, ("layers.0.weight", "layers.0.bias")),
         ],
         symbolic_error=("", "LoopOverArgs", "TraceError"),
+        traces_with_inputs=True,  # bound inputs: three placeholders, not one *args Proxy
     ),
     "root_params": Case(
         make=m.RootParams,

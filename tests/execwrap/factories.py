@@ -32,6 +32,7 @@ __all__ = [
     "not_a_module",
     "raising_model",
     "returns_int",
+    "shape_model",
 ]
 
 #: Not a factory: ``--model tests.execwrap.factories:NUMBER`` is rejected.
@@ -237,3 +238,26 @@ class ClipHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x) * self.logit_scale.exp()
+
+
+class ShapeModel(nn.Module):
+    """Runs ``b`` then ``a`` for batches of more than one row, else ``a`` only.
+
+    ``if x.shape[0] > 1:`` fails symbolic tracing (fx Proxies have no shapes)
+    and is decided by the zero-cost run on fake tensors, which have them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            x = self.b(x)
+        return self.a(x)
+
+
+def shape_model() -> nn.Module:
+    torch.manual_seed(0)
+    return ShapeModel()

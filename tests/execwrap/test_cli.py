@@ -162,13 +162,22 @@ def test_report_concrete_args_and_tracer(tmp_path, capsys):
     assert leaf.module_forward_order == ["", "wte", "blocks.0", "blocks.1", "ln_f", "lm_head"]
 
 
-def test_report_falls_back_to_runtime_with_input(tmp_path, capsys):
+def test_report_with_input_keeps_unpassed_flag_at_its_default(tmp_path, capsys):
     rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+               "--format", "json", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    order = ExecutionOrder.load(tmp_path / "report.json")
+    assert (order.capture_step, order.fallback_reason) == ("symbolic", None)
+    assert order.module_forward_order == ["", "b", "a"]  # flag=True, its default
+
+
+def test_report_falls_back_to_runtime_with_input(tmp_path, capsys):
+    rc = main(["report", "--model", f"{FACTORIES}:shape_model", "--input", "float:2x8",
                "--format", "json", "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
     order = ExecutionOrder.load(tmp_path / "report.json")
-    assert order.method == "runtime"
+    assert order.capture_step == "zero-cost runtime"
     assert order.module_forward_order == ["", "b", "a"]
     assert order.fallback_reason
     fallback = next(line for line in out.splitlines() if "fallback reason" in line)
@@ -179,11 +188,14 @@ def test_verbose_logs_the_fallback_and_leaves_logging_as_it_was(tmp_path, capsys
     import logging
 
     handlers = list(logging.getLogger("tracing").handlers)
-    rc = main(["report", "-v", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+    rc = main(["report", "-v", "--model", f"{FACTORIES}:shape_model", "--input", "float:2x8",
                "--format", "json", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     err = capsys.readouterr().err
-    assert "INFO tracing.capture: symbolic capture failed in " in err and "(FlagModel)" in err
+    assert (
+        "INFO tracing.ladder: capture fell back to zero-cost runtime: symbolic tracing failed "
+        "in the root module <root> (ShapeModel)"
+    ) in err
     assert "DEBUG" not in err
     assert logging.getLogger("tracing").handlers == handlers
     assert main(["report", "--format", "json", "--out", str(tmp_path)]) == 0
@@ -197,8 +209,8 @@ def test_report_untraceable_without_input_is_bad_input(tmp_path, capsys):
     assert line == (
         "execwrap: error: capture failed: symbolic tracing failed in the root module <root> "
         "(FlagModel): TraceError: symbolically traced variables cannot be used as inputs to "
-        "control flow; pass --input SPEC to capture at run time, --concrete-arg NAME=VALUE or "
-        "--tracer PKG.MODULE:CLASS"
+        "control flow at tests/execw...; pass --input SPEC to capture at run time, "
+        "--concrete-arg NAME=VALUE or --tracer PKG.MODULE:CLASS"
     )
     assert len(line) < 300
     assert list(tmp_path.iterdir()) == []
@@ -258,14 +270,16 @@ def test_report_model_raising_at_run_time_is_one_line(tmp_path, capsys):
 
 
 def test_report_summary_fallback_reason_is_short(tmp_path, capsys):
-    rc = main(["report", "--model", f"{FACTORIES}:flag_model", "--input", "float:2x8",
+    from execwrap.report import short_reason
+
+    rc = main(["report", "--model", f"{FACTORIES}:shape_model", "--input", "float:2x8",
                "--format", "json", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     reason = json.loads((tmp_path / "report.json").read_text())["order"]["fallback_reason"]
-    assert _summary(capsys.readouterr().out)["fallback reason"].split("  ")[-1] == reason
-    from execwrap.report import short_reason
-
-    assert short_reason(reason + "\n" + "detail " * 40) == reason + " ..."
+    summary = _summary(capsys.readouterr().out)["fallback reason"].split("  ")[-1]
+    assert summary.endswith("...") and len(summary) <= 160
+    assert reason.startswith(summary.removesuffix("...").rstrip())
+    assert short_reason(reason + "\n" + "detail " * 40) == short_reason(reason)
 
 
 @pytest.mark.parametrize(
@@ -313,6 +327,11 @@ def test_report_bad_input(args, message, tmp_path, capsys):
             ["--model", f"{FACTORIES}:flag_model", "--input", "float:3"],
             "capture failed: running FlagModel on --input 'float:3' raised RuntimeError: mat1 "
             "and mat2 shapes cannot be multiplied (1x3 and 8x8) (in module 'b' (Linear))",
+        ),
+        (
+            ["--model", f"{FACTORIES}:flag_model", "--concrete-arg", "flg=True"],
+            "--concrete-arg: FlagModel.forward has no argument 'flg'; its arguments are 'x', "
+            "'flag'",
         ),
         (
             ["--bucket-size", "0"],
@@ -804,14 +823,16 @@ def test_subprocess_gpt2_report_falls_back_to_runtime(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == ALL_FILES | {SET_FOLDER}
     data = json.loads((tmp_path / "report.json").read_text())
     order = ExecutionOrder.from_dict(data["order"])
-    assert order.method == "runtime"
-    assert "GPT2LMHeadModel" in (order.fallback_reason or "")
+    assert order.capture_step == "zero-cost runtime"
+    assert "symbolic tracing failed in module 'transformer' (GPT2Model)" in (
+        order.fallback_reason or ""
+    )
     assert order.param_backward_order  # runtime capture records gradients
     assert data["model_class"] == "GPT2LMHeadModel"
     assert data["plan"]["groups"] == [[""], ["transformer.h.0"], ["transformer.h.1"]]
     summary = _summary(proc.stdout)
     assert "runtime" in summary["capture"]
-    assert "GPT2LMHeadModel" in summary["fallback reason"]
+    assert "'transformer' (GPT2Model)" in summary["fallback reason"]
     html = (tmp_path / "report.html").read_text()
     assert "Symbolic tracing failed" in html
 

@@ -101,7 +101,7 @@ def test_fallback_to_runtime(caplog: pytest.LogCaptureFixture) -> None:
     assert order.method == "runtime"
     assert order.fallback_reason is not None
     assert order.fallback_reason.startswith("symbolic tracing failed in module 'router' (Router)")
-    records = [r for r in caplog.records if r.name == "tracing.capture"]
+    records = [r for r in caplog.records if r.name == "tracing.ladder"]
     assert len(records) == 1
     assert records[0].levelno == logging.INFO
     assert "'router'" in records[0].getMessage()

@@ -223,3 +223,22 @@ def test_timing_fields_round_trip(tmp_path: Path) -> None:
     assert loaded.to_dict()["backward_start_s"] == [0.75, None]
     with pytest.raises(ValueError, match=r"timing_method must be one of .*got 'guessed'"):
         ExecutionOrder(timing_method="guessed")  # type: ignore[arg-type]
+
+
+def test_version_1_files_still_load(order: ExecutionOrder, tmp_path: Path) -> None:
+    data = order.to_dict()
+    data["schema_version"] = 1
+    del data["zero_cost"], data["warnings"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(data))
+    loaded = ExecutionOrder.load(path)
+    assert loaded == order
+    assert (loaded.zero_cost, loaded.warnings, loaded.schema_version) == (False, [], 2)
+
+
+def test_zero_cost_and_warnings_round_trip() -> None:
+    order = ExecutionOrder(method="runtime", zero_cost=True, warnings=["optional 'mask'"])
+    data = order.to_dict()
+    assert (data["zero_cost"], data["warnings"]) == (True, ["optional 'mask'"])
+    assert ExecutionOrder.from_dict(data) == order
+    assert order.capture_step == "zero-cost runtime"

@@ -29,10 +29,13 @@ Modules, one job each:
 * :mod:`~tracing.runtime.call_stack`: the running module calls and the mode's target;
 * :mod:`~tracing.runtime.backward`: gradient-ready and module backward order;
 * :mod:`~tracing.runtime.record`: :func:`record_execution_order`, a
-  self-contained capture that restores gradients, buffers and RNG states.
+  self-contained capture that restores gradients, buffers and RNG states;
+* :mod:`~tracing.runtime.shadow`: :func:`record_zero_cost`, the same recording
+  on a fake shadow of the model (no compute, no weight copy).
 """
 
 from tracing.runtime.record import record_execution_order
 from tracing.runtime.recorder import RecorderState, RuntimeRecorder
+from tracing.runtime.shadow import record_zero_cost
 
-__all__ = ["RecorderState", "RuntimeRecorder", "record_execution_order"]
+__all__ = ["RecorderState", "RuntimeRecorder", "record_execution_order", "record_zero_cost"]

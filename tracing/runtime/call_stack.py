@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 from typing import NamedTuple
 
 import torch
@@ -46,6 +47,10 @@ class Frame(NamedTuple):
     target: tuple[str, int] | None
     #: this frame entered the ParamUseMode (the outermost frame).
     pushed_mode: bool
+    #: the exception being handled when the call started (``sys.exc_info()``):
+    #: a call made inside an ``except`` block sees it until it ends, without
+    #: having raised it.
+    handling: BaseException | None
 
 
 class CallStack:
@@ -64,24 +69,34 @@ class CallStack:
         pushed = not self._frames and kind is not CallKind.RECOMPUTE
         if pushed:
             self._mode.__enter__()
-        self._frames.append(Frame(module, target, pushed))
+        self._frames.append(Frame(module, target, pushed, sys.exc_info()[1]))
         self._mode.target = target
 
-    def pop(self, module: nn.Module) -> None:
-        """The innermost call of ``module`` ends (frames above it are dropped)."""
+    def pop(self, module: nn.Module) -> BaseException | None:
+        """The innermost call of ``module`` ends (frames above it are dropped).
+
+        Returns:
+            The exception that was being handled when that call started (see
+            :attr:`Frame.handling`), or ``None``.
+        """
         frames = self._frames
+        handling = None
         if frames and frames[-1].module is module:
-            if frames.pop().pushed_mode:
+            frame = frames.pop()
+            handling = frame.handling
+            if frame.pushed_mode:
                 self._exit_mode()
         else:  # a hook that ran before ours raised: drop the frames above this call
             for i in range(len(frames) - 1, -1, -1):
                 if frames[i].module is module:
+                    handling = frames[i].handling
                     for frame in reversed(frames[i:]):
                         if frame.pushed_mode:
                             self._exit_mode()
                     del frames[i:]
                     break
         self._mode.target = frames[-1].target if frames else None
+        return handling
 
     def suspend(self) -> None:
         """Torch calls until the next :meth:`push` or :meth:`pop` are no uses."""

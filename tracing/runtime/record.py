@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.nn as nn
@@ -24,6 +24,7 @@ from tracing.fqn import module_phrase
 from tracing.model_state import SavedModelState
 from tracing.nested import default_loss, tensors_in
 from tracing.order import ExecutionOrder
+from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.rates import ComputeRates
 from tracing.runtime.param_map import ParamMap
 from tracing.runtime.recorder import RuntimeRecorder, timing_clock
@@ -52,8 +53,9 @@ def record_execution_order(
     model is as before: hooks removed, ``.grad`` of every parameter exactly
     what it was (``None`` stays ``None``; existing gradients keep their tensor
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
-    CUDA RNG states restored so the user's random stream does not shift. The
-    training flag and ``requires_grad`` are never touched.
+    CUDA RNG states restored so the user's random stream does not shift (and,
+    unless the model is wrapped by FSDP/DDP, the values of plain tensor
+    attributes). The training flag and ``requires_grad`` are never touched.
 
     Runs on the meta device too (meta model and meta inputs): no memory is
     allocated for weights or activations, provided the model's control flow
@@ -82,8 +84,8 @@ def record_execution_order(
         An :class:`ExecutionOrder` with ``method == "runtime"``.
 
     Raises:
-        TracingError: on the meta device, an op needed tensor values
-            (``.item()``, a tensor-valued ``if``); the message names the module.
+        TracingError: on the meta device, an op needed tensor values (``.item()``,
+            a tensor-valued ``if``), naming the module; or a lazy module is uninitialised.
         TypeError: ``loss_fn`` did not return a tensor.
         ValueError: ``timing=True`` on the meta device or fake tensors.
         Exception: whatever the model raises otherwise, unchanged (with a
@@ -95,27 +97,26 @@ def record_execution_order(
         >>> order.param_forward_order
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
+    check_no_lazy_modules(model)
     clock = timing_clock(model, True) if timing is True else None
-    saved = SavedModelState(model)
+    saved = SavedModelState(model, tensor_attributes=distributed_wrapper(model) is None)
+    input_grads = _InputGrads((args, kwargs))
     recorder: RuntimeRecorder | None = None
     try:
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
         with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-            _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
+            run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
         order = recorder.order
         if clock is not None:
             order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
-        if _is_meta(model, args, kwargs) and not isinstance(e, TypeError):
-            raise _meta_error(e, where) from e
-        if where is not None and hasattr(e, "add_note"):
-            e.add_note(f"While recording the execution order, in {_located(*where)}")
-        raise
+        _raise_located(e, where, meta=_is_meta(model, args, kwargs))
     finally:
         saved.restore()
+        input_grads.restore()
     return order
 
 
@@ -140,7 +141,7 @@ def _timed_step(
             timer = CallTimer(params.modules, clock)
             try:
                 with torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-                    _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
+                    run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
             finally:
                 timer.remove()
             if timer.num_calls != len(order.module_forward_order):
@@ -169,7 +170,7 @@ def _step_seconds(fields: dict[str, Any]) -> float:
     )
 
 
-def _run_step(
+def run_step(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -191,6 +192,33 @@ def _run_step(
         logger.debug("runtime capture: the loss needs no grad; skipping backward")
     else:
         (loss if loss.dim() == 0 else loss.sum()).backward()
+
+
+class _InputGrads:
+    """The ``.grad`` of every leaf input tensor that requires grad, put back by :meth:`restore`.
+
+    The inputs' ``.grad`` is set to ``None`` for the run, so that backward
+    accumulates into a fresh tensor and never into the user's gradient.
+    """
+
+    def __init__(self, inputs: Any) -> None:
+        self._grads = [(t, t.grad) for t in tensors_in(inputs) if t.is_leaf and t.requires_grad]
+        for t, _ in self._grads:
+            t.grad = None
+
+    def restore(self) -> None:
+        for t, grad in self._grads:
+            t.grad = grad
+
+
+def _raise_located(error: Exception, where: tuple[str, str] | None, *, meta: bool) -> NoReturn:
+    """Re-raise ``error`` naming the module it came from: on the meta device as a
+    :class:`TracingError` that says why meta execution failed, else with a note."""
+    if meta and not isinstance(error, TypeError):
+        raise _meta_error(error, where) from error
+    if where is not None and hasattr(error, "add_note"):
+        error.add_note(f"While recording the execution order, in {_located(*where)}")
+    raise error
 
 
 def _is_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -166,11 +166,15 @@ class RuntimeRecorder:
         calls.push(module, CallKind.FORWARD, target)
 
     def _post_forward(self, fqn: str, module: nn.Module, args: Any, output: Any) -> None:
-        if self._error is None:
-            exc = sys.exc_info()[1]
-            if exc is not None and not is_wrapper_module(module):
+        # An exception is this call's own when it is being handled now but was
+        # not when the call started (a call made inside an ``except`` block
+        # sees the handled exception without raising it). The innermost call
+        # sees a new exception first.
+        handling = self._calls.pop(module)
+        exc = sys.exc_info()[1]
+        if exc is not None and exc is not handling and not is_wrapper_module(module):
+            if self._error is None or self._error[2] is not exc:
                 self._error = (fqn, original_class_name(module), exc)
-        self._calls.pop(module)
 
     def _on_use(self, target: tuple[str, int], op: str, fqns: list[str]) -> None:
         if len(fqns) > 1:

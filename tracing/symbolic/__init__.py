@@ -5,9 +5,14 @@
   turns a tracer failure into a :class:`~tracing.errors.TracingError` naming
   the module;
 * :mod:`~tracing.symbolic.recorder`: what is recorded while fx builds its
-  graph (module calls, parameter uses) and how the tracer is wrapped.
+  graph (module calls, parameter uses) and how the tracer is wrapped;
+* :mod:`~tracing.symbolic.signature`: the root's arguments, bound to
+  ``forward``'s signature (example inputs, defaults, ``concrete_args``);
+* :mod:`~tracing.symbolic.diagnosis`: why a trace failed (a branch on an
+  argument, a shape or a value).
 """
 
+from tracing.symbolic.signature import check_concrete_args
 from tracing.symbolic.trace import trace_execution_order
 
-__all__ = ["trace_execution_order"]
+__all__ = ["check_concrete_args", "trace_execution_order"]
