@@ -31,13 +31,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
+from execwrap.autoplan import check_auto_options
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import plan_wrap
@@ -45,6 +46,9 @@ from execwrap.ranks import check_order_across_ranks
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
 
 __all__ = ["ParamExecOrderWrapPolicy"]
 
@@ -78,7 +82,19 @@ class ParamExecOrderWrapPolicy(_Policy):
         bucket_numel: merge consecutive units (in execution order) into groups
             of at most this many parameter elements (FSDP2 groups; FSDP1
             realises a group only when it is exactly a parent's units, see
-            ``plan.notes``). ``None`` merges nothing.
+            ``plan.notes``). ``None`` merges nothing. ``"auto"``: the
+            auto-planner chooses the groups, the prefetch depth and
+            ``reshard_after_forward`` per group from ``cost_model``
+            (see :func:`execwrap.plan_wrap`; its choices are FSDP2's: use
+            the policy with :func:`execwrap.apply_fully_shard` and
+            ``prefetch="auto"``; under FSDP1 only the groups apply). Needs an
+            order before wrapping (``order``, ``tracing_config`` or
+            ``example_inputs``).
+        cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
+            preset) for ``bucket_numel="auto"``.
+        world_size: ranks to plan for (default: the cost model's).
+        memory_budget: peak memory per rank the auto plan must stay within,
+            bytes (``None``: no limit).
         example_inputs: positional inputs for runtime capture (a tuple, or one
             tensor); one forward and backward run before wrapping.
         example_kwargs: keyword inputs for runtime capture.
@@ -108,7 +124,10 @@ class ParamExecOrderWrapPolicy(_Policy):
         TypeError: ``init_policy`` is not callable / not a ``_Policy``,
             ``tracing_config`` is not a :class:`TracingConfig`, ``order`` is
             not an :class:`ExecutionOrder`, or ``example_kwargs`` not a dict.
-        ValueError: ``bucket_numel`` is not a positive int.
+        ValueError: ``bucket_numel`` is not a positive int, ``None`` or
+            ``"auto"``; ``"auto"`` without a ``cost_model``; ``cost_model``,
+            ``world_size`` or ``memory_budget`` without ``"auto"``; a
+            ``memory_budget`` or ``world_size`` that is not positive.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -121,12 +140,15 @@ class ParamExecOrderWrapPolicy(_Policy):
     init_policy: InitPolicy = always_wrap_policy
     tracing_config: TracingConfig | None = None
     _: KW_ONLY
-    bucket_numel: int | None = None
+    bucket_numel: int | Literal["auto"] | None = None
     example_inputs: Any = None
     example_kwargs: dict[str, Any] | None = None
     order: ExecutionOrder | None = None
     check_ranks: bool = True
     forward_prefetch: bool | None = None
+    cost_model: CostModel | None = None
+    world_size: int | None = None
+    memory_budget: int | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,13 +163,22 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.tracing_config must be a tracing.TracingConfig "
                 f"or None; got {type(self.tracing_config).__name__}"
             )
-        if self.bucket_numel is not None and (
-            not is_int(self.bucket_numel) or self.bucket_numel <= 0
+        if (
+            self.bucket_numel is not None
+            and self.bucket_numel != "auto"
+            and (not is_int(self.bucket_numel) or self.bucket_numel <= 0)
         ):
             raise ValueError(
                 "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
-                f"parameter elements or None; got {self.bucket_numel!r}"
+                f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
             )
+        check_auto_options(
+            "ParamExecOrderWrapPolicy",
+            self.bucket_numel,
+            self.cost_model,
+            self.world_size,
+            self.memory_budget,
+        )
         if self.order is not None and not isinstance(self.order, ExecutionOrder):
             raise TypeError(
                 "ParamExecOrderWrapPolicy.order must be a tracing.ExecutionOrder (e.g. "
@@ -225,6 +256,15 @@ class ParamExecOrderWrapPolicy(_Policy):
                 self.init_policy,
                 bucket_numel=self.bucket_numel,
                 ignored_modules=ignored,
+                cost_model=self.cost_model,
+                world_size=self.world_size,
+                memory_budget=self.memory_budget,
+            )
+        elif self.bucket_numel == "auto":
+            raise ValueError(
+                'ParamExecOrderWrapPolicy(bucket_numel="auto") plans from the execution order '
+                "before wrapping, but there is none: pass order=, tracing_config= or "
+                "example_inputs= (runtime capture with timing gives the planner compute times)"
             )
         else:
             logger.info(

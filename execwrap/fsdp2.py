@@ -36,7 +36,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 import torch.distributed as dist
@@ -62,7 +62,7 @@ def apply_fully_shard(
     policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
     *,
     mesh: DeviceMesh | None = None,
-    prefetch: int = 1,
+    prefetch: int | Literal["auto"] = 1,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
     """Shard ``model`` with FSDP2, one ``fully_shard`` call per plan group.
@@ -84,21 +84,28 @@ def apply_fully_shard(
             mesh over the default group). A 1-D mesh's group is also the
             group of the policy's cross-rank order check.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
-            FSDP2's implicit prefetching.
+            FSDP2's implicit prefetching; ``"auto"``: the depth the
+            auto-planner chose (``plan.prefetch``; plan with
+            ``bucket_numel="auto"``).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
-            ``ignored_params``, ...).
+            ``ignored_params``, ...). Without ``reshard_after_forward`` here,
+            a plan that carries per-group choices
+            (``plan.reshard_after_forward``, from the auto-planner) gets them,
+            one per ``fully_shard`` call; the root keeps FSDP2's default (it
+            never reshards after forward).
 
     Returns:
         The plan applied (for a policy that records during the first step,
         ``policy.plan`` is replaced by the re-ordered plan after that step).
 
     Raises:
-        ValueError: ``prefetch`` is negative; the model already has
-            ``fully_shard`` applied; the plan names a module the model does
-            not have, or puts the root in a group with other modules.
-        TypeError: ``prefetch`` is not an int; ``policy_or_plan`` is neither a
-            policy nor a plan.
+        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
+            did not choose one; the model already has ``fully_shard``
+            applied; the plan names a module the model does not have, or puts
+            the root in a group with other modules.
+        TypeError: ``prefetch`` is neither an int nor ``"auto"``;
+            ``policy_or_plan`` is neither a policy nor a plan.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture
             and the cross-rank check (see
             :meth:`ParamExecOrderWrapPolicy.build_plan`).
@@ -110,15 +117,17 @@ def apply_fully_shard(
         >>> plan.groups  # doctest: +SKIP
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
-    check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead")
+    if prefetch != "auto":
+        check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)
     if isinstance(model, FSDPModule):
         raise ValueError(
             f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
             "applied; pass the unwrapped model"
         )
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
-    _shard_groups(model, groups, mesh, fully_shard_kwargs)
+    _shard_groups(model, groups, mesh, fully_shard_kwargs, _group_reshard(plan, fully_shard_kwargs))
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
         _schedule_prefetch(model, groups, plan, policy, prefetch, mesh)
@@ -195,19 +204,66 @@ def _build_plan(
     )
 
 
+_AUTO_HINT = '; or pass "auto" for the depth the auto-planner chose'
+
+
+def _resolve_prefetch(prefetch: int | str, plan: WrapPlan) -> int:
+    """``prefetch`` as an int: ``"auto"`` becomes the plan's chosen depth."""
+    if prefetch != "auto":
+        assert isinstance(prefetch, int)
+        return prefetch
+    if plan.prefetch is None:
+        raise ValueError(
+            'apply_fully_shard: prefetch="auto" uses the depth the auto-planner chose, but this '
+            'plan has none (made without bucket_numel="auto"); plan with '
+            'bucket_numel="auto", cost_model=... and world_size=..., or pass prefetch=0, 1 or 2'
+        )
+    return plan.prefetch
+
+
+def _group_reshard(
+    plan: WrapPlan, fully_shard_kwargs: dict[str, Any]
+) -> dict[tuple[str, ...], bool]:
+    """Group (module FQNs) -> the plan's ``reshard_after_forward`` for it; empty
+    when the plan has no per-group choice or the caller passed one for all."""
+    flags = plan.reshard_after_forward
+    if flags is None:
+        return {}
+    if "reshard_after_forward" in fully_shard_kwargs:
+        logger.info(
+            "apply_fully_shard: reshard_after_forward=%r given; the plan's per-group choices "
+            "are not used",
+            fully_shard_kwargs["reshard_after_forward"],
+        )
+        return {}
+    if len(flags) != len(plan.units):
+        raise ValueError(
+            f"apply_fully_shard: the plan has {len(plan.units)} unit(s) but "
+            f"{len(flags)} reshard_after_forward flag(s); plan the model again"
+        )
+    return {u.module_fqns: bool(f) for u, f in zip(plan.units, flags, strict=True)}
+
+
 def _shard_groups(
     model: nn.Module,
     groups: list[list[str]],
     mesh: DeviceMesh | None,
     fully_shard_kwargs: dict[str, Any],
+    reshard: dict[tuple[str, ...], bool],
 ) -> None:
-    """``fully_shard`` each group in post-order, then the root."""
+    """``fully_shard`` each group in post-order (with its ``reshard_after_forward``
+    from ``reshard`` when it has one there), then the root."""
     for fqns in _post_order(model, groups):
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        logger.debug("fully_shard(%s)", fqns)
+        kwargs = dict(fully_shard_kwargs)
+        if tuple(fqns) in reshard:
+            kwargs["reshard_after_forward"] = reshard[tuple(fqns)]
+        logger.debug(
+            "fully_shard(%s, reshard_after_forward=%s)", fqns, kwargs.get("reshard_after_forward")
+        )
         try:
-            fully_shard(target, mesh=mesh, **fully_shard_kwargs)
+            fully_shard(target, mesh=mesh, **kwargs)
         except Exception as e:
             if sys.version_info >= (3, 11):
                 e.add_note(f"While applying fully_shard to plan group {fqns}")

@@ -27,6 +27,7 @@ from execwrap.errors import PlanError
 from execwrap.model_view import ModelView
 from execwrap.plan_check import check_plan
 from execwrap.plan_notes import reordered_note
+from execwrap.plan_search import PlanSearch
 from execwrap.plan_stats import (
     PlanStats,
     TimelineStep,
@@ -42,10 +43,16 @@ from tracing.order import ExecutionOrder
 if TYPE_CHECKING:
     import torch.nn as nn
 
+    from execwrap.simulate.estimate import StepEstimate
+
 __all__ = ["PLAN_SCHEMA_VERSION", "WrapPlan"]
 
-#: Version of the layout written by :meth:`WrapPlan.to_dict`.
-PLAN_SCHEMA_VERSION = 1
+#: Version of the layout written by :meth:`WrapPlan.to_dict` (2: the auto-planner's
+#: ``prefetch``, ``reshard_after_forward``, ``estimate`` and ``search``).
+PLAN_SCHEMA_VERSION = 2
+
+#: Layout versions :meth:`WrapPlan.from_dict` reads (version 1 has no auto-planner fields).
+READABLE_PLAN_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -67,6 +74,18 @@ class WrapPlan:
             wrap for it), root first.
         ignored_modules: FQNs of the ignored modules passed to
             :func:`~execwrap.planner.plan_wrap` (outermost only).
+        prefetch: the prefetch depth chosen by the auto-planner
+            (``bucket_numel="auto"``; ``apply_fully_shard(..., prefetch="auto")``
+            uses it), else ``None``.
+        reshard_after_forward: one flag per unit (in :attr:`units` order):
+            whether ``fully_shard`` reshards that group after forward (the
+            root group never does, whatever its flag). ``None``: FSDP2's
+            default for every group.
+        estimate: the predicted step (an :class:`execwrap.simulate.StepEstimate`:
+            step time, exposed communication, peak memory and its breakdown,
+            per-stream timeline) at :attr:`prefetch` and
+            :attr:`reshard_after_forward`, when a cost model was given.
+        search: what the auto-planner compared (:class:`~execwrap.plan_search.PlanSearch`).
     """
 
     units: list[WrapUnit]
@@ -77,6 +96,10 @@ class WrapPlan:
     policy_name: str = ""
     policy_fqns: tuple[str, ...] = ()
     ignored_modules: tuple[str, ...] = ()
+    prefetch: int | None = None
+    reshard_after_forward: tuple[bool, ...] | None = None
+    estimate: StepEstimate | None = None
+    search: PlanSearch | None = None
 
     # ------------------------------------------------------------ lookups
     @property
@@ -301,8 +324,9 @@ class WrapPlan:
     # ---------------------------------------------------------- serialising
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict: units, atomic units, notes, bucket size,
-        policy, FSDP1 modules, and stats at prefetch 1 (the order is not
-        included; reports store it next to the plan)."""
+        policy, FSDP1 modules, stats at prefetch 1, and the auto-planner's
+        choices, estimate and search (``null`` when not planned so; the order
+        is not included; reports store it next to the plan)."""
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "policy_name": self.policy_name,
@@ -315,11 +339,20 @@ class WrapPlan:
             "fsdp1_modules": self.fsdp1_modules(),
             "notes": list(self.notes),
             "stats": self.stats(1).to_dict(),
+            "prefetch": self.prefetch,
+            "reshard_after_forward": (
+                None if self.reshard_after_forward is None else list(self.reshard_after_forward)
+            ),
+            "estimate": None if self.estimate is None else self.estimate.to_dict(),
+            "search": None if self.search is None else self.search.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], order: ExecutionOrder) -> WrapPlan:
         """Rebuild a plan from :meth:`to_dict` output and its order.
+
+        Reads layout versions 1 and 2 (a version-1 plan has no auto-planner
+        fields: they stay ``None``).
 
         Raises:
             ValueError: ``data`` is of another schema version or malformed.
@@ -327,10 +360,11 @@ class WrapPlan:
         if not isinstance(data, dict):
             raise ValueError(f"WrapPlan.from_dict expects a dict, got {type(data).__name__}")
         version = data.get("schema_version", PLAN_SCHEMA_VERSION)
-        if version != PLAN_SCHEMA_VERSION:
+        if version not in READABLE_PLAN_VERSIONS:
             raise ValueError(
                 f"unsupported WrapPlan schema_version {version!r} (this execwrap reads "
-                f"{PLAN_SCHEMA_VERSION}); build the plan again with plan_wrap"
+                f"{', '.join(map(str, READABLE_PLAN_VERSIONS))}); build the plan again with "
+                "plan_wrap"
             )
         try:
             units = [WrapUnit.from_dict(u) for u in data["units"]]
@@ -345,6 +379,27 @@ class WrapPlan:
                 policy_name=str(data.get("policy_name", "")),
                 policy_fqns=tuple(str(f) for f in data.get("policy_fqns", [])),
                 ignored_modules=tuple(str(f) for f in data.get("ignored_modules", [])),
+                **_auto_fields(data),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed WrapPlan dict: {e!r}") from e
+
+
+def _auto_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The auto-planner's fields of a :meth:`WrapPlan.to_dict` dict (``None``
+    where absent: version-1 plans and plans not made by the auto-planner)."""
+    prefetch = data.get("prefetch")
+    reshard = data.get("reshard_after_forward")
+    estimate = data.get("estimate")
+    search = data.get("search")
+    step_estimate: Any = None
+    if estimate is not None:
+        from execwrap.simulate.estimate import StepEstimate
+
+        step_estimate = StepEstimate.from_dict(estimate)
+    return {
+        "prefetch": None if prefetch is None else int(prefetch),
+        "reshard_after_forward": None if reshard is None else tuple(bool(r) for r in reshard),
+        "estimate": step_estimate,
+        "search": None if search is None else PlanSearch.from_dict(search),
+    }

@@ -23,7 +23,9 @@
    greedy is optimal for a contiguous grouping under a cap). Members of a
    group must be called, not nest one another, not be the root, and share
    one trainable dtype (FSDP2 reduce-scatters one dtype per group); a larger
-   unit stays alone.
+   unit stays alone. With ``bucket_numel="auto"`` the auto-planner
+   (:mod:`execwrap.autoplan`) chooses the groups, the prefetch depth and
+   ``reshard_after_forward`` per group from a cost model instead.
 6. The plan checks itself (:mod:`execwrap.plan_check`).
 
 Every departure from the policy, each tied parameter, units mixing
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch.nn as nn
 
@@ -49,6 +51,7 @@ from execwrap.auto_wrap import (
     policy_name,
     policy_unit_modules,
 )
+from execwrap.autoplan import check_auto_options, search_plan
 from execwrap.bucketing import bucket_units
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView, OrderView, check_order_fits
@@ -67,6 +70,9 @@ from execwrap.unit import WrapUnit
 from tracing.checks import check_int
 from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
 
 __all__ = ["plan_wrap", "policy_units"]
 
@@ -119,8 +125,11 @@ def plan_wrap(
     order: ExecutionOrder,
     init_policy: Any = always_wrap_policy,
     *,
-    bucket_numel: int | None = None,
+    bucket_numel: int | Literal["auto"] | None = None,
     ignored_modules: Iterable[nn.Module | str] | None = None,
+    cost_model: CostModel | None = None,
+    world_size: int | None = None,
+    memory_budget: int | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -133,9 +142,16 @@ def plan_wrap(
         model: the unwrapped root module (the meta device is fine).
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
-        bucket_numel: FSDP2 group size cap in elements, or ``None``.
+        bucket_numel: FSDP2 group size cap in elements; ``None``: no buckets;
+            ``"auto"``: the auto-planner (:mod:`execwrap.autoplan`) chooses the
+            groups, the prefetch depth and ``reshard_after_forward`` per group
+            (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,
+            ``plan.search``).
         ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
             objects or module FQN strings); their parameters are in no unit.
+        cost_model, world_size, memory_budget: for ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`, the ranks (default: the cost
+            model's) and the peak bytes per rank to fit (``None``: no limit).
 
     Returns:
         A :class:`WrapPlan`.
@@ -143,13 +159,16 @@ def plan_wrap(
     Raises:
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
             ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; an ignored module is
-            not part of ``model``; or the order does not fit ``model``: it
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner
+            keywords (see :func:`execwrap.autoplan.check_auto_options`), a
+            cost model for another world size or device type; an ignored
+            module is not part of ``model``; or the order does not fit ``model``: it
             names a module or parameter that ``model`` does not have, or its
             ``params`` table (when not empty) lists other parameters, or other
             numels/shapes, than ``model.named_parameters()`` (a stale order:
             capture it again).
-        PlanError: the plan failed its own check (a bug; please report).
+        PlanError: no plan fits ``memory_budget`` (naming the smallest peak
+            reached and what dominates it); the plan failed its own check.
 
     Example:
         >>> from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -161,6 +180,7 @@ def plan_wrap(
         [[''], ['blocks.0'], ['blocks.1']]
     """
     _check_arguments(model, order, bucket_numel)
+    check_auto_options("plan_wrap", bucket_numel, cost_model, world_size, memory_budget)
     ignored_set = expand_ignored_modules(model, ignored_modules)
     ignored_top = _outermost_ignored(model, ignored_set)
     view = ModelView.build(model, ignored_top)
@@ -170,22 +190,50 @@ def plan_wrap(
     logger.debug("policy %s chose %d unit(s)", policy_name(init_policy), len(policy_fqns))
 
     planner = _Planner(view, OrderView.build(view, order), policy_fqns)
-    atomic = planner.build()
-    units = bucket_units(atomic, bucket_numel, planner.trainable_dtypes) if bucket_numel else atomic
-    plan = WrapPlan(
-        units=list(units),
-        order=order,
-        atomic_units=list(atomic),
-        notes=planner.notes,
-        bucket_numel=bucket_numel,
-        policy_name=policy_name(init_policy),
-        policy_fqns=tuple(policy_fqns),
-        ignored_modules=ignored_top,
-    )
+    plan = _bucketed_plan(planner, bucket_numel, policy_name(init_policy), ignored_top)
+    if bucket_numel == "auto":
+        plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget)
     _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
     return plan
+
+
+def _bucketed_plan(
+    planner: _Planner, bucket_numel: Any, name: str, ignored_top: tuple[str, ...]
+) -> WrapPlan:
+    """Steps 4 and 5: the atomic units, bucketed under an int ``bucket_numel``."""
+    atomic = planner.build()
+    cap = bucket_numel if isinstance(bucket_numel, int) else None
+    units = bucket_units(atomic, cap, planner.trainable_dtypes) if cap else atomic
+    return WrapPlan(
+        units=list(units),
+        order=planner.uses.order,
+        atomic_units=list(atomic),
+        notes=planner.notes,
+        bucket_numel=cap,
+        policy_name=name,
+        policy_fqns=tuple(planner.policy_fqns),
+        ignored_modules=ignored_top,
+    )
+
+
+def _auto_plan(
+    plan: WrapPlan,
+    planner: _Planner,
+    cost_model: CostModel | None,
+    world_size: int | None,
+    memory_budget: int | None,
+) -> WrapPlan:
+    """Step 5 with ``bucket_numel="auto"``: :func:`execwrap.autoplan.search_plan`."""
+    assert cost_model is not None  # check_auto_options
+    return search_plan(
+        plan,
+        cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
+        trainable_dtypes=planner.trainable_dtypes,
+    )
 
 
 def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
@@ -197,13 +245,13 @@ def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
             f"plan_wrap: order must be an ExecutionOrder, got {type(order).__name__}; capture "
             "one with tracing.capture_execution_order(model, ...)"
         )
-    if bucket_numel is not None:
+    if bucket_numel is not None and bucket_numel != "auto":
         check_int(
             bucket_numel,
             "plan_wrap: bucket_numel",
             minimum=1,
             unit="elements",
-            hint="; pass None for no bucketing",
+            hint='; pass None for no bucketing, or "auto" for the auto-planner',
         )
 
 

@@ -1,0 +1,372 @@
+"""The auto-planner's search space: which atomic units may merge, and what a grouping costs.
+
+A :class:`SearchSpace` is built once per :func:`~execwrap.autoplan.search_plan`
+call from the atomic plan: the *mergeable* units (not the root, called, with
+parameters) in execution order, how far a group starting at each may reach
+(FSDP2's rules: :func:`execwrap.bucketing.can_group`), their bytes and their
+compute from the capture (:func:`execwrap.simulate.unit_compute`). A grouping
+is a tuple of ``(start, stop)`` intervals over the mergeable units; the space
+turns it into a :class:`~execwrap.plan.WrapPlan` (cached), simulates it, and
+prices one group for the dynamic program (:meth:`SearchSpace.group_cost`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from execwrap.bucketing import merge_units
+from execwrap.plan import WrapPlan
+from execwrap.simulate import group_comm_times, simulate_step, unit_compute
+from execwrap.unit import WrapUnit
+from tracing.fqn import ancestors
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
+    from execwrap.simulate import StepEstimate, UnitCompute
+
+__all__ = ["Grouping", "SearchSpace", "WINDOW_SIZES"]
+
+#: A grouping of the mergeable units: ``(start, stop)`` intervals, in order.
+Grouping = tuple[tuple[int, int], ...]
+
+_FINER = "wrap smaller modules (a finer init_policy) so less is unsharded at once"
+
+#: Group lengths (in mergeable units) whose largest window gives a DP cap.
+WINDOW_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+#: What each part of a memory breakdown (``MemoryBreakdown`` field) is called in
+#: messages, and how to shrink it.
+_PART_HINTS: dict[str, tuple[str, str]] = {
+    "sharded_params": ("sharded parameters", "add ranks or use a lower-precision dtype"),
+    "sharded_grads": ("sharded gradients", "add ranks or freeze parameters"),
+    "optimizer_state": (
+        "optimizer state",
+        "add ranks, or use an optimizer with less state (SGD, Adafactor)",
+    ),
+    "unsharded_params": ("unsharded parameters", _FINER),
+    "unsharded_grads": ("unsharded gradients", _FINER),
+    "activations": ("activations", "use a smaller batch or sequence, or activation checkpointing"),
+    "all_gather_buffers": ("all-gather buffers", _FINER),
+    "reduce_scatter_buffers": ("reduce-scatter buffers", _FINER),
+}
+
+
+@dataclass
+class SearchSpace:
+    """The mergeable units of an atomic plan and the cost model to price them.
+
+    Attributes:
+        plan: the atomic plan (one module per unit).
+        cost_model: the cost model.
+        world_size: ranks.
+        optimizer: the optimizer whose state counts in memory.
+        compute: per-unit compute of ``plan`` (shared by every candidate).
+        movable: indices into ``plan.units`` of the mergeable units, in order.
+        reach: for each mergeable unit ``i``, the largest ``j`` such that
+            mergeable units ``[i, j)`` may form one FSDP2 group.
+        nbytes: unsharded parameter bytes per mergeable unit.
+        grad_bytes: bytes of its trainable parameters (its gradients).
+        forward_s: forward compute seconds per mergeable unit.
+        backward_s: backward compute seconds per mergeable unit.
+    """
+
+    plan: WrapPlan
+    cost_model: CostModel
+    world_size: int
+    optimizer: str
+    compute: UnitCompute
+    movable: list[int]
+    reach: list[int]
+    nbytes: list[int]
+    grad_bytes: list[int]
+    forward_s: list[float]
+    backward_s: list[float]
+    _prefix: list[list[float]] = field(default_factory=list, repr=False)
+    _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        plan: WrapPlan,
+        cost_model: CostModel,
+        *,
+        world_size: int | None,
+        trainable_dtypes: dict[str, frozenset[str]] | None,
+        optimizer: str,
+    ) -> SearchSpace:
+        """The search space of atomic ``plan`` (see the module docstring).
+
+        Raises:
+            ValueError: ``cost_model`` is for another world size or device
+                type than the one planned for.
+        """
+        ranks = cost_model.world_size if world_size is None else world_size
+        cost_model.check_compatible(world_size=ranks, device_type=_device_type(plan, cost_model))
+        units = plan.units
+        movable = [
+            i for i, u in enumerate(units) if not u.is_root and u.first_use is not None and u.numel
+        ]
+        dtypes = trainable_dtypes if trainable_dtypes is not None else _trainable_dtypes(plan)
+        compute = unit_compute(plan)
+        forward, backward = _unit_seconds(compute, plan, movable)
+        requires_grad = {p: info.requires_grad for p, info in plan.order.params.items()}
+        space = cls(
+            plan=plan,
+            cost_model=cost_model,
+            world_size=ranks,
+            optimizer=optimizer,
+            compute=compute,
+            movable=movable,
+            reach=_reach([units[i] for i in movable], dtypes),
+            nbytes=[units[i].bytes for i in movable],
+            grad_bytes=[_grad_bytes(plan, units[i], requires_grad) for i in movable],
+            forward_s=forward,
+            backward_s=backward,
+        )
+        space._prefix = [
+            _prefix_sums(v)
+            for v in (space.nbytes, space.grad_bytes, space.forward_s, space.backward_s)
+        ]
+        return space
+
+    @property
+    def size(self) -> int:
+        """Number of mergeable units."""
+        return len(self.movable)
+
+    # ------------------------------------------------------------ groupings
+    def group_bytes(self, i: int, j: int) -> int:
+        """Unsharded parameter bytes of mergeable units ``[i, j)``."""
+        return int(self._prefix[0][j] - self._prefix[0][i])
+
+    def window_caps(self) -> list[tuple[int, int]]:
+        """``(k, cap)``: for each ``k`` in :data:`WINDOW_SIZES` below the number of
+        mergeable units, and for all of them, the largest bytes of ``k``
+        consecutive mergeable units; distinct caps only, ascending."""
+        m = self.size
+        out: list[tuple[int, int]] = []
+        for k in [w for w in WINDOW_SIZES if w < m] + ([m] if m else []):
+            cap = max(self.group_bytes(s, s + k) for s in range(m - k + 1))
+            if not out or cap > out[-1][1]:
+                out.append((k, cap))
+        return out
+
+    def capped_reach(self, cap: float) -> list[int]:
+        """:attr:`reach` further limited to groups of at most ``cap`` bytes (a
+        unit alone is always allowed); non-decreasing."""
+        prefix = self._prefix[0]
+        out: list[int] = []
+        for i in range(self.size):
+            j = bisect.bisect_right(prefix, prefix[i] + cap) - 1
+            out.append(max(i + 1, min(self.reach[i], j)))
+        return out
+
+    def longest_group(self, cap: float) -> int:
+        """Most mergeable units one group may hold under ``cap`` bytes."""
+        return max((r - i for i, r in enumerate(self.capped_reach(cap))), default=0)
+
+    def greedy_groups(self, cap: float) -> Grouping:
+        """The fewest groups under ``cap`` bytes: extend each group while allowed."""
+        reach = self.capped_reach(cap)
+        groups: list[tuple[int, int]] = []
+        i = 0
+        while i < self.size:
+            groups.append((i, reach[i]))
+            i = reach[i]
+        return tuple(groups)
+
+    def count_reshard_groupings(self, limit: int = 10**6) -> int:
+        """Sum over every allowed grouping of ``2 ** groups`` (each group may
+        reshard or not), saturating just above ``limit``."""
+        m = self.size
+        count = [0] * (m + 1)
+        count[0] = 1
+        for i in range(m):
+            if count[i]:
+                for j in range(i + 1, self.reach[i] + 1):
+                    count[j] = min(limit + 1, count[j] + 2 * count[i])
+        return count[m]
+
+    def all_groupings(self) -> Iterator[Grouping]:
+        """Every allowed grouping, fewest cuts last (depth first from the left)."""
+
+        def rest(i: int) -> Iterator[Grouping]:
+            if i == self.size:
+                yield ()
+                return
+            for j in range(self.reach[i], i, -1):
+                for tail in rest(j):
+                    yield ((i, j), *tail)
+
+        yield from rest(0)
+
+    # ----------------------------------------------------------- the DP cost
+    def group_cost(self, i: int, j: int, prefetch: int) -> float:
+        """Seconds one group ``[i, j)`` adds to a step, resharding after forward,
+        in the decomposable model of :mod:`execwrap.autoplan`: its compute plus
+        the communication its own compute does not hide."""
+        p_bytes, p_grads, p_fwd, p_bwd = self._prefix
+        nbytes = int(p_bytes[j] - p_bytes[i])
+        grads = int(p_grads[j] - p_grads[i])
+        fwd = p_fwd[j] - p_fwd[i]
+        bwd = p_bwd[j] - p_bwd[i]
+        all_gather, reduce_scatter = group_comm_times(
+            self.cost_model, nbytes, grads, world_size=self.world_size
+        )
+        overlap = self.cost_model.overlap
+        hidden_fwd = overlap * fwd if prefetch > 0 else 0.0
+        exposed_fwd = max(0.0, all_gather - hidden_fwd)
+        exposed_bwd = max(0.0, all_gather + reduce_scatter - overlap * bwd)
+        return fwd + bwd + exposed_fwd + exposed_bwd
+
+    # ----------------------------------------------------- plans and estimates
+    def plan_for(self, groups: Grouping) -> WrapPlan:
+        """The plan of ``groups``: merged mergeable units plus the fixed ones, by
+        first use (cached)."""
+        return self._planned(groups)[0]
+
+    def _planned(self, groups: Grouping) -> tuple[WrapPlan, UnitCompute]:
+        """The plan of ``groups`` and its compute (the atomic units' summed)."""
+        if groups not in self._plans:
+            units = self.plan.units
+            movable = set(self.movable)
+            members = [[i] for i in range(len(units)) if i not in movable]
+            members += [[self.movable[k] for k in range(i, j)] for i, j in groups]
+            merged = [(merge_units([units[i] for i in m]), m) for m in members]
+            merged.sort(key=lambda um: (um[0].first_use is None, um[0].first_use or 0))
+            plan = dataclasses.replace(
+                self.plan, units=[u for u, _ in merged], bucket_numel=None
+            )
+            self._plans[groups] = (plan, self.compute.merge([m for _, m in merged]))
+        return self._plans[groups]
+
+    def unit_flags(
+        self, plan: WrapPlan, groups: Grouping, flags: tuple[bool, ...]
+    ) -> tuple[bool, ...]:
+        """``reshard_after_forward`` per unit of ``plan`` (the plan of ``groups``):
+        the group's flag for merged groups, ``True`` for the fixed units."""
+        by_first = {
+            self.plan.units[self.movable[i]].module_fqns[0]: f
+            for (i, _), f in zip(groups, flags, strict=True)
+        }
+        return tuple(by_first.get(u.module_fqns[0], True) for u in plan.units)
+
+    def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
+        """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
+        plan, compute = self._planned(groups)
+        return simulate_step(
+            plan,
+            self.cost_model,
+            world_size=self.world_size,
+            prefetch=prefetch,
+            reshard_after_forward=self.unit_flags(plan, groups, flags),
+            optimizer=self.optimizer,
+            compute=compute,
+        )
+
+    # -------------------------------------------------------------- messages
+    def cost_model_line(self) -> str:
+        """One line naming the cost model."""
+        cm = self.cost_model
+        name = getattr(cm, "name", "") or "calibrated"
+        return f"{name} ({cm.device_type}, {cm.backend}, {cm.world_size} rank(s))"
+
+    @staticmethod
+    def dominant_part(estimate: StepEstimate) -> tuple[str, int]:
+        """The largest part of ``estimate``'s memory breakdown: ``(name, bytes)``."""
+        parts = _memory_parts(estimate)
+        key = max(parts, key=lambda k: (parts[k], k))
+        return _PART_HINTS.get(key, (key.replace("_", " "), ""))[0], parts[key]
+
+    @staticmethod
+    def dominant_hint(part: str) -> str:
+        """How to shrink the part named ``part`` (as :meth:`dominant_part` names it)."""
+        for name, hint in _PART_HINTS.values():
+            if name == part:
+                return f"to fit, raise the budget, or {hint}"
+        return "to fit, raise the budget"
+
+
+# ------------------------------------------------------------------ helpers
+def _device_type(plan: WrapPlan, cost_model: CostModel) -> str:
+    """The device the order's compute times were measured on, else the cost model's."""
+    order: Any = plan.order
+    device = getattr(order, "timing_device", "") or ""
+    method = getattr(order, "timing_method", "") or ""
+    return device if device and method == "measured" else cost_model.device_type
+
+
+def _trainable_dtypes(plan: WrapPlan) -> dict[str, frozenset[str]]:
+    params = plan.order.params
+    return {
+        u.module_fqns[0]: frozenset(
+            params[p].dtype for p in u.param_fqns if p in params and params[p].requires_grad
+        )
+        for u in plan.units
+    }
+
+
+def _grad_bytes(plan: WrapPlan, unit: WrapUnit, requires_grad: dict[str, bool]) -> int:
+    params = plan.order.params
+    return sum(params[p].bytes for p in unit.param_fqns if p in params and requires_grad[p])
+
+
+def _unit_seconds(
+    compute: UnitCompute, plan: WrapPlan, movable: list[int]
+) -> tuple[list[float], list[float]]:
+    """Forward and backward compute seconds of each mergeable unit."""
+    fwd = [float(compute.forward_s[i]) for i in movable]
+    bwd = [float(compute.backward_s[i]) for i in movable]
+    return fwd, bwd
+
+
+def _memory_parts(estimate: StepEstimate) -> dict[str, int]:
+    memory: Any = estimate.memory
+    return {f.name: int(getattr(memory, f.name)) for f in dataclasses.fields(memory)}
+
+
+def _prefix_sums(values: list[int] | list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _reach(units: list[WrapUnit], dtypes: dict[str, frozenset[str]]) -> list[int]:
+    """For each unit ``i``, the largest ``j`` such that ``units[i:j]`` may form one
+    FSDP2 group (:func:`execwrap.bucketing.can_group` without a cap), found
+    with two pointers: ``O(units x group length)``."""
+    m = len(units)
+    lineage = [set().union(*(set(ancestors(f)) for f in u.module_fqns)) for u in units]
+    own = [set(u.module_fqns) for u in units]
+    reach = [0] * m
+    j = 0
+    for i in range(m):
+        j = max(j, i + 1)
+        while j < m and _joins(units, own, lineage, dtypes, i, j):
+            j += 1
+        reach[i] = j
+    return reach
+
+
+def _joins(
+    units: list[WrapUnit],
+    own: list[set[str]],
+    lineage: list[set[str]],
+    dtypes: dict[str, frozenset[str]],
+    i: int,
+    j: int,
+) -> bool:
+    """Whether ``units[j]`` may join the group ``units[i:j]``."""
+    kinds: set[str] = set()
+    for k in range(i, j + 1):
+        for m in units[k].module_fqns:
+            kinds |= dtypes.get(m, frozenset())
+    if len(kinds) > 1:
+        return False
+    # nested: one unit's module is an ancestor (or equal) of another's
+    return not any(own[k] & lineage[j] or own[j] & lineage[k] for k in range(i, j))
