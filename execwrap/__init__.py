@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from execwrap.bucketing import min_contiguous_groups
     from execwrap.compare import compare_plans
+    from execwrap.cost import CostModel
     from execwrap.divergence import Divergence, first_divergence
     from execwrap.errors import ExecwrapError, OrderDivergenceError, PlanError
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
@@ -47,6 +48,13 @@ if TYPE_CHECKING:
     from execwrap.planner import plan_wrap, policy_units
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.report.writer import write_report
+    from execwrap.simulate import (
+        MemoryBreakdown,
+        StepEstimate,
+        UnitCompute,
+        simulate_step,
+        unit_compute,
+    )
     from execwrap.unit import WrapUnit
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
@@ -87,23 +95,34 @@ _EXPORTS: dict[str, str] = {
     "check_order_across_ranks": "execwrap.ranks",
     "order_fingerprint": "execwrap.ranks",
     "write_report": "execwrap.report.writer",
+    # issue 11: cost model and step simulator
+    "CostModel": "execwrap.cost",
+    "MemoryBreakdown": "execwrap.simulate",
+    "StepEstimate": "execwrap.simulate",
+    "UnitCompute": "execwrap.simulate",
+    "simulate_step": "execwrap.simulate",
+    "unit_compute": "execwrap.simulate",
 }
 
 __all__ = [
+    "CostModel",
     "CustomPolicy",
     "Divergence",
     "DriftEvent",
     "ExecutionOrder",
     "ExecwrapError",
+    "MemoryBreakdown",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "OrderMonitor",
     "ParamExecOrderWrapPolicy",
     "PlanError",
     "PlanStats",
+    "StepEstimate",
     "TimelineStep",
     "TracingConfig",
     "TracingError",
+    "UnitCompute",
     "WrapPlan",
     "WrapUnit",
     "always_wrap_policy",
@@ -119,8 +138,10 @@ __all__ = [
     "plan_wrap",
     "policy_units",
     "prefetch_schedule",
+    "simulate_step",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
+    "unit_compute",
     "write_report",
 ]
 

@@ -21,8 +21,10 @@ import torch.nn as nn
 from tracing.atomic import atomic_write_text
 
 __all__ = [
+    "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "CaptureMethod",
+    "TimingMethod",
     "ExecutionOrder",
     "ParamInfo",
     "ParamUse",
@@ -32,10 +34,17 @@ __all__ = [
 ]
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
-SCHEMA_VERSION = 1
+#: Version 2 added the optional timing fields (``forward_times_s`` ...);
+#: version-1 files still load (without timing).
+SCHEMA_VERSION = 2
+#: Layout versions :meth:`ExecutionOrder.from_dict` reads.
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
 CaptureMethod = Literal["symbolic", "runtime"]
 _METHODS: tuple[str, ...] = ("symbolic", "runtime")
+#: How compute times were obtained: ``""`` (none recorded), measured, or estimated.
+TimingMethod = Literal["", "measured", "estimated"]
+_TIMING_METHODS: tuple[str, ...] = ("", "measured", "estimated")
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,28 @@ class ExecutionOrder:
             used instead, else ``None``.
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
+        forward_times_s: timing (schema 2; empty unless captured with
+            ``timing=True``): one entry per :attr:`module_forward_order` call,
+            its inclusive wall time in seconds (pre-forward hook to
+            post-forward hook: nested calls included).
+        forward_start_s: per call, when it started, in seconds from the start
+            of the first call (same clock as the other timing fields).
+        backward_start_s: per forward call, when its backward began (the
+            first gradient with respect to one of its outputs was computed),
+            same clock; ``None`` for a call autograd never ran backward through.
+        backward_end_s: when the backward pass ended, same clock (``None``
+            without timing or without backward).
+        backward_times_s: module FQN -> inclusive backward time of its last
+            call, seconds: from its backward start to the end of the last
+            backward segment of it or of a call nested in it (see
+            :mod:`tracing.runtime.timing`).
+        saved_activation_bytes: per forward call, bytes of the tensors saved
+            for backward while that call was the innermost running one
+            (deduplicated by storage; parameters excluded).
+        timing_device: device type the times are for (``"cpu"``, ``"cuda"``);
+            ``""`` without timing.
+        timing_method: ``"measured"`` (clocks), ``"estimated"`` (a roofline on
+            the meta device or fake tensors), or ``""`` without timing.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")
@@ -133,12 +164,31 @@ class ExecutionOrder:
     fallback_reason: str | None = None
     torch_version: str = field(default_factory=lambda: str(torch.__version__))
     schema_version: int = SCHEMA_VERSION
+    # ---- timing (schema version 2; empty when not recorded)
+    forward_times_s: list[float] = field(default_factory=list)
+    forward_start_s: list[float] = field(default_factory=list)
+    backward_start_s: list[float | None] = field(default_factory=list)
+    backward_end_s: float | None = None
+    backward_times_s: dict[str, float] = field(default_factory=dict)
+    saved_activation_bytes: list[int] = field(default_factory=list)
+    timing_device: str = ""
+    timing_method: TimingMethod = ""
 
     def __post_init__(self) -> None:
         if self.method not in _METHODS:
             raise ValueError(
                 f"ExecutionOrder.method must be one of {_METHODS}, got {self.method!r}"
             )
+        if self.timing_method not in _TIMING_METHODS:
+            raise ValueError(
+                f"ExecutionOrder.timing_method must be one of {_TIMING_METHODS}, got "
+                f"{self.timing_method!r}"
+            )
+
+    @property
+    def has_timing(self) -> bool:
+        """Whether per-call forward times were recorded (``timing=True``)."""
+        return bool(self.forward_times_s)
 
     # ------------------------------------------------------------------ helpers
     def alias_to_canonical(self) -> dict[str, str]:
@@ -210,6 +260,7 @@ class ExecutionOrder:
                 for k, v in self.params.items()
             },
             "module_classes": dict(self.module_classes),
+            **_timing_dict(self),
         }
 
     @classmethod
@@ -234,11 +285,11 @@ class ExecutionOrder:
                 "'schema_version' or 'module_forward_order' field)"
             )
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_SCHEMA_VERSIONS:
             raise ValueError(
                 f"{source}: unsupported ExecutionOrder schema_version {version!r} "
-                f"(this execwrap reads version {SCHEMA_VERSION}); capture the order again "
-                "with this version"
+                f"(this execwrap reads versions {list(READABLE_SCHEMA_VERSIONS)}); capture "
+                "the order again with this version"
             )
         try:
             order = cls(
@@ -274,6 +325,7 @@ class ExecutionOrder:
                 method=data["method"],
                 fallback_reason=data.get("fallback_reason"),
                 torch_version=str(data.get("torch_version", "")),
+                **_timing_fields(data),
             )
         except KeyError as e:
             raise ValueError(f"{source}: malformed ExecutionOrder: missing field {e}") from e
@@ -313,6 +365,39 @@ class ExecutionOrder:
         if isinstance(data, dict) and "order" in data and "module_forward_order" not in data:
             data = data["order"]
         return cls.from_dict(data, source=str(path))
+
+
+def _timing_dict(order: ExecutionOrder) -> dict[str, Any]:
+    """The schema-2 timing fields of :meth:`ExecutionOrder.to_dict`."""
+    return {
+        "forward_times_s": list(order.forward_times_s),
+        "forward_start_s": list(order.forward_start_s),
+        "backward_start_s": list(order.backward_start_s),
+        "backward_end_s": order.backward_end_s,
+        "backward_times_s": dict(order.backward_times_s),
+        "saved_activation_bytes": list(order.saved_activation_bytes),
+        "timing_device": order.timing_device,
+        "timing_method": order.timing_method,
+    }
+
+
+def _timing_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """Constructor keywords for the timing fields (absent in version-1 files)."""
+    end = data.get("backward_end_s")
+    return {
+        "forward_times_s": [float(t) for t in data.get("forward_times_s", [])],
+        "forward_start_s": [float(t) for t in data.get("forward_start_s", [])],
+        "backward_start_s": [
+            None if t is None else float(t) for t in data.get("backward_start_s", [])
+        ],
+        "backward_end_s": None if end is None else float(end),
+        "backward_times_s": {
+            str(k): float(v) for k, v in dict(data.get("backward_times_s", {})).items()
+        },
+        "saved_activation_bytes": [int(b) for b in data.get("saved_activation_bytes", [])],
+        "timing_device": str(data.get("timing_device", "")),
+        "timing_method": str(data.get("timing_method", "")),
+    }
 
 
 def _str_list(value: Any) -> list[str]:

@@ -21,7 +21,7 @@ def order() -> ExecutionOrder:
 
 def test_to_dict_from_dict_round_trip(order: ExecutionOrder) -> None:
     data = order.to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["param_uses"][2] == {
         "module_fqn": "head",
         "call_index": 3,
@@ -176,3 +176,45 @@ def test_saved_file_has_the_usual_mode(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_version_1_file_loads_without_timing(order: ExecutionOrder, tmp_path: Path) -> None:
+    data = order.to_dict()
+    for key in (
+        "forward_times_s",
+        "forward_start_s",
+        "backward_start_s",
+        "backward_end_s",
+        "backward_times_s",
+        "saved_activation_bytes",
+        "timing_device",
+        "timing_method",
+    ):
+        del data[key]
+    data["schema_version"] = 1
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    loaded = ExecutionOrder.load(path)
+    assert loaded == order
+    assert loaded.has_timing is False
+    assert (loaded.forward_times_s, loaded.timing_method, loaded.backward_end_s) == ([], "", None)
+
+
+def test_timing_fields_round_trip(tmp_path: Path) -> None:
+    order = ExecutionOrder(
+        module_forward_order=["", "a"],
+        forward_times_s=[0.5, 0.25],
+        forward_start_s=[0.0, 0.125],
+        backward_start_s=[0.75, None],
+        backward_end_s=1.5,
+        backward_times_s={"": 0.75},
+        saved_activation_bytes=[0, 4096],
+        timing_device="cpu",
+        timing_method="measured",
+        method="runtime",
+    )
+    loaded = ExecutionOrder.load(order.save(tmp_path / "t.json"))
+    assert loaded == order
+    assert loaded.to_dict()["backward_start_s"] == [0.75, None]
+    with pytest.raises(ValueError, match=r"timing_method must be one of .*got 'guessed'"):
+        ExecutionOrder(timing_method="guessed")  # type: ignore[arg-type]

@@ -1,0 +1,316 @@
+"""The cost model: how long FSDP2's collectives, copies and bookkeeping take on one cluster.
+
+:class:`CostModel` is plain, frozen, JSON-serialisable data: an all-gather and a
+reduce-scatter :class:`~execwrap.cost.curve.CollectiveCurve` (time by buffer
+size for one world size), the copy bandwidth of FSDP2's copy-in / copy-out, a
+fixed cost per group per collective call, the overlap factor (how much of a
+collective's time compute running beside it hides), and the device's compute
+rates (:class:`tracing.rates.ComputeRates`, for estimated compute times and the
+optimizer step). It comes from a measurement on the live process group
+(:meth:`CostModel.calibrate`, :mod:`execwrap.cost.calibrate`), from a preset
+with cited constants (:meth:`CostModel.preset`, :mod:`execwrap.cost.presets`)
+or from a saved file (:meth:`CostModel.load`). Importing this module loads no
+torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from execwrap.cost.curve import CollectiveCurve
+from tracing.atomic import atomic_write_text
+from tracing.checks import check_int
+from tracing.rates import ComputeRates
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["COST_MODEL_KIND", "COST_MODEL_SCHEMA_VERSION", "CostModel"]
+
+#: Layout version of :meth:`CostModel.to_dict`.
+COST_MODEL_SCHEMA_VERSION = 1
+#: The ``kind`` field of a saved cost model.
+COST_MODEL_KIND = "execwrap-cost-model"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Times of FSDP2's communication and bookkeeping on one cluster, for one world size.
+
+    Attributes:
+        device_type: ``"cpu"`` or ``"cuda"`` (the device FSDP2 runs on).
+        backend: the process group's backend (``"gloo"``, ``"nccl"``, ...).
+        world_size: ranks in the data-parallel group the curves are for.
+        all_gather: seconds of ``all_gather_into_tensor`` by output bytes.
+        reduce_scatter: seconds of ``reduce_scatter_tensor`` by input bytes.
+        copy_bytes_per_s: bytes copied per second by a large device copy
+            (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
+            are memory-bound copies).
+        group_overhead_s: fixed cost per FSDP2 group per collective it issues
+            (the hooks, the copy-in/copy-out bookkeeping, the collective's
+            Python path), seconds.
+        overlap: 0..1, the fraction of a collective's time hidden when compute
+            runs beside it (compute proceeds at this fraction of its speed
+            while a collective is in flight): about 0 on CPU gloo with no spare
+            core, high on NVLink where NCCL takes a few SMs.
+        compute: the device's achieved compute rates (roofline estimates, the
+            optimizer step).
+        optimizer_param_overhead_s: fixed cost of the optimizer step per
+            parameter tensor (a for-loop optimizer over DTensors on CPU pays
+            per tensor), seconds.
+        source: how the model was obtained (calibration machine, or preset).
+        created: ISO date-time of creation.
+        torch_version: ``torch.__version__`` where it was measured (``""``
+            for presets).
+
+    Example:
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.world_size, cm.backend, round(cm.all_gather_time(256 * 2**20) * 1e3, 3)
+        (8, 'nccl', 0.667)
+        >>> cm.check_compatible(world_size=8, device_type="cuda")
+    """
+
+    device_type: str
+    backend: str
+    world_size: int
+    all_gather: CollectiveCurve
+    reduce_scatter: CollectiveCurve
+    copy_bytes_per_s: float
+    group_overhead_s: float
+    overlap: float
+    compute: ComputeRates
+    optimizer_param_overhead_s: float = 0.0
+    source: str = ""
+    created: str = field(
+        default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
+    )
+    torch_version: str = ""
+
+    def __post_init__(self) -> None:
+        check_int(self.world_size, "CostModel.world_size", minimum=1, unit="ranks")
+        if not self.device_type or not isinstance(self.device_type, str):
+            raise ValueError(
+                f"CostModel.device_type must be e.g. 'cpu' or 'cuda', got {self.device_type!r}"
+            )
+        if not (0.0 <= self.overlap <= 1.0):
+            raise ValueError(f"CostModel.overlap must be within [0, 1], got {self.overlap!r}")
+        if not math.isfinite(self.copy_bytes_per_s) or self.copy_bytes_per_s <= 0:
+            raise ValueError(
+                f"CostModel.copy_bytes_per_s must be a finite number > 0, got {self.copy_bytes_per_s!r}"
+            )
+        for name in ("group_overhead_s", "optimizer_param_overhead_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"CostModel.{name} must be a finite number >= 0 (seconds), got {value!r}"
+                )
+        if self.compute.device_type != self.device_type:
+            raise ValueError(
+                f"CostModel: compute rates are for {self.compute.device_type!r} but the model is for "
+                f"{self.device_type!r}"
+            )
+
+    # ------------------------------------------------------------ times
+    def all_gather_time(self, nbytes: int) -> float:
+        """Seconds of one all-gather whose output (the unsharded group) has ``nbytes`` bytes."""
+        return self.all_gather.time(nbytes)
+
+    def reduce_scatter_time(self, nbytes: int) -> float:
+        """Seconds of one reduce-scatter of ``nbytes`` unsharded gradient bytes."""
+        return self.reduce_scatter.time(nbytes)
+
+    def copy_time(self, nbytes: int) -> float:
+        """Seconds to copy ``nbytes`` bytes on the device (FSDP2 copy-in / copy-out)."""
+        return max(0, nbytes) / self.copy_bytes_per_s
+
+    @property
+    def synchronous_collectives(self) -> bool:
+        """Whether FSDP2's collectives block the thread that computes.
+
+        On CPU, FSDP2 issues its all-gathers and reduce-scatters with
+        ``async_op=False`` and its streams are no-ops (``torch.cpu.Stream``), so
+        each collective runs to completion on the training thread where it is
+        issued; on CUDA they run on their own streams.
+        """
+        return self.device_type == "cpu"
+
+    # ------------------------------------------------------------ checks
+    def check_compatible(self, *, world_size: int, device_type: str) -> None:
+        """Refuse to be used for another world size or device type.
+
+        Raises:
+            ValueError: naming what differs (world size, device type), what
+                this model was made for, and how to get a fitting one.
+        """
+        problems = []
+        if world_size != self.world_size:
+            problems.append(
+                f"world size {world_size} (this cost model is for {self.world_size} ranks)"
+            )
+        if device_type != self.device_type:
+            problems.append(
+                f"device type {device_type!r} (this cost model is for {self.device_type!r})"
+            )
+        if problems:
+            raise ValueError(
+                f"cost model ({self.source or 'unnamed'}) does not fit "
+                + " and ".join(problems)
+                + ": calibrate on the target process group (`execwrap calibrate` under torchrun "
+                f"--nproc_per_node={world_size}) or use a preset for it (CostModel.preset(name, "
+                "world_size=...))"
+            )
+
+    # ------------------------------------------------------- constructors
+    @classmethod
+    def calibrate(
+        cls,
+        group: dist.ProcessGroup | None = None,
+        *,
+        device: torch.device | str | None = None,
+        max_bytes: int | None = None,
+    ) -> CostModel:
+        """Measure the cost model on the live process group (collective, every rank).
+
+        Runs, in about 10 to 30 s: a log sweep of all-gather and reduce-scatter
+        sizes (medians), a large copy, a matmul loop, a tiny-op loop, a matmul
+        loop alone and beside an async all-gather (the overlap factor), and
+        FSDP2 steps of tiny models with 4 and 16 groups (the fixed cost per
+        group). Every rank must call it; rank 0's numbers are broadcast, so
+        every rank gets the same model and plans alike. Details:
+        :mod:`execwrap.cost.calibrate`.
+
+        Args:
+            group: the data-parallel process group (default: the world group).
+            device: the device FSDP2 runs on (default: ``cuda`` for NCCL, the
+                current CUDA device, else ``cpu``).
+            max_bytes: largest collective in the sweep (default: 64 MiB on
+                CPU, 1 GiB on CUDA); larger sizes extrapolate the last segment.
+
+        Returns:
+            The measured :class:`CostModel`.
+
+        Raises:
+            RuntimeError: no process group is initialised; the message says
+                how to start one.
+
+        Example:
+            >>> dist.init_process_group("gloo")  # doctest: +SKIP
+            >>> CostModel.calibrate().save("cost.json")  # doctest: +SKIP
+        """
+        from execwrap.cost.calibrate import calibration_fields
+
+        return cls(**calibration_fields(group, device=device, max_bytes=max_bytes))
+
+    @classmethod
+    def preset(cls, name: str, *, world_size: int | None = None) -> CostModel:
+        """A preset cluster (``"h100-nvlink-8"``, ``"h100-ib-400g"``, ``"a100-nvlink-8"``).
+
+        Args:
+            name: the preset (:data:`execwrap.cost.presets.PRESETS`).
+            world_size: ranks (default: the preset's own, 8 or 16).
+
+        Raises:
+            ValueError: unknown name (the message lists them) or a world size
+                the preset does not describe.
+        """
+        from execwrap.cost.presets import preset_fields
+
+        return cls(**preset_fields(name, world_size))
+
+    # -------------------------------------------------------- serialising
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (see :meth:`from_dict`)."""
+        return {
+            "kind": COST_MODEL_KIND,
+            "schema_version": COST_MODEL_SCHEMA_VERSION,
+            "device_type": self.device_type,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "all_gather": self.all_gather.to_dict(),
+            "reduce_scatter": self.reduce_scatter.to_dict(),
+            "copy_bytes_per_s": self.copy_bytes_per_s,
+            "group_overhead_s": self.group_overhead_s,
+            "overlap": self.overlap,
+            "compute": self.compute.to_dict(),
+            "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
+            "source": self.source,
+            "created": self.created,
+            "torch_version": self.torch_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<dict>") -> CostModel:
+        """Rebuild a model from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: not a cost model, another schema version, or a field
+                missing or invalid; the message names ``source``.
+        """
+        if not isinstance(data, dict) or data.get("kind") != COST_MODEL_KIND:
+            raise ValueError(
+                f"{source}: not an execwrap cost model (expected a JSON object with "
+                f"kind={COST_MODEL_KIND!r}; write one with `execwrap calibrate`)"
+            )
+        version = data.get("schema_version")
+        if version != COST_MODEL_SCHEMA_VERSION:
+            raise ValueError(
+                f"{source}: unsupported cost model schema_version {version!r} (this execwrap "
+                f"reads {COST_MODEL_SCHEMA_VERSION}); calibrate again"
+            )
+        try:
+            return cls(
+                device_type=str(data["device_type"]),
+                backend=str(data["backend"]),
+                world_size=int(data["world_size"]),
+                all_gather=CollectiveCurve.from_dict(data["all_gather"]),
+                reduce_scatter=CollectiveCurve.from_dict(data["reduce_scatter"]),
+                copy_bytes_per_s=float(data["copy_bytes_per_s"]),
+                group_overhead_s=float(data["group_overhead_s"]),
+                overlap=float(data["overlap"]),
+                compute=ComputeRates.from_dict(data["compute"]),
+                optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),
+                source=str(data.get("source", "")),
+                created=str(data.get("created", "")),
+                torch_version=str(data.get("torch_version", "")),
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: malformed cost model: missing field {e}") from e
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: malformed cost model: {e}") from e
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model as JSON to ``path`` atomically (temp file + rename).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """Read a model written by :meth:`save` (or ``execwrap calibrate``).
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: not JSON, not a cost model, or malformed; names the file.
+        """
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_dict(data, source=str(path))
+
+    def replace(self, **changes: Any) -> CostModel:
+        """A copy with some fields changed (``dataclasses.replace``), checked again."""
+        return replace(self, **changes)

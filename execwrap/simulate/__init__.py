@@ -1,0 +1,25 @@
+"""The FSDP2 step simulator: predicted step time, exposed communication and peak memory of a plan.
+
+Modules, one job each:
+
+* :mod:`~execwrap.simulate.step`: :func:`simulate_step`, the model and its assumptions;
+* :mod:`~execwrap.simulate.schedule`: FSDP2's step as a program of ops, hook by hook;
+* :mod:`~execwrap.simulate.engine`: the discrete-event engine (streams, rates, memory);
+* :mod:`~execwrap.simulate.compute`: :class:`UnitCompute` and :func:`unit_compute`;
+* :mod:`~execwrap.simulate.estimate`: :class:`StepEstimate`, :class:`MemoryBreakdown`,
+  :class:`StreamEvent`.
+"""
+
+from execwrap.simulate.compute import UnitCompute, unit_compute
+from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
+from execwrap.simulate.step import OPTIMIZERS, simulate_step
+
+__all__ = [
+    "OPTIMIZERS",
+    "MemoryBreakdown",
+    "StepEstimate",
+    "StreamEvent",
+    "UnitCompute",
+    "simulate_step",
+    "unit_compute",
+]

@@ -1,0 +1,437 @@
+"""FSDP2's step as a program of ops: what ``apply_fully_shard`` sets up, hook by hook.
+
+:class:`StepProgram` turns a plan, its :class:`~execwrap.simulate.compute.UnitCompute`
+and a :class:`~execwrap.cost.CostModel` into the ops of
+:mod:`execwrap.simulate.engine`, following torch 2.13's
+``torch/distributed/fsdp/_fully_shard`` (``FSDPParamGroup.unshard`` /
+``wait_for_unshard`` / ``reshard`` / ``pre_backward`` / ``post_backward``,
+``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
+``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
+:func:`execwrap.simulate.simulate_step`'s docstring; :func:`prefetch_lists`
+repeats :func:`execwrap.fsdp2.prefetch_schedule` on plan units (it is not
+imported: planning must not load ``torch.distributed.fsdp``; a test checks
+that both agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from execwrap.cost.model import CostModel
+from execwrap.simulate.compute import UnitCompute
+from execwrap.simulate.engine import MemEvent, Op
+from execwrap.spans import UseSpans, first_trainable_use
+from tracing.order import ExecutionOrder
+
+__all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
+
+COMPUTE, ALL_GATHER, REDUCE_SCATTER = "compute", "all_gather", "reduce_scatter"
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What the program needs of one plan unit.
+
+    Attributes:
+        label: the unit's label.
+        nbytes: all-gather output bytes (parameters padded as FSDP2 pads).
+        grad_bytes: reduce-scatter input bytes (the trainable parameters, padded).
+        runs_forward: whether a module of the unit is called in forward.
+        runs_backward: whether autograd runs backward through it.
+        reshard: whether it reshards after forward.
+        enclosing: indices of the units enclosing it.
+    """
+
+    label: str
+    nbytes: int
+    grad_bytes: int
+    runs_forward: bool
+    runs_backward: bool
+    reshard: bool
+    enclosing: frozenset[int]
+
+
+def prefetch_lists(
+    units: Sequence[tuple[Sequence[str], Sequence[str]]],
+    order: ExecutionOrder,
+    root: int,
+    prefetch: int,
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
+
+    Args:
+        units: ``(module_fqns, param_fqns)`` per plan unit.
+        order: the plan's order.
+        root: index of the root unit.
+        prefetch: depth (``0``: no explicit lists).
+
+    Returns:
+        ``(forward, backward)``: unit index -> the units it prefetches.
+    """
+    if prefetch <= 0:
+        return {}, {}
+    first = order.first_call_index()
+    uses = {
+        i: min(first[f] for f in mods if f in first)
+        for i, (mods, params) in enumerate(units)
+        if any(f in first for f in mods) and (params or i == root)
+    }
+    forward = sorted((i for i in uses if i != root), key=lambda i: (uses[i], i))
+    backward = list(reversed(forward))
+    if order.param_backward_order:
+        ready: dict[str, int] = {}
+        for position, fqn in enumerate(order.param_backward_order):
+            ready.setdefault(fqn, position)
+        keys = {i: min((ready[p] for p in units[i][1] if p in ready), default=-1) for i in forward}
+        if all(k >= 0 for k in keys.values()):
+            backward = sorted(forward, key=lambda i: (keys[i], -uses[i]))
+    trainable = first_trainable_use(order)
+    if trainable is not None:
+        spans = UseSpans(order)
+        backward = [
+            i for i in backward if (spans.span(units[i][0], units[i][1])[1] or 0) >= trainable
+        ]
+    roots = [root] if root in uses else []
+
+    def lists(seq: list[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {r: seq[:prefetch] for r in roots}
+        for k, i in enumerate(seq):
+            out[i] = seq[k + 1 : k + 1 + prefetch]
+        return out
+
+    return lists(forward), lists(backward)
+
+
+class StepProgram:
+    """Builds the ops of one training step (see :func:`execwrap.simulate.simulate_step`).
+
+    Args:
+        specs: one :class:`UnitSpec` per plan unit.
+        compute: per-unit compute.
+        cost_model: times of collectives, copies and bookkeeping.
+        world_size: ranks.
+        root: index of the root unit.
+        forward_order: units that run forward, in plan (first use) order, root first.
+        forward_prefetch: explicit forward prefetch lists.
+        backward_prefetch: explicit backward prefetch lists.
+
+    Attributes:
+        ops: the program, in issue order.
+        all_gathers: all-gathers issued.
+        reduce_scatters: reduce-scatters issued.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[UnitSpec],
+        compute: UnitCompute,
+        cost_model: CostModel,
+        world_size: int,
+        root: int,
+        forward_order: Sequence[int],
+        forward_prefetch: dict[int, list[int]],
+        backward_prefetch: dict[int, list[int]],
+    ) -> None:
+        self.specs = specs
+        self.compute = compute
+        self.cm = cost_model
+        self.world_size = world_size
+        self.root = root
+        self.forward_order = list(forward_order)
+        self.forward_prefetch = forward_prefetch
+        self.backward_prefetch = backward_prefetch
+        self.sync = cost_model.synchronous_collectives
+        self.ops: list[Op] = []
+        self.all_gathers = 0
+        self.reduce_scatters = 0
+        self._last_compute: int | None = None
+        self._pending: dict[int, int] = {}  # unit -> its issued, not yet waited all-gather
+        self._unsharded: set[int] = set()
+        self._ag_wait: int | None = None  # the copy-out the all-gather streams wait on
+        self._deferred: tuple[int, int] | None = None  # (unit, copy-out op) of the kept AG buffer
+        self._post_forward: list[int] = []  # FSDP2's comm_ctx.post_forward_order (param groups)
+        self._closed: list[int] = []  # every unit, in post-forward order
+        self._last_rs: tuple[int, int] | None = None  # (unit, reduce-scatter op)
+        self._all_rs: list[int] = []
+
+    # ------------------------------------------------------------ primitives
+    def _add(self, op: Op) -> int:
+        self.ops.append(op)
+        index = len(self.ops) - 1
+        if op.stream == COMPUTE:
+            self._last_compute = index
+        return index
+
+    def _on_compute(
+        self,
+        label: str,
+        seconds: float,
+        phase: str,
+        kind: str = "compute",
+        *,
+        deps: tuple[int, ...] = (),
+        on_start: tuple[MemEvent, ...] = (),
+        on_end: tuple[MemEvent, ...] = (),
+    ) -> int:
+        return self._add(Op(COMPUTE, label, max(0.0, seconds), kind, deps, phase, on_start, on_end))
+
+    def _collective(
+        self,
+        stream: str,
+        label: str,
+        seconds: float,
+        deps: tuple[int, ...],
+        phase: str,
+        on_end: tuple[MemEvent, ...] = (),
+    ) -> int:
+        """A collective on its stream; on CPU the training thread waits for it right away."""
+        if self.sync and self._last_compute is not None:
+            deps = (*deps, self._last_compute)
+        op = self._add(Op(stream, label, seconds, "comm", deps, phase, (), on_end))
+        if self.sync:
+            self._on_compute(f"wait {label}", 0.0, phase, "wait", deps=(op,))
+        return op
+
+    # ------------------------------------------------------- FSDPParamGroup
+    def unshard(self, i: int, phase: str) -> None:
+        """``FSDPParamGroup.unshard``: copy-in and all-gather (no-op if issued or unsharded)."""
+        spec = self.specs[i]
+        if spec.nbytes <= 0 or i in self._unsharded or i in self._pending:
+            return
+        self.all_gathers += 1
+        label = spec.label
+        if self.cm.group_overhead_s > 0:
+            self._on_compute(f"FSDP overhead {label}", self.cm.group_overhead_s, phase, "overhead")
+        buffer = (MemEvent("all_gather_buffers", label, spec.nbytes),)
+        copy_s = self.cm.copy_time(spec.nbytes // self.world_size)
+        if self.sync:
+            copy = self._on_compute(f"copy-in {label}", copy_s, phase, "copy", on_start=buffer)
+        else:
+            deps = () if self._ag_wait is None else (self._ag_wait,)
+            copy = self._add(
+                Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
+            )
+        ag = self._collective(
+            ALL_GATHER, f"all-gather {label}", self.cm.all_gather_time(spec.nbytes), (copy,), phase
+        )
+        self._pending[i] = ag
+
+    def wait_for_unshard(self, i: int, phase: str) -> None:
+        """``FSDPParamGroup.wait_for_unshard``: copy-out into the unsharded parameters.
+
+        In forward the all-gather output is kept until the next group's copy-out
+        (FSDP2's ``all_gather_state``); in backward it is freed at once.
+        """
+        ag = self._pending.pop(i, None)
+        if ag is None:
+            return
+        label = self.specs[i].label
+        on_start = [MemEvent("unsharded_params", label, self.specs[i].nbytes)]
+        if phase == "forward" and self._deferred is not None:
+            prev, prev_copy = self._deferred
+            on_start.append(MemEvent("all_gather_buffers", self.specs[prev].label))
+            self._ag_wait = prev_copy
+            self._deferred = None
+        freed = () if phase == "forward" else (MemEvent("all_gather_buffers", label),)
+        copy_s = self.cm.copy_time(self.specs[i].nbytes)
+        copy = self._on_compute(
+            f"copy-out {label}",
+            copy_s,
+            phase,
+            "copy",
+            deps=(ag,),
+            on_start=tuple(on_start),
+            on_end=freed,
+        )
+        if phase == "forward":
+            self._deferred = (i, copy)
+        else:
+            self._ag_wait = copy
+        self._unsharded.add(i)
+
+    def reshard(self, i: int, phase: str) -> None:
+        """``FSDPParamGroup.reshard``: free the unsharded parameters."""
+        if i in self._unsharded:
+            self._unsharded.discard(i)
+            label = self.specs[i].label
+            self._on_compute(
+                f"reshard {label}",
+                0.0,
+                phase,
+                "wait",
+                on_start=(MemEvent("unsharded_params", label),),
+            )
+
+    def post_backward(self, i: int) -> None:
+        """``FSDPParamGroup.post_backward``: reshard, recycle the previous reduce-scatter
+        buffer, copy the gradients in and reduce-scatter them."""
+        spec = self.specs[i]
+        self.reshard(i, "backward")
+        if spec.grad_bytes <= 0:
+            return
+        label = spec.label
+        if self._last_rs is not None:  # reduce_scatter_max_input_buffers = 1
+            prev, rs_prev = self._last_rs
+            self._on_compute(
+                f"wait reduce-scatter {self.specs[prev].label}",
+                0.0,
+                "backward",
+                "wait",
+                deps=(rs_prev,),
+                on_start=(MemEvent("reduce_scatter_buffers", self.specs[prev].label),),
+            )
+        self.reduce_scatters += 1
+        if self.cm.group_overhead_s > 0:
+            self._on_compute(
+                f"FSDP overhead {label}", self.cm.group_overhead_s, "backward", "overhead"
+            )
+        copy = self._on_compute(
+            f"reduce-scatter copy-in {label}",
+            self.cm.copy_time(spec.grad_bytes),
+            "backward",
+            "copy",
+            on_start=(MemEvent("reduce_scatter_buffers", label, spec.grad_bytes),),
+            on_end=(MemEvent("unsharded_grads", label),),
+        )
+        shard = MemEvent("sharded_grads", label, spec.grad_bytes // self.world_size)
+        rs = self._collective(
+            REDUCE_SCATTER,
+            f"reduce-scatter {label}",
+            self.cm.reduce_scatter_time(spec.grad_bytes),
+            (copy,),
+            "backward",
+            (shard,),
+        )
+        self._last_rs = (i, rs)
+        self._all_rs.append(rs)
+
+    # ------------------------------------------------------------- forward
+    def forward(self) -> None:
+        """Root pre-forward, every unit in plan order (nested units inside their
+        parents), root post-forward."""
+        r = self.root
+        self._pre_forward(r)
+        stack = [r]
+        for u in self.forward_order:
+            if u == r:
+                continue
+            while stack[-1] not in self.specs[u].enclosing:
+                self._close_forward(stack.pop())
+            self._pre_forward(u)
+            stack.append(u)
+        while len(stack) > 1:
+            self._close_forward(stack.pop())
+        self._close_forward(r)
+        if self._deferred is not None:  # the root's post-forward frees the last kept AG output
+            unit, copy = self._deferred
+            self._on_compute(
+                "free all-gather output",
+                0.0,
+                "forward",
+                "wait",
+                on_start=(MemEvent("all_gather_buffers", self.specs[unit].label),),
+            )
+            self._ag_wait = copy
+            self._deferred = None
+
+    def _pre_forward(self, u: int) -> None:
+        self.unshard(u, "forward")
+        self.wait_for_unshard(u, "forward")
+        for t in self.forward_prefetch.get(u, []):
+            self.unshard(t, "forward")
+        c = self.compute
+        label = self.specs[u].label
+        acts = (
+            (MemEvent("activations", label, c.activation_bytes[u]),)
+            if c.activation_bytes[u]
+            else ()
+        )
+        self._on_compute(
+            f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", on_start=acts
+        )
+
+    def _close_forward(self, v: int) -> None:
+        c = self.compute
+        if c.forward_tail_s[v] > 0:
+            self._on_compute(
+                f"forward {self.specs[v].label} (tail)", c.forward_tail_s[v], "forward"
+            )
+        if self.specs[v].reshard:
+            self.reshard(v, "forward")
+        self._closed.append(v)
+        if self.specs[v].nbytes > 0:
+            self._post_forward.append(v)
+
+    # ------------------------------------------------------------ backward
+    def backward(self) -> None:
+        """Pre-backward in reverse post-forward order, post-backward when a unit's
+        inputs have their gradients, then the root's final callback."""
+        r = self.root
+        visit = [r] + [u for u in self._backward_visits() if u != r]
+        stack: list[int] = []
+        for u in visit:
+            while stack and stack[-1] not in self.specs[u].enclosing:
+                self._close_backward(stack.pop())
+            self._pre_backward(u)
+            stack.append(u)
+        while stack:
+            self._close_backward(stack.pop())
+        for i in range(len(self.specs)):  # groups autograd skipped: post_backward at the end
+            if i not in visit and i in self._unsharded:
+                self.reshard(i, "backward")
+        if self._all_rs:  # finalize_backward: wait for every reduce-scatter
+            prev = self.specs[self._last_rs[0]].label if self._last_rs else ""
+            self._on_compute(
+                "wait reduce-scatters",
+                0.0,
+                "backward",
+                "wait",
+                deps=tuple(self._all_rs),
+                on_end=(MemEvent("reduce_scatter_buffers", prev),),
+            )
+
+    def _backward_visits(self) -> list[int]:
+        """Units in the order their pre-backward runs: reverse post-forward order,
+        units that run backward only (call :meth:`forward` first)."""
+        return [u for u in reversed(self._closed) if self.specs[u].runs_backward]
+
+    def _pre_backward(self, u: int) -> None:
+        self.unshard(u, "backward")
+        self.wait_for_unshard(u, "backward")
+        targets = self.backward_prefetch.get(u, [])
+        if not targets and u in self._post_forward:  # FSDPParamGroup._backward_prefetch
+            k = len(self._post_forward) - 1 - self._post_forward[::-1].index(u)
+            targets = [self._post_forward[k - 1]] if k > 0 else []
+        for t in targets:
+            if self.specs[t].runs_backward:
+                self.unshard(t, "backward")
+        c = self.compute
+        label = self.specs[u].label
+        grads = (
+            (MemEvent("unsharded_grads", label, self.specs[u].grad_bytes),)
+            if self.specs[u].grad_bytes
+            else ()
+        )
+        self._on_compute(
+            f"backward {label}", c.backward_s[u] - c.backward_tail_s[u], "backward", on_start=grads
+        )
+
+    def _close_backward(self, v: int) -> None:
+        c = self.compute
+        label = self.specs[v].label
+        if c.backward_tail_s[v] > 0:
+            self._on_compute(f"backward {label} (tail)", c.backward_tail_s[v], "backward")
+        if c.activation_bytes[v]:
+            self._on_compute(
+                f"free activations {label}",
+                0.0,
+                "backward",
+                "wait",
+                on_start=(MemEvent("activations", label),),
+            )
+        self.post_backward(v)
+
+    def optimizer(self, seconds: float) -> None:
+        """The optimizer step on the compute stream, after every reduce-scatter."""
+        self._on_compute("optimizer step", seconds, "optimizer", "optimizer")

@@ -1,0 +1,338 @@
+"""simulate_step: predicted time and peak memory of one FSDP2 training step of a plan.
+
+A discrete-event model of three streams: compute, all-gather and
+reduce-scatter (:mod:`execwrap.simulate.engine`). The program mirrors
+torch 2.13's FSDP2 (``_fully_shard/_fsdp_param_group.py``,
+``_fsdp_state.py``, ``_fsdp_collectives.py``) for the groups, explicit
+prefetch lists and ``reshard_after_forward`` that ``apply_fully_shard``
+sets, and nothing else:
+
+* forward, units in plan order, nested units inside their parents: the
+  root's pre-forward all-gathers the root, then issues the root's forward
+  prefetch list; each unit's pre-forward all-gathers it unless prefetched
+  (copy-in of its shard, the all-gather of its padded unsharded bytes),
+  waits for it (copy-out of all its bytes on the compute stream) and
+  issues its own forward prefetch list (the next ``prefetch`` units with
+  parameters, as :func:`execwrap.prefetch_schedule` computes them); then
+  its compute runs (the part after its nested units, e.g. the root's head
+  and the loss, when they are done); its post-forward frees its unsharded
+  parameters if it reshards after forward;
+* backward, in reverse post-forward order (units autograd never reaches
+  are skipped): pre-backward all-gathers the unit again if it was
+  resharded and not prefetched, waits, then issues its backward prefetch
+  list, or, where the list is empty, FSDP2's implicit prefetch of the
+  group before it in post-forward order; after its backward (and its
+  nested units') its post-backward reshards it, waits for the previous
+  reduce-scatter (FSDP2 keeps one reduce-scatter input buffer in flight),
+  copies its gradients into the reduce-scatter input and reduce-scatters
+  it; the root's final callback waits for every reduce-scatter; then the
+  optimizer step runs on the sharded parameters;
+* costs: collectives from the cost model's curves (all-gather by padded
+  unsharded bytes, reduce-scatter by padded trainable bytes), copies at its
+  copy bandwidth, ``group_overhead_s`` on the compute stream per
+  collective a group issues, compute from ``compute``, the optimizer from
+  ``compute.optimizer_s`` or its memory traffic at the cost model's memory
+  bandwidth plus ``optimizer_param_overhead_s`` per parameter tensor;
+* on CPU (``cost_model.synchronous_collectives``) FSDP2's collectives run
+  synchronously on the training thread (gloo, ``async_op=False``, no real
+  streams), so they never overlap compute and prefetching changes memory,
+  not time; on CUDA each stream runs its ops in issue order, compute runs at
+  ``overlap`` of its speed while a collective is in flight, concurrent
+  collectives share the link, and the CPU is assumed to run ahead of the
+  GPU (a GPU-bound step: issue never waits for the host);
+* memory on one rank (categories of ``FSDPMemTracker``): sharded
+  parameters and optimizer state for the whole step; sharded gradients
+  from their reduce-scatter on (``zero_grad(set_to_none=True)`` before
+  forward); each all-gather output from its issue until the next group's
+  copy-out in forward (FSDP2's ``all_gather_state``), until its own
+  copy-out in backward; unsharded parameters from copy-out to reshard;
+  activations from the unit's forward to the end of its backward;
+  unsharded gradients from the start of its backward to the reduce-scatter
+  copy-in; reduce-scatter inputs until the next group's post-backward.
+  Allocations count when an op starts, frees when it ends.
+
+Not modelled: model buffers and inputs, gradients of activations and other
+temporaries, allocator fragmentation, mixed precision, CPU offload, HSDP,
+a unit called several times per forward (simulated as one call with the
+total compute; FSDP2 gathers it per call), the CPU-bound regime on GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from execwrap.cost.model import CostModel
+from execwrap.simulate.compute import UnitCompute, enclosing_units, unit_compute
+from execwrap.simulate.engine import EngineResult, run_ops
+from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
+from execwrap.simulate.schedule import StepProgram, UnitSpec, prefetch_lists
+from tracing.checks import check_int
+
+if TYPE_CHECKING:
+    from execwrap.plan import WrapPlan
+    from tracing.order import ExecutionOrder
+
+__all__ = ["OPTIMIZERS", "Optimizer", "padded_bytes", "simulate_step"]
+
+logger = logging.getLogger(__name__)
+
+Optimizer = Literal["adamw", "adam", "sgd", "sgd_momentum", "none"]
+#: Optimizer -> (state tensors per parameter, bytes moved per parameter byte in one step).
+#: AdamW/Adam: exp_avg and exp_avg_sq; the step reads param, grad, both states and writes
+#: param and both states (7 passes). SGD with momentum: one buffer (5 passes); plain SGD: 3.
+OPTIMIZERS: dict[str, tuple[int, int]] = {
+    "adamw": (2, 7),
+    "adam": (2, 7),
+    "sgd": (0, 3),
+    "sgd_momentum": (1, 5),
+    "none": (0, 0),
+}
+
+
+def simulate_step(
+    plan: WrapPlan,
+    cost_model: CostModel,
+    *,
+    world_size: int,
+    prefetch: int = 1,
+    reshard_after_forward: bool | Sequence[bool] = True,
+    optimizer: str = "adamw",
+    compute: UnitCompute | None = None,
+) -> StepEstimate:
+    """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
+
+    A discrete-event model of FSDP2's compute, all-gather and reduce-scatter
+    streams running torch 2.13's hooks for the plan's groups, explicit
+    prefetch lists and ``reshard_after_forward`` (pre-forward all-gather,
+    copy-in/copy-out, post-forward reshard; pre-backward re-gather and
+    implicit prefetch; post-backward reshard and reduce-scatter with one
+    buffer in flight; the root's final wait; the optimizer step). On CPU the
+    collectives run synchronously on the training thread (gloo); on CUDA
+    compute runs at ``cost_model.overlap`` of its speed beside a collective
+    and the host is assumed to run ahead. Memory per rank follows FSDP2's
+    allocations (all-gather outputs, unsharded parameters and gradients,
+    reduce-scatter inputs, activations, shards, optimizer state). The full
+    model and what it leaves out are in :mod:`execwrap.simulate.step`.
+
+    Args:
+        plan: the plan (units in execution order); its order's timing gives
+            the compute unless ``compute`` is passed.
+        cost_model: the cluster's cost model, for ``world_size`` ranks.
+        world_size: data-parallel ranks (the shard factor).
+        prefetch: explicit prefetch depth of ``apply_fully_shard`` (``0``:
+            no explicit lists, FSDP2's implicit prefetching).
+        reshard_after_forward: ``True``/``False`` as passed to every
+            ``fully_shard`` call through ``apply_fully_shard`` (the root, left
+            to FSDP2's default, does not reshard), or one bool per plan unit
+            (the root's entry is honoured as an explicit value).
+        optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd_momentum"`` or ``"none"``.
+        compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
+
+    Returns:
+        A :class:`StepEstimate`.
+
+    Raises:
+        ValueError: the cost model is for another world size or device (the
+            message says which), the compute was measured on another device,
+            ``reshard_after_forward`` or ``compute`` has a wrong length, an
+            unknown optimizer, or the plan's order has no timing and no
+            ``compute`` is given.
+        TypeError: ``world_size`` or ``prefetch`` is not an int.
+
+    Example:
+        >>> est = simulate_step(plan, CostModel.preset("h100-nvlink-8"), world_size=8)  # doctest: +SKIP
+        >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
+    """
+    check_int(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
+    check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
+    cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"simulate_step: optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}"
+        )
+    compute = _checked_compute(plan, cost_model, compute)
+    reshard = _reshard_flags(plan, reshard_after_forward)
+    specs = _unit_specs(plan, world_size, reshard)
+    program = _program(plan, specs, compute, cost_model, world_size, prefetch)
+    opt_states, opt_passes = OPTIMIZERS[optimizer]
+    trainable_shard = _trainable_shard_bytes(plan.order, plan, world_size)
+    optimizer_s = compute.optimizer_s
+    if optimizer_s is None:
+        tensors = sum(1 for u in plan.units for p in u.param_fqns if _requires_grad(plan.order, p))
+        optimizer_s = opt_passes * trainable_shard / cost_model.compute.memory_bytes_per_s + (
+            tensors * cost_model.optimizer_param_overhead_s if opt_passes else 0.0
+        )
+    program.optimizer(optimizer_s)
+    base = {
+        "sharded_params": sum(s.nbytes for s in specs) // world_size,
+        "optimizer_state": opt_states * trainable_shard,
+    }
+    result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base)
+    return _estimate(program, result, prefetch, reshard, world_size, optimizer_s)
+
+
+def _checked_compute(
+    plan: WrapPlan, cost_model: CostModel, compute: UnitCompute | None
+) -> UnitCompute:
+    """``compute`` (default: from the plan's order), checked against the plan and the device."""
+    n = len(plan.units)
+    compute = unit_compute(plan) if compute is None else compute
+    if len(compute) != n:
+        raise ValueError(f"simulate_step: compute has {len(compute)} units, the plan has {n}")
+    if compute.device_type and compute.device_type != cost_model.device_type:
+        raise ValueError(
+            f"simulate_step: the compute times are for device type {compute.device_type!r} but the "
+            f"cost model is for {cost_model.device_type!r}; capture the timing on the target device "
+            "or estimate it (record_execution_order on the meta device with "
+            "timing=cost_model.compute)"
+        )
+    return compute
+
+
+def _program(
+    plan: WrapPlan,
+    specs: list[UnitSpec],
+    compute: UnitCompute,
+    cost_model: CostModel,
+    world_size: int,
+    prefetch: int,
+) -> StepProgram:
+    """The forward and backward ops of the step (the optimizer is added by the caller)."""
+    root = plan.root_index
+    forward_order = [root] + [
+        i for i, u in enumerate(plan.units) if u.first_use is not None and i != root
+    ]
+    fwd_lists, bwd_lists = prefetch_lists(
+        [(u.module_fqns, u.param_fqns) for u in plan.units], plan.order, root, prefetch
+    )
+    program = StepProgram(
+        specs, compute, cost_model, world_size, root, forward_order, fwd_lists, bwd_lists
+    )
+    program.forward()
+    program.backward()
+    return program
+
+
+def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int) -> int:
+    """Bytes of one parameter after FSDP2 pads dim 0 to a multiple of ``world_size``.
+
+    >>> padded_bytes((10, 4), 40, 160, 4)
+    192
+    """
+    if numel <= 0:
+        return 0
+    itemsize = nbytes // numel
+    dim0 = shape[0] if shape else 1
+    rest = numel // dim0 if dim0 else 0
+    return math.ceil(dim0 / world_size) * world_size * rest * itemsize
+
+
+def _requires_grad(order: ExecutionOrder, fqn: str) -> bool:
+    info = order.params.get(fqn)
+    return True if info is None else info.requires_grad
+
+
+def _param_padded(order: ExecutionOrder, fqn: str, world_size: int) -> int:
+    info = order.params.get(fqn)
+    if info is None:
+        return 0
+    return padded_bytes(info.shape, info.numel, info.bytes, world_size)
+
+
+def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[UnitSpec]:
+    order = plan.order
+    runs_bwd = plan.runs_backward()
+    enclosing = enclosing_units(plan.units)
+    specs = []
+    for i, u in enumerate(plan.units):
+        nbytes = sum(_param_padded(order, p, world_size) for p in u.param_fqns)
+        grad = sum(
+            _param_padded(order, p, world_size) for p in u.param_fqns if _requires_grad(order, p)
+        )
+        specs.append(
+            UnitSpec(
+                label=u.label,
+                nbytes=nbytes,
+                grad_bytes=grad,
+                runs_forward=u.first_use is not None,
+                runs_backward=runs_bwd[i] and (u.first_use is not None or u.is_root),
+                reshard=reshard[i],
+                enclosing=frozenset(enclosing[i]),
+            )
+        )
+    return specs
+
+
+def _trainable_shard_bytes(order: ExecutionOrder, plan: WrapPlan, world_size: int) -> int:
+    return (
+        sum(
+            _param_padded(order, p, world_size)
+            for u in plan.units
+            for p in u.param_fqns
+            if _requires_grad(order, p)
+        )
+        // world_size
+    )
+
+
+def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool]) -> list[bool]:
+    n = len(plan.units)
+    if isinstance(value, bool):
+        root = plan.root_index
+        return [value and i != root for i in range(n)]
+    flags = list(value)
+    if len(flags) != n or not all(isinstance(f, bool) for f in flags):
+        raise ValueError(
+            f"simulate_step: reshard_after_forward must be a bool or one bool per plan unit "
+            f"({n}), got {value!r}"
+        )
+    return flags
+
+
+def _estimate(
+    program: StepProgram,
+    result: EngineResult,
+    prefetch: int,
+    reshard: list[bool],
+    world_size: int,
+    optimizer_s: float,
+) -> StepEstimate:
+    ops = program.ops
+    compute_s = sum(op.work_s for op in ops if op.kind in ("compute", "optimizer"))
+    overhead_s = sum(
+        op.work_s for op in ops if op.stream == "compute" and op.kind in ("copy", "overhead")
+    )
+    comm_s = sum(op.work_s for op in ops if op.kind == "comm")
+    timeline = tuple(
+        sorted(
+            (
+                StreamEvent(op.stream, op.label, result.start[i], result.end[i])
+                for i, op in enumerate(ops)
+                if result.end[i] > result.start[i]
+            ),
+            key=lambda e: (e.start_s, e.end_s),
+        )
+    )
+    memory = MemoryBreakdown(**{k: int(v) for k, v in result.peak_breakdown.items()})
+    return StepEstimate(
+        step_time_s=result.makespan,
+        compute_time_s=compute_s,
+        exposed_comm_s=max(0.0, result.makespan - compute_s - overhead_s),
+        peak_memory_bytes=result.peak_bytes,
+        memory=memory,
+        timeline=timeline,
+        overhead_time_s=overhead_s,
+        optimizer_time_s=optimizer_s,
+        comm_time_s=comm_s,
+        all_gathers=program.all_gathers,
+        reduce_scatters=program.reduce_scatters,
+        peak_time_s=result.peak_time,
+        peak_phase=result.peak_phase,
+        prefetch=prefetch,
+        reshard_after_forward=tuple(reshard),
+        world_size=world_size,
+        memory_timeline=tuple(result.memory_timeline),
+    )
