@@ -25,29 +25,32 @@ Search:
 2. Otherwise, groupings come from an exact dynamic program
    (:func:`execwrap.partition.best_partition`) over a step time that
    decomposes by group: a group's compute plus the communication its own
-   compute does not hide (``overlap`` times its compute, forward only with
-   explicit prefetch), with the collective times of
-   :func:`execwrap.simulate.group_comm_times`. When the cost model's
-   ``overlap`` is 0 nothing is hidden and this is the simulator's step time
-   up to a constant, so the DP's grouping is the simulator's optimum. Peak
-   memory does not decompose (it depends on which groups are unsharded
-   together), so the DP runs under caps on a group's unsharded bytes: the
-   largest window of ``k`` consecutive mergeable units, ``k`` in 1, 2, 3, 4,
-   6, 8, 12, ... up to all of them; a cap allowing more than
-   :data:`DP_MAX_GROUP` units per group uses the greedy fewest-groups cut
-   under that cap instead (:func:`execwrap.bucketing.min_contiguous_groups`'s
-   scan). Each distinct grouping is then simulated at every prefetch depth
-   with resharding everywhere; for the :data:`REFINE_TOP` best,
-   ``reshard_after_forward=False`` is tried on the last ``k`` groups in
-   forward order (``k`` = 1, 2, 4, ..., all): the last group's backward
-   all-gather is the one no compute hides, and at the start of backward
-   (the usual peak) every group kept unsharded counts, wherever it sits.
+   compute does not hide (``overlap`` times its compute; forward only with
+   explicit prefetch), each group charged what the simulator charges it
+   (:meth:`execwrap.search_space.SearchSpace.group_seconds`: fixed cost,
+   copy-in, collective, copy-out; fixed cost, copy-in, reduce-scatter). On
+   CPU FSDP2's collectives block the training thread, nothing overlaps and
+   this *is* the simulator's step time up to a constant, so there the DP's
+   grouping is the simulator's optimum (a test checks it against brute
+   force). Peak memory does not decompose (it depends on which groups are
+   unsharded together), so the DP runs under caps on a group's unsharded
+   bytes: the largest window of ``k`` consecutive mergeable units, ``k`` in
+   :data:`execwrap.search_space.WINDOW_SIZES` and all of them; a cap allowing
+   more than :data:`DP_MAX_GROUP` units per group uses the greedy
+   fewest-groups cut under it instead. The DP runs for each prefetch depth,
+   resharding after forward and not. Every distinct grouping is simulated
+   at prefetch 1, resharding everywhere and nowhere; the :data:`REFINE_TOP`
+   best then at every prefetch depth, and with ``reshard_after_forward=False``
+   on the last ``k`` groups only (``k`` = 1, 2, 4, ...): the last group's
+   backward all-gather is the one no compute hides, and at the start of
+   backward (the usual peak) every group kept unsharded counts, wherever it
+   sits.
 3. Choice: the least predicted step time among candidates within the
    budget; ties go to the lower peak, then fewer groups, then the earlier
    candidate. Nothing is random: the same inputs give the same plan.
 4. No candidate fits: :class:`~execwrap.errors.PlanError` names the smallest
-   peak any candidate reaches (per-unit groups, prefetch 0, resharding
-   everywhere is always among them) and what dominates it.
+   peak any candidate reaches (per-unit groups at each prefetch depth,
+   resharding everywhere, are always among them) and what dominates it.
 
 Every simulated candidate is kept in ``plan.search`` (the report's
 candidates chart).
@@ -66,12 +69,13 @@ from execwrap.errors import PlanError
 from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
 from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
+from execwrap.report.formatting import format_bytes
 from tracing.checks import check_int, is_int
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
-    from execwrap.search_space import SearchSpace
-    from execwrap.simulate import StepEstimate
+    from execwrap.search_space import Grouping, SearchSpace
+    from execwrap.simulate import StepEstimate, UnitCompute
 
 __all__ = [
     "DP_MAX_GROUP",
@@ -168,6 +172,7 @@ def search_plan(
     memory_budget: int | None = None,
     trainable_dtypes: dict[str, frozenset[str]] | None = None,
     optimizer: str = "adamw",
+    compute: UnitCompute | None = None,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
 ) -> WrapPlan:
     """The best plan over groupings of ``plan``'s atomic units, prefetch and resharding.
@@ -181,7 +186,11 @@ def search_plan(
         memory_budget: peak memory per rank, bytes (``None``: no limit).
         trainable_dtypes: module FQN -> dtypes of its unit's trainable
             parameters (default: read from ``plan.order.params``).
-        optimizer: the optimizer whose state the memory model counts.
+        optimizer: the optimizer whose state the memory model counts
+            (:data:`execwrap.simulate.OPTIMIZERS`).
+        compute: per atomic unit of ``plan`` (in ``plan.units`` order), its
+            compute (default: from ``plan.order``'s timing,
+            :func:`execwrap.simulate.unit_compute`; without timing, none).
         exhaustive_limit: enumerate everything up to this many simulations.
 
     Returns:
@@ -210,6 +219,7 @@ def search_plan(
         world_size=world_size,
         trainable_dtypes=trainable_dtypes,
         optimizer=optimizer,
+        compute=compute,
     )
     evaluated = _Evaluations(space, budget)
     if 3 * space.count_reshard_groupings() <= exhaustive_limit:
@@ -226,39 +236,56 @@ def search_plan(
 
 # ------------------------------------------------------------------ the search
 def _heuristic_search(space: SearchSpace, evaluated: _Evaluations) -> None:
-    """Step 2 of the module docstring: DP groupings, prefetch, then reshard."""
+    """Step 2 of the module docstring: DP groupings, then prefetch and reshard."""
     groupings = _dp_groupings(space)
     logger.debug("auto-plan: %d distinct grouping(s) from the DP", len(groupings))
-    best_per_grouping: list[tuple[tuple[float, int], tuple[tuple[int, int], ...], int]] = []
-    for groups in groupings:
-        flags = (True,) * len(groups)
-        results = [(evaluated.add(groups, p, flags, "searched"), p) for p in PREFETCH_DEPTHS]
-        fitting = [(c.step_time_s, p) for c, p in results if c.fits]
-        ranked = fitting or [(c.peak_memory_bytes * 1.0, p) for c, p in results]
-        score, p_best = min(ranked)
-        best_per_grouping.append(((0 if fitting else 1, score), groups, p_best))  # type: ignore[arg-type]
-    best_per_grouping.sort(key=lambda t: t[0])
-    for _, groups, p in best_per_grouping[:REFINE_TOP]:
+    ranked: list[tuple[tuple[int, float], int]] = []
+    for g, groups in enumerate(groupings):
         n = len(groups)
-        for k in _last_k_values(n):
-            flags = tuple(i < n - k for i in range(n))
-            for depth in sorted({p, *PREFETCH_DEPTHS} if k == n else {p}):
-                evaluated.add(groups, depth, flags, "searched")
+        keys = []
+        for flags in ((True,) * n, (False,) * n):
+            c = evaluated.add(groups, 1, flags, "searched")
+            keys.append(_rank_key(c))
+        ranked.append((min(keys), g))
+    ranked.sort()
+    for _, g in ranked[:REFINE_TOP]:
+        groups = groupings[g]
+        n = len(groups)
+        for p in PREFETCH_DEPTHS:
+            for flags in ((True,) * n, (False,) * n):
+                evaluated.add(groups, p, flags, "searched")
+        best_p = min(
+            PREFETCH_DEPTHS,
+            key=lambda p: _rank_key(evaluated.get(groups, p, (True,) * n)),
+        )
+        for k in _last_k_values(n)[:-1]:  # k = n (no reshard at all) was simulated above
+            evaluated.add(groups, best_p, tuple(i < n - k for i in range(n)), "searched")
 
 
-def _dp_groupings(space: SearchSpace) -> list[tuple[tuple[int, int], ...]]:
-    """Distinct groupings: the DP under each cap and prefetch depth, and the
-    uniform k-unit groupings; in the order first found."""
-    found: dict[tuple[tuple[int, int], ...], None] = {}
+def _rank_key(c: Candidate) -> tuple[int, float]:
+    """Fitting candidates by step time, before the others by peak."""
+    return (0, c.step_time_s) if c.fits else (1, float(c.peak_memory_bytes))
+
+
+def _dp_groupings(space: SearchSpace) -> list[Grouping]:
+    """Distinct groupings: the greedy fewest-groups cut and the DP under each cap,
+    for every prefetch depth, resharding after forward or not; in the order
+    first found."""
+    found: dict[Grouping, None] = {}
     for k, cap in space.window_caps():
         found.setdefault(space.greedy_groups(cap), None)
         if space.longest_group(cap) > DP_MAX_GROUP:
             continue
         reach = space.capped_reach(cap)
-        for p in PREFETCH_DEPTHS:
-            _, groups = best_partition(reach, lambda i, j, p=p: space.group_cost(i, j, p))
-            found.setdefault(tuple(groups), None)
-        logger.debug("auto-plan: cap %d unit(s) = %d bytes done", k, cap)
+        for reshard in (True, False):
+            for p in PREFETCH_DEPTHS:
+
+                def cost(i: int, j: int, p: int = p, reshard: bool = reshard) -> float:
+                    return space.group_cost(i, j, p, reshard=reshard)
+
+                _, groups = best_partition(reach, cost)
+                found.setdefault(tuple(groups), None)
+        logger.debug("auto-plan: cap of %d unit(s) (%d bytes) searched", k, cap)
     return list(found)
 
 
@@ -300,6 +327,10 @@ class _Evaluations:
         self.estimates: list[StepEstimate] = []
         self.keys: list[tuple[tuple[tuple[int, int], ...], int, tuple[bool, ...]]] = []
         self._index: dict[tuple[tuple[tuple[int, int], ...], int, tuple[bool, ...]], int] = {}
+
+    def get(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> Candidate:
+        """The candidate already simulated for these choices."""
+        return self.candidates[self._index[(groups, prefetch, flags)]]
 
     def add(
         self,
@@ -395,13 +426,13 @@ def _nothing_fits_message(space: SearchSpace, evaluated: _Evaluations, budget: i
     estimate = evaluated.estimates[smallest]
     part, nbytes = space.dominant_part(estimate)
     return (
-        f"no plan fits the memory budget of {_gib(budget or 0)} per rank: the smallest peak any "
-        f"candidate reaches is {_gib(cands[smallest].peak_memory_bytes)} "
+        f"no plan fits the memory budget of {_bytes_text(budget or 0)} per rank: the smallest peak any "
+        f"candidate reaches is {_bytes_text(cands[smallest].peak_memory_bytes)} "
         f"({cands[smallest].label}; {len(cands)} candidate(s) simulated for "
-        f"{space.world_size} rank(s)), dominated by {part} ({_gib(nbytes)}); "
+        f"{space.world_size} rank(s)), dominated by {part} ({_bytes_text(nbytes)}); "
         f"{space.dominant_hint(part)}"
     )
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB ({nbytes} bytes)"
+def _bytes_text(nbytes: int) -> str:
+    return f"{format_bytes(nbytes)} ({nbytes} bytes)"

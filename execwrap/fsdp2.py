@@ -92,8 +92,8 @@ def apply_fully_shard(
             ``ignored_params``, ...). Without ``reshard_after_forward`` here,
             a plan that carries per-group choices
             (``plan.reshard_after_forward``, from the auto-planner) gets them,
-            one per ``fully_shard`` call; the root keeps FSDP2's default (it
-            never reshards after forward).
+            one per ``fully_shard`` call, the root's entry included (``False``
+            there is FSDP2's own default for the root).
 
     Returns:
         The plan applied (for a policy that records during the first step,
@@ -269,7 +269,10 @@ def _shard_groups(
                 e.add_note(f"While applying fully_shard to plan group {fqns}")
             logger.debug("fully_shard(%s) failed", fqns)
             raise
-    fully_shard(model, mesh=mesh, **fully_shard_kwargs)
+    root_kwargs = dict(fully_shard_kwargs)
+    if ("",) in reshard:  # the plan's root entry, taken literally (as the simulator does)
+        root_kwargs["reshard_after_forward"] = reshard[("",)]
+    fully_shard(model, mesh=mesh, **root_kwargs)
 
 
 def _schedule_prefetch(

@@ -181,6 +181,17 @@ class WrapPlan:
             first_ready[i] = min(ks) if ks else math.inf
         return sorted(range(n), key=lambda i: (first_ready[i], reverse_rank[i]))
 
+    def kept_unsharded(self) -> list[int]:
+        """Indices of the non-root units that do not reshard after forward
+        (``reshard_after_forward`` ``False``), in unit order; ``[]`` without
+        per-unit choices."""
+        flags = self.reshard_after_forward or ()
+        return [
+            i
+            for i, (u, f) in enumerate(zip(self.units, flags, strict=False))
+            if not f and not u.is_root
+        ]
+
     # ----------------------------------------------------------- FSDP1 view
     def fsdp1_modules(self) -> list[str]:
         """Module FQNs FSDP1 should wrap to realise this plan, in unit order.

@@ -91,8 +91,8 @@ class PlanSearch:
     """The auto-planner's record: what it compared and what it chose.
 
     Attributes:
-        candidates: every simulated candidate, searched ones first (in the
-            order the search made them), then the baselines.
+        candidates: every simulated candidate once, in the order the search
+            simulated them; the baselines (``kind="baseline"``) among them.
         chosen: index into :attr:`candidates` of the plan returned.
         memory_budget: the peak memory budget per rank in bytes, or ``None``.
         world_size: ranks the plan was made for.

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from execwrap.bucketing import merge_units
 from execwrap.plan import WrapPlan
-from execwrap.simulate import group_comm_times, simulate_step, unit_compute
+from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate.step import padded_bytes
 from execwrap.unit import WrapUnit
 from tracing.fqn import ancestors
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
-    from execwrap.simulate import StepEstimate, UnitCompute
+    from execwrap.simulate import StepEstimate
 
 __all__ = ["Grouping", "SearchSpace", "WINDOW_SIZES"]
 
@@ -97,6 +101,7 @@ class SearchSpace:
         world_size: int | None,
         trainable_dtypes: dict[str, frozenset[str]] | None,
         optimizer: str,
+        compute: UnitCompute | None = None,
     ) -> SearchSpace:
         """The search space of atomic ``plan`` (see the module docstring).
 
@@ -105,15 +110,21 @@ class SearchSpace:
                 type than the one planned for.
         """
         ranks = cost_model.world_size if world_size is None else world_size
-        cost_model.check_compatible(world_size=ranks, device_type=_device_type(plan, cost_model))
+        compute = _atomic_compute(plan) if compute is None else compute
+        if len(compute) != len(plan.units):
+            raise ValueError(
+                f"search_plan: compute has {len(compute)} entries, the plan has "
+                f"{len(plan.units)} units"
+            )
+        device = compute.device_type or cost_model.device_type
+        cost_model.check_compatible(world_size=ranks, device_type=device)
         units = plan.units
         movable = [
             i for i, u in enumerate(units) if not u.is_root and u.first_use is not None and u.numel
         ]
         dtypes = trainable_dtypes if trainable_dtypes is not None else _trainable_dtypes(plan)
-        compute = unit_compute(plan)
         forward, backward = _unit_seconds(compute, plan, movable)
-        requires_grad = {p: info.requires_grad for p, info in plan.order.params.items()}
+        padded = [_padded_bytes(plan, units[i], ranks) for i in movable]
         space = cls(
             plan=plan,
             cost_model=cost_model,
@@ -122,8 +133,8 @@ class SearchSpace:
             compute=compute,
             movable=movable,
             reach=_reach([units[i] for i in movable], dtypes),
-            nbytes=[units[i].bytes for i in movable],
-            grad_bytes=[_grad_bytes(plan, units[i], requires_grad) for i in movable],
+            nbytes=[b for b, _ in padded],
+            grad_bytes=[g for _, g in padded],
             forward_s=forward,
             backward_s=backward,
         )
@@ -205,22 +216,46 @@ class SearchSpace:
         yield from rest(0)
 
     # ----------------------------------------------------------- the DP cost
-    def group_cost(self, i: int, j: int, prefetch: int) -> float:
-        """Seconds one group ``[i, j)`` adds to a step, resharding after forward,
-        in the decomposable model of :mod:`execwrap.autoplan`: its compute plus
-        the communication its own compute does not hide."""
+    def group_seconds(self, nbytes: int, grad_bytes: int) -> tuple[float, float]:
+        """Seconds the simulator charges one group of ``nbytes`` (padded) parameter
+        bytes and ``grad_bytes`` (padded) trainable bytes for its all-gather and
+        its reduce-scatter, as :class:`execwrap.simulate.schedule.StepProgram`'s
+        ``unshard``/``wait_for_unshard`` and ``post_backward`` charge them: the
+        fixed cost per group and collective, copy-in of the shard, the
+        all-gather, copy-out of every byte; the fixed cost, the gradients'
+        copy-in, the reduce-scatter (``0`` without trainable bytes)."""
+        cm = self.cost_model
+        all_gather = 0.0
+        if nbytes > 0:
+            all_gather = (
+                cm.group_overhead_s
+                + cm.copy_time(nbytes // self.world_size)
+                + cm.all_gather_time(nbytes)
+                + cm.copy_time(nbytes)
+            )
+        reduce_scatter = 0.0
+        if grad_bytes > 0:
+            reduce_scatter = (
+                cm.group_overhead_s + cm.copy_time(grad_bytes) + cm.reduce_scatter_time(grad_bytes)
+            )
+        return all_gather, reduce_scatter
+
+    def group_cost(self, i: int, j: int, prefetch: int, *, reshard: bool = True) -> float:
+        """Seconds one group ``[i, j)`` adds to a step in the decomposable model of
+        :mod:`execwrap.autoplan`: its compute plus the communication its own
+        compute does not hide (nothing on CPU, where FSDP2's collectives block
+        the training thread); without ``reshard`` no backward all-gather."""
         p_bytes, p_grads, p_fwd, p_bwd = self._prefix
-        nbytes = int(p_bytes[j] - p_bytes[i])
-        grads = int(p_grads[j] - p_grads[i])
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
-        all_gather, reduce_scatter = group_comm_times(
-            self.cost_model, nbytes, grads, world_size=self.world_size
+        all_gather, reduce_scatter = self.group_seconds(
+            int(p_bytes[j] - p_bytes[i]), int(p_grads[j] - p_grads[i])
         )
-        overlap = self.cost_model.overlap
+        cm = self.cost_model
+        overlap = 0.0 if cm.synchronous_collectives else cm.overlap
         hidden_fwd = overlap * fwd if prefetch > 0 else 0.0
         exposed_fwd = max(0.0, all_gather - hidden_fwd)
-        exposed_bwd = max(0.0, all_gather + reduce_scatter - overlap * bwd)
+        exposed_bwd = max(0.0, (all_gather if reshard else 0.0) + reduce_scatter - overlap * bwd)
         return fwd + bwd + exposed_fwd + exposed_bwd
 
     # ----------------------------------------------------- plans and estimates
@@ -238,9 +273,7 @@ class SearchSpace:
             members += [[self.movable[k] for k in range(i, j)] for i, j in groups]
             merged = [(merge_units([units[i] for i in m]), m) for m in members]
             merged.sort(key=lambda um: (um[0].first_use is None, um[0].first_use or 0))
-            plan = dataclasses.replace(
-                self.plan, units=[u for u, _ in merged], bucket_numel=None
-            )
+            plan = dataclasses.replace(self.plan, units=[u for u, _ in merged], bucket_numel=None)
             self._plans[groups] = (plan, self.compute.merge([m for _, m in merged]))
         return self._plans[groups]
 
@@ -248,12 +281,16 @@ class SearchSpace:
         self, plan: WrapPlan, groups: Grouping, flags: tuple[bool, ...]
     ) -> tuple[bool, ...]:
         """``reshard_after_forward`` per unit of ``plan`` (the plan of ``groups``):
-        the group's flag for merged groups, ``True`` for the fixed units."""
+        the group's flag for merged groups, ``False`` for the root (FSDP2's
+        default: the root never reshards after forward), ``True`` for the other
+        fixed units (nothing to reshard)."""
         by_first = {
             self.plan.units[self.movable[i]].module_fqns[0]: f
             for (i, _), f in zip(groups, flags, strict=True)
         }
-        return tuple(by_first.get(u.module_fqns[0], True) for u in plan.units)
+        return tuple(
+            False if u.is_root else by_first.get(u.module_fqns[0], True) for u in plan.units
+        )
 
     def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
         """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
@@ -272,7 +309,7 @@ class SearchSpace:
     def cost_model_line(self) -> str:
         """One line naming the cost model."""
         cm = self.cost_model
-        name = getattr(cm, "name", "") or "calibrated"
+        name = cm.source or "unnamed"
         return f"{name} ({cm.device_type}, {cm.backend}, {cm.world_size} rank(s))"
 
     @staticmethod
@@ -292,12 +329,34 @@ class SearchSpace:
 
 
 # ------------------------------------------------------------------ helpers
-def _device_type(plan: WrapPlan, cost_model: CostModel) -> str:
-    """The device the order's compute times were measured on, else the cost model's."""
-    order: Any = plan.order
-    device = getattr(order, "timing_device", "") or ""
-    method = getattr(order, "timing_method", "") or ""
-    return device if device and method == "measured" else cost_model.device_type
+def _atomic_compute(plan: WrapPlan) -> UnitCompute:
+    """Compute per atomic unit from the order's timing; without timing, none
+    (one WARNING: the plan then weighs communication and memory only)."""
+    if plan.order.has_timing:
+        return unit_compute(plan)
+    logger.warning(
+        "plan_wrap(bucket_numel='auto'): the order has no compute times, so the auto-planner "
+        "weighs communication and parameter memory only (no compute to overlap, no "
+        "activations); capture with tracing.record_execution_order(model, *inputs, "
+        "timing=True), or on the meta device with timing=cost_model.compute"
+    )
+    return UnitCompute.zeros(len(plan.units))
+
+
+def _padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> tuple[int, int]:
+    """Parameter and trainable bytes of ``unit``, padded as FSDP2 pads (dim 0 to a
+    multiple of ``world_size``)."""
+    params = plan.order.params
+    total = grads = 0
+    for p in unit.param_fqns:
+        info = params.get(p)
+        if info is None:
+            continue
+        nbytes = padded_bytes(info.shape, info.numel, info.bytes, world_size)
+        total += nbytes
+        if info.requires_grad:
+            grads += nbytes
+    return total, grads
 
 
 def _trainable_dtypes(plan: WrapPlan) -> dict[str, frozenset[str]]:
@@ -308,11 +367,6 @@ def _trainable_dtypes(plan: WrapPlan) -> dict[str, frozenset[str]]:
         )
         for u in plan.units
     }
-
-
-def _grad_bytes(plan: WrapPlan, unit: WrapUnit, requires_grad: dict[str, bool]) -> int:
-    params = plan.order.params
-    return sum(params[p].bytes for p in unit.param_fqns if p in params and requires_grad[p])
 
 
 def _unit_seconds(

@@ -80,7 +80,7 @@ def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
         )
         if len(lane) <= MAX_BAR_LABELS:
             for e, (x, w) in zip(lane, bars, strict=True):
-                if w > end / scale / 60:
+                if w > end / scale * (len(str(e.label)) + 2) / 150:  # the label fits its bar
                     ax.text(
                         x + w / 2,
                         row,
@@ -158,8 +158,8 @@ def candidates_figure(
     ax.scatter(
         *xy(chosen), s=160, marker="*", color=_CHOSEN, label=f"chosen: {best.label}", zorder=4
     )
-    for (name, _, _), x, y in zip(labelled + chosen, *xy(labelled + chosen), strict=True):
-        ax.annotate(_short(name), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    for name, x, y in _joined_labels(labelled + chosen, mem_scale, t_scale):
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
     if budget is not None:
         ax.axvline(
             budget / mem_scale,
@@ -176,6 +176,20 @@ def candidates_figure(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     return fig
+
+
+def _joined_labels(
+    points: list[tuple[str, float, int]], mem_scale: float, t_scale: float
+) -> list[tuple[str, float, float]]:
+    """One label per drawn position: names of points that coincide (to 3
+    significant digits) joined with ``" / "``, in order."""
+    by_place: dict[tuple[str, str], list[str]] = {}
+    place: dict[tuple[str, str], tuple[float, float]] = {}
+    for name, t, p in points:
+        key = (f"{p / mem_scale:.3g}", f"{t / t_scale:.3g}")
+        by_place.setdefault(key, []).append(_short(name))
+        place.setdefault(key, (p / mem_scale, t / t_scale))
+    return [(" / ".join(names), *place[key]) for key, names in by_place.items()]
 
 
 def _short(label: str, width: int = 36) -> str:

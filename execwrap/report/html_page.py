@@ -184,7 +184,7 @@ def _predicted(ctx: ReportContext) -> list[str]:
         ("Compute", f"{estimate.compute_time_s * 1e3:.3f} ms"),
         ("Exposed communication", f"{estimate.exposed_comm_s * 1e3:.3f} ms"),
         ("Predicted peak memory per rank", format_bytes(int(estimate.peak_memory_bytes))),
-        ("Prefetch", blank(plan.prefetch)),
+        ("Prefetch", str(blank(plan.prefetch))),
         ("Groups not resharded after forward", _kept_groups(plan)),
     ]
     search = plan.search
@@ -206,10 +206,9 @@ def _predicted(ctx: ReportContext) -> list[str]:
 
 
 def _kept_groups(plan: Any) -> str:
-    flags = getattr(plan, "reshard_after_forward", None)
-    if flags is None:
+    if getattr(plan, "reshard_after_forward", None) is None:
         return "-"
-    kept = [u.label for u, f in zip(plan.units, flags, strict=True) if not f and not u.is_root]
+    kept = [plan.units[i].label for i in plan.kept_unsharded()]
     return ", ".join(kept) if kept else "none"
 
 
