@@ -1,14 +1,355 @@
-"""Calibration of a :class:`~execwrap.cost.CostModel` on the live process group (work in progress)."""
+"""Calibration: measure a :class:`~execwrap.cost.CostModel` on the live process group.
+
+:func:`calibration_fields` runs on every rank of the group (it issues
+collectives) and returns the model's constructor arguments, measured on rank
+0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
+The measurements, in about 10 to 30 s:
+
+* collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
+  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single``
+  (what FSDP2 calls), a barrier before each size, the median of several
+  runs per size; the curve is piecewise-linear through the medians
+  (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
+* copy bandwidth: the median time of copying a 64 MiB buffer;
+* compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
+  twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
+* overlap: a matmul loop alone, an async all-gather alone, and both at once;
+  ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
+  clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
+* the fixed cost per FSDP2 group: steps (forward, backward) of stacks of 4,
+  12 and 24 ``Linear(16, 16)`` layers, each layer its own ``fully_shard``
+  group, and of the same stacks unsharded, in interleaved rounds; the slope
+  over the layer count of the difference, minus what the curves and copies
+  predict for a layer's collectives, per collective; and the optimizer's
+  cost per parameter tensor (the slope of ``AdamW.step`` on those models,
+  whose parameters FSDP2 made DTensors).
+
+On CUDA, timings synchronise the device; collectives run on the current
+device. Calibration never changes the process group or the default dtype,
+and frees what it allocated.
+"""
 
 from __future__ import annotations
 
+import datetime
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["calibration_fields"]
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from execwrap.cost.curve import CollectiveCurve
+from tracing.rates import ComputeRates
+
+__all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "sweep_sizes"]
+
+logger = logging.getLogger(__name__)
+
+#: What to do when no process group is initialised.
+NO_PROCESS_GROUP_HINT = (
+    "CostModel.calibrate needs an initialised process group on every rank: call "
+    "torch.distributed.init_process_group('gloo') (or 'nccl' on GPUs) first, launched with "
+    "torchrun (e.g. `torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json`)"
+)
+
+_SMALLEST = 4 * 1024
+_COPY_BYTES = 64 * 2**20
+
+
+def sweep_sizes(max_bytes: int, world_size: int) -> list[int]:
+    """Buffer sizes of the sweep: 4 KiB times powers of 4 up to ``max_bytes``,
+    each a multiple of ``4 * world_size`` bytes (whole float32 shards).
+
+    >>> sweep_sizes(2**20, 2)
+    [4096, 16384, 65536, 262144, 1048576]
+    """
+    step = 4 * world_size
+    sizes: list[int] = []
+    size = _SMALLEST
+    while size <= max(max_bytes, _SMALLEST * 4):
+        sizes.append(-(-size // step) * step)
+        size *= 4
+    return sizes
 
 
 def calibration_fields(
-    group: Any = None, *, device: Any = None, max_bytes: int | None = None
+    group: dist.ProcessGroup | None = None,
+    *,
+    device: torch.device | str | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Constructor arguments of a calibrated CostModel (not implemented yet)."""
-    raise NotImplementedError("CostModel.calibrate is being written")
+    """Measure (see the module docstring) and return the CostModel's arguments.
+
+    Raises:
+        RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
+        ValueError: ``max_bytes`` is not a positive int.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(NO_PROCESS_GROUP_HINT)
+    group = dist.group.WORLD if group is None else group
+    assert group is not None
+    backend = str(dist.get_backend(group))
+    world = dist.get_world_size(group)
+    dev = _device(device, backend)
+    if max_bytes is None:
+        max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < _SMALLEST:
+        raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
+    started = time.perf_counter()
+    sizes = sweep_sizes(max_bytes, world)
+    ag = [_collective_time("all_gather", n, group, dev) for n in sizes]
+    rs = [_collective_time("reduce_scatter", n, group, dev) for n in sizes]
+    ag_curve = CollectiveCurve.from_samples(sizes, ag)
+    rs_curve = CollectiveCurve.from_samples(sizes, rs)
+    copy_rate = _copy_rate(dev)
+    rates = ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
+    overlap = _overlap(group, dev)
+    group_overhead, opt_overhead = _fsdp_overheads(group, dev, ag_curve, rs_curve, copy_rate)
+    fields: dict[str, Any] = {
+        "device_type": dev.type,
+        "backend": backend,
+        "world_size": world,
+        "all_gather": ag_curve,
+        "reduce_scatter": rs_curve,
+        "copy_bytes_per_s": copy_rate,
+        "group_overhead_s": group_overhead,
+        "overlap": overlap,
+        "compute": rates,
+        "optimizer_param_overhead_s": opt_overhead,
+        "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
+        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s",
+        "torch_version": str(torch.__version__),
+    }
+    box: list[Any] = [fields]
+    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+    dist.broadcast_object_list(
+        box, src=src, group=group, device=dev if dev.type == "cuda" else None
+    )
+    logger.info("calibrate: %s", box[0]["source"])
+    return dict(box[0])
+
+
+# ------------------------------------------------------------------ measurements
+def _device(device: torch.device | str | None, backend: str) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _median_time(
+    fn: Callable[[], Any], dev: torch.device, *, repeats: int, warmup: int = 1
+) -> float:
+    """Median seconds of ``fn()`` (device synchronised around each run)."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def _repeats(nbytes: int) -> int:
+    """More runs for small (noisy, cheap) sizes than for large ones."""
+    return 15 if nbytes <= 2**20 else 7 if nbytes <= 16 * 2**20 else 5
+
+
+def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device) -> float:
+    """Median seconds of one all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``)."""
+    world = dist.get_world_size(group)
+    full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
+    shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
+    if kind == "all_gather":
+
+        def run() -> None:
+            dist.all_gather_single(full, shard, group=group)
+
+    else:
+
+        def run() -> None:
+            dist.reduce_scatter_single(shard, full, group=group)
+
+    dist.barrier(group=group)
+    seconds = _median_time(run, dev, repeats=_repeats(nbytes))
+    return max(seconds, 1e-7)
+
+
+def _copy_rate(dev: torch.device) -> float:
+    """Bytes copied per second for a 64 MiB buffer."""
+    src = torch.ones(_COPY_BYTES // 4, device=dev)
+    dst = torch.empty_like(src)
+    seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
+    return _COPY_BYTES / max(seconds, 1e-9)
+
+
+def _matmul_rate(dev: torch.device) -> float:
+    """Achieved FLOP/s of a square matmul (float32 on CPU, bfloat16 on CUDA)."""
+    n = 4096 if dev.type == "cuda" else 512
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    seconds = _median_time(lambda: torch.mm(a, b), dev, repeats=9, warmup=2)
+    return 2.0 * n**3 / max(seconds, 1e-9)
+
+
+def _op_overhead(dev: torch.device) -> float:
+    """Seconds per tiny op (a one-element in-place add), the eager dispatch cost."""
+    x = torch.zeros(1, device=dev)
+    loops = 200
+
+    def run() -> None:
+        for _ in range(loops):
+            x.add_(1.0)
+
+    return _median_time(run, dev, repeats=7) / loops
+
+
+def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
+    """Share of the shorter of a matmul loop and an async all-gather hidden when both run."""
+    world = dist.get_world_size(group)
+    nbytes = (256 if dev.type == "cuda" else 8) * 2**20
+    full = torch.zeros(nbytes // 4, device=dev)
+    shard = torch.zeros(nbytes // 4 // world, device=dev)
+
+    def gather() -> None:
+        work = dist.all_gather_single(full, shard, group=group, async_op=True)
+        assert work is not None
+        work.wait()
+
+    dist.barrier(group=group)
+    t_gather = _median_time(gather, dev, repeats=5)
+    n = 2048 if dev.type == "cuda" else 256
+    a = torch.randn(n, n, device=dev)
+    t_mm = _median_time(lambda: torch.mm(a, a), dev, repeats=5)
+    loops = max(1, math.ceil(t_gather / max(t_mm, 1e-9)))
+
+    def matmuls() -> None:
+        for _ in range(loops):
+            torch.mm(a, a)
+
+    def both() -> None:
+        work = dist.all_gather_single(full, shard, group=group, async_op=True)
+        matmuls()
+        assert work is not None
+        work.wait()
+
+    t_compute = _median_time(matmuls, dev, repeats=5)
+    dist.barrier(group=group)
+    t_both = _median_time(both, dev, repeats=5)
+    hidden = t_compute + t_gather - t_both
+    return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
+
+
+#: Layer counts of the tiny FSDP2 models whose step times give the per-group cost.
+_LAYERS = (4, 12, 24)
+
+
+def _fsdp_overheads(
+    group: dist.ProcessGroup,
+    dev: torch.device,
+    ag: CollectiveCurve,
+    rs: CollectiveCurve,
+    copy_rate: float,
+) -> tuple[float, float]:
+    """(fixed seconds per FSDP2 group per collective, optimizer seconds per parameter tensor).
+
+    Steps of ``Linear(16, 16)`` stacks, each layer a ``fully_shard`` group, and of
+    the same stacks unsharded, all measured in interleaved rounds; the slope
+    over the layer count (least squares) of sharded minus unsharded step time
+    is one group's cost: two all-gathers and one reduce-scatter of its 1 KiB,
+    their copies, and three times the fixed cost sought.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, dev.type)
+    steps: dict[tuple[int, bool], Callable[[], None]] = {}
+    updates: dict[int, Callable[[], None]] = {}
+    for layers in _LAYERS:
+        for sharded in (True, False):
+            model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(layers)]).to(dev)
+            if sharded:
+                for layer in model:
+                    fully_shard(layer, mesh=mesh)
+                fully_shard(model, mesh=mesh)
+            step, update = _tiny_step(model, dev)
+            steps[layers, sharded] = step
+            if sharded:
+                updates[layers] = update
+    times = _interleaved(
+        {**{str(k): v for k, v in steps.items()}, **{f"opt{k}": v for k, v in updates.items()}},
+        dev,
+        group,
+        rounds=9,
+    )
+    extra = [times[str((n, True))] - times[str((n, False))] for n in _LAYERS]
+    per_layer = _slope(list(_LAYERS), extra)
+    nbytes = (16 * 16 + 16) * 4  # one layer's parameters, float32
+    predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
+    group_overhead = max(0.0, (per_layer - predicted) / 3)
+    per_tensor = _slope([2 * n for n in _LAYERS], [times[f"opt{n}"] for n in _LAYERS])
+    return group_overhead, max(0.0, per_tensor)
+
+
+def _slope(xs: list[int], ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs``."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+
+
+def _tiny_step(
+    model: nn.Module, dev: torch.device
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(forward + backward, ``AdamW.step``) of ``model`` on a 4x16 batch, warmed up."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 16, device=dev)
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    def update() -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    step()
+    update()
+    return step, update
+
+
+def _interleaved(
+    fns: dict[str, Callable[[], None]], dev: torch.device, group: dist.ProcessGroup, *, rounds: int
+) -> dict[str, float]:
+    """Median seconds of each function, run in rounds (each once per round, same order on
+    every rank: they may issue collectives), a barrier before each run."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(statistics.median(v)) for k, v in times.items()}
+
+
+def _machine() -> str:
+    import platform
+
+    return f"{platform.node() or 'unknown host'}, {platform.processor() or platform.machine()}"

@@ -48,8 +48,8 @@ class CostModel:
         device_type: ``"cpu"`` or ``"cuda"`` (the device FSDP2 runs on).
         backend: the process group's backend (``"gloo"``, ``"nccl"``, ...).
         world_size: ranks in the data-parallel group the curves are for.
-        all_gather: seconds of ``all_gather_into_tensor`` by output bytes.
-        reduce_scatter: seconds of ``reduce_scatter_tensor`` by input bytes.
+        all_gather: seconds of ``all_gather_single`` by output bytes.
+        reduce_scatter: seconds of ``reduce_scatter_single`` by input bytes.
         copy_bytes_per_s: bytes copied per second by a large device copy
             (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
             are memory-bound copies).

@@ -76,6 +76,10 @@ class HookSet:
         else:
             self._handles.append(t.register_hook(functools.partial(on_ready, fqn)))
 
+    def keep(self, handle: RemovableHandle) -> None:
+        """Keep a handle made elsewhere (e.g. ``register_multi_grad_hook``) to remove with the rest."""
+        self._handles.append(handle)
+
     def remove(self) -> None:
         """Remove every hook added so far (safe to call more than once)."""
         handles, self._handles = self._handles, []

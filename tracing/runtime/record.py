@@ -10,6 +10,8 @@ meta execution failed, otherwise as a note added to the model's own error.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +24,15 @@ from tracing.fqn import module_phrase
 from tracing.model_state import SavedModelState
 from tracing.nested import default_loss, tensors_in
 from tracing.order import ExecutionOrder
-from tracing.runtime.recorder import RuntimeRecorder
+from tracing.rates import ComputeRates
+from tracing.runtime.param_map import ParamMap
+from tracing.runtime.recorder import RuntimeRecorder, timing_clock
+from tracing.runtime.timing import CallTimer, Clock
 
-__all__ = ["record_execution_order"]
+__all__ = ["TIMED_STEPS", "record_execution_order"]
+
+#: Steps timed by ``record_execution_order(..., timing=True)``; the median one is kept.
+TIMED_STEPS = 3
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +42,7 @@ def record_execution_order(
     *args: Any,
     backward: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    timing: bool | ComputeRates = False,
     **kwargs: Any,
 ) -> ExecutionOrder:
     """Capture the execution order by running one forward (and backward).
@@ -50,6 +59,14 @@ def record_execution_order(
     allocated for weights or activations, provided the model's control flow
     depends on shapes only.
 
+    With ``timing=True``, :data:`TIMED_STEPS` more forward/backward steps run
+    under a :class:`~tracing.runtime.timing.CallTimer` alone (the recorded
+    one is their warm-up) and the order gets the per-call times and
+    saved-activation bytes of the median one by total time
+    (``timing_method == "measured"``). With ``timing=rates`` (a :class:`~tracing.rates.ComputeRates`,
+    e.g. ``cost_model.compute``) the one recorded step is estimated op by op
+    (``timing_method == "estimated"``): the way for meta or fake models.
+
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
             :class:`RuntimeRecorder`).
@@ -59,6 +76,7 @@ def record_execution_order(
         loss_fn: maps the output to a scalar loss; default: the sum of every
             floating-point tensor in the output (nested tuples, lists, dicts,
             dataclasses, ``ModelOutput``).
+        timing: ``False``, ``True`` (measure) or the rates to estimate with.
         **kwargs: keyword inputs of ``model``.
 
     Returns:
@@ -68,6 +86,7 @@ def record_execution_order(
         TracingError: on the meta device, an op needed tensor values
             (``.item()``, a tensor-valued ``if``); the message names the module.
         TypeError: ``loss_fn`` did not return a tensor.
+        ValueError: ``timing=True`` on the meta device or fake tensors.
         Exception: whatever the model raises otherwise, unchanged (with a
             note naming the innermost module).
 
@@ -77,14 +96,24 @@ def record_execution_order(
         >>> order.param_forward_order
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
+    clock = timing_clock(model, True) if timing is True else None
     saved = SavedModelState(model)
     recorder: RuntimeRecorder | None = None
     try:
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
-        recorder = RuntimeRecorder(model)
+        recorder = RuntimeRecorder(
+            model, timing=timing if isinstance(timing, ComputeRates) else False
+        )
         with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-            _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn)
+            _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
+        order = recorder.order
+        if clock is not None:
+            if backward:
+                saved.clear_grads()
+            order = _timed_step(
+                model, args, kwargs, order, clock, backward=backward, loss_fn=loss_fn
+            )
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         if _is_meta(model, args, kwargs) and not isinstance(e, TypeError):
@@ -94,7 +123,55 @@ def record_execution_order(
         raise
     finally:
         saved.restore()
-    return recorder.order
+    return order
+
+
+def _timed_step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    order: ExecutionOrder,
+    clock: Clock,
+    *,
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+) -> ExecutionOrder:
+    """``order`` with the timing of the median of :data:`TIMED_STEPS` more steps (by
+    their total time), each run under a :class:`CallTimer` alone."""
+    params = ParamMap(model)
+    timed: list[dict[str, Any]] = []
+    try:
+        for _ in range(TIMED_STEPS):
+            timer = CallTimer(params.modules, clock)
+            try:
+                with torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+                    _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
+            finally:
+                timer.remove()
+            if timer.num_calls != len(order.module_forward_order):
+                logger.warning(
+                    "record_execution_order: a timed step made %s module calls, the recorded one "
+                    "%s; the order has no timing",
+                    timer.num_calls,
+                    len(order.module_forward_order),
+                )
+                return order
+            timed.append(timer.fields("measured"))
+    finally:
+        params.clear()
+    timed.sort(key=_step_seconds)
+    return dataclasses.replace(order, **timed[len(timed) // 2])
+
+
+def _step_seconds(fields: dict[str, Any]) -> float:
+    """Total seconds of a timed step: to the end of backward, else of forward."""
+    end = fields.get("backward_end_s")
+    if end is not None:
+        return float(end)
+    return max(
+        (s + d for s, d in zip(fields["forward_start_s"], fields["forward_times_s"], strict=True)),
+        default=0.0,
+    )
 
 
 def _run_step(
@@ -104,12 +181,15 @@ def _run_step(
     *,
     backward: bool,
     loss_fn: Callable[[Any], torch.Tensor] | None,
+    timer: CallTimer | None = None,
 ) -> None:
-    """One forward, then (when ``backward``) one backward of its loss."""
+    """One forward, then (when ``backward``) one backward of its loss (whose saved
+    tensors ``timer`` counts for the root call)."""
     output = model(*args, **kwargs)
     if not backward:
         return
-    loss = (loss_fn or default_loss)(output)
+    with timer.count_saved() if timer is not None else contextlib.nullcontext():
+        loss = (loss_fn or default_loss)(output)
     if loss is not None and not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss_fn must return a torch.Tensor, got {type(loss).__name__}")
     if loss is None or not loss.requires_grad:

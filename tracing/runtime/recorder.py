@@ -12,6 +12,7 @@ the forward order. Names come from :mod:`tracing.runtime.param_map`.
 from __future__ import annotations
 
 import enum
+import logging
 import sys
 from types import TracebackType
 from typing import Any
@@ -21,13 +22,18 @@ import torch.nn as nn
 
 from tracing.fqn import is_wrapper_module, original_class_name
 from tracing.order import ExecutionOrder, ParamUse
+from tracing.rates import ComputeRates
 from tracing.runtime.backward import GradReadyOrder, module_backward_order
 from tracing.runtime.call_stack import CallKind, CallStack
+from tracing.runtime.estimate import RooflineMode
 from tracing.runtime.hooks import HookSet
 from tracing.runtime.param_map import ParamMap
+from tracing.runtime.timing import CallTimer, Clock, CudaClock, PerfClock, VirtualClock
 from tracing.runtime.use_mode import ParamUseMode
 
-__all__ = ["RecorderState", "RuntimeRecorder"]
+__all__ = ["RecorderState", "RuntimeRecorder", "timing_clock"]
+
+logger = logging.getLogger(__name__)
 
 
 class RecorderState(enum.Enum):
@@ -75,11 +81,23 @@ class RuntimeRecorder:
     RNG (use :func:`record_execution_order` for a self-contained capture that
     restores them).
 
+    With ``timing``, the order also gets per-call compute times and saved
+    activation bytes (:mod:`tracing.runtime.timing`): ``True`` measures them
+    (``time.perf_counter_ns`` on CPU, CUDA events on GPU; the times include
+    the recorder's own hooks, a few percent, and whatever the first step
+    costs extra: :func:`record_execution_order` times a second, clean step);
+    a :class:`~tracing.rates.ComputeRates` estimates them with a roofline per
+    op (:mod:`tracing.runtime.estimate`), the way to time a model on the meta
+    device or under fake tensors.
+
     Args:
         model: the model (wrapped or not); any ``nn.Module``.
+        timing: ``False``, ``True`` (measure) or the rates to estimate with.
 
     Attributes:
         state: the recorder's :class:`RecorderState`.
+        timer: the :class:`~tracing.runtime.timing.CallTimer` (``None``
+            without ``timing``).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -91,9 +109,10 @@ class RuntimeRecorder:
         ['2.bias', '2.weight', '0.bias', '0.weight']
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, timing: bool | ComputeRates = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"RuntimeRecorder needs an nn.Module, got {type(model).__name__}")
+        clock = timing_clock(model, timing) if timing is not False else None
         self.state = RecorderState.RECORDING
         self._order: ExecutionOrder | None = None
 
@@ -109,6 +128,8 @@ class RuntimeRecorder:
         self._error: tuple[str, str, BaseException] | None = None
 
         self._hooks = HookSet()
+        self.timer: CallTimer | None = None
+        self._roofline: RooflineMode | None = None
         try:
             for fqn, t in self._params.tensors.items():
                 self._hooks.add_grad_ready_hook(t, fqn, self._backward.on_ready)
@@ -118,6 +139,11 @@ class RuntimeRecorder:
                 pre_wrapper=self._pre_wrapper,
                 post_forward=self._post_forward,
             )
+            if clock is not None:
+                self.timer = CallTimer(self._params.modules, clock, hooks=self._hooks)
+                if isinstance(clock, VirtualClock) and isinstance(timing, ComputeRates):
+                    self._roofline = RooflineMode(timing, clock)
+                    self._roofline.__enter__()
         except BaseException:
             self._hooks.remove()
             raise
@@ -179,6 +205,10 @@ class RuntimeRecorder:
             return
         try:
             self._calls.clear()
+            if self._roofline is not None:
+                self._roofline.__exit__(None, None, None)
+            if self.timer is not None:
+                self.timer.remove()
         finally:
             self._hooks.remove()
             self._params.clear()
@@ -224,6 +254,19 @@ class RuntimeRecorder:
             e = e.__cause__ or e.__context__
         return None
 
+    def _timing_fields(self) -> dict[str, Any]:
+        timer = self.timer
+        if timer is None or timer.num_calls == 0:
+            return {}
+        if timer.num_calls != len(self._module_forward_order):
+            logger.warning(
+                "RuntimeRecorder: timed %s calls but recorded %s; the order has no timing",
+                timer.num_calls,
+                len(self._module_forward_order),
+            )
+            return {}
+        return timer.fields("estimated" if self._roofline is not None else "measured")
+
     def _build_order(self) -> ExecutionOrder:
         params = self._params
         return ExecutionOrder(
@@ -242,4 +285,38 @@ class RuntimeRecorder:
             params=params.param_infos(),
             module_classes=dict(params.module_classes),
             method="runtime",
+            **self._timing_fields(),
         )
+
+
+def timing_clock(model: nn.Module, timing: bool | ComputeRates) -> Clock:
+    """The clock for ``timing`` on ``model``: virtual for rates, CUDA events for a CUDA
+    model, ``perf_counter_ns`` otherwise.
+
+    Raises:
+        ValueError: ``timing=True`` on the meta device or under fake tensors,
+            where nothing can be measured.
+        TypeError: ``timing`` is neither a bool nor :class:`ComputeRates`.
+    """
+    if isinstance(timing, ComputeRates):
+        return VirtualClock(timing.device_type)
+    if timing is not True:
+        raise TypeError(
+            f"timing must be True, False or a tracing.rates.ComputeRates, got {type(timing).__name__}"
+        )
+    params = list(model.parameters())
+    if any(p.is_meta or _is_fake(p) for p in params):
+        raise ValueError(
+            "timing=True needs real tensors: the model is on the meta device or under fake "
+            "tensors, where nothing runs. Estimate instead: timing=cost_model.compute (a "
+            "tracing.rates.ComputeRates with the target device's rates)"
+        )
+    if any(p.is_cuda for p in params):
+        return CudaClock()
+    return PerfClock()
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return bool(is_fake(t))

@@ -1,0 +1,38 @@
+"""CostModel.calibrate on 2 spawned gloo ranks: sane numbers, the same model on every rank."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tests._dist import run_ranks
+
+
+def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
+    from execwrap.cost import CostModel
+
+    cm = CostModel.calibrate(max_bytes=2**20)
+    return cm.to_dict()
+
+
+def test_calibrate_two_gloo_ranks() -> None:
+    results = run_ranks(_calibrate, world_size=2, timeout_s=120)
+    assert results[0] == results[1]  # rank 0's numbers, broadcast
+    data = results[0]
+    assert (data["device_type"], data["backend"], data["world_size"]) == ("cpu", "gloo", 2)
+    from execwrap.cost import CostModel
+
+    cm = CostModel.from_dict(data)
+    sizes = [4096, 16384, 65536, 262144, 1048576]
+    assert [s["up_to_bytes"] for s in data["all_gather"]] == [4096, 16384, 65536, 262144, None]
+    for curve in (cm.all_gather, cm.reduce_scatter):
+        times = [curve.time(n) for n in sizes]
+        assert all(0 < t < 1.0 for t in times), times
+        assert times == sorted(times)  # non-decreasing in size
+    assert 0.0 <= cm.overlap <= 1.0
+    assert cm.copy_bytes_per_s > 1e7
+    assert cm.compute.flops_per_s > 1e8 and cm.compute.memory_bytes_per_s > 1e7
+    assert 0 < cm.compute.op_overhead_s < 1e-3
+    assert 0 <= cm.group_overhead_s < 0.1 and 0 <= cm.optimizer_param_overhead_s < 0.1
+    assert all(math.isfinite(v) for v in (cm.group_overhead_s, cm.overlap))
+    assert cm.source.startswith("calibrated on 2 gloo ranks (cpu")

@@ -1,0 +1,175 @@
+"""Tests for execwrap.cost: curves, presets, JSON round trip, refusals, calibration errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwrap.cost import PRESETS, CollectiveCurve, ComputeRates, CostModel, CurveSegment
+from execwrap.cost.calibrate import NO_PROCESS_GROUP_HINT, sweep_sizes
+
+
+def _model(**changes: object) -> CostModel:
+    curve = CollectiveCurve.from_samples([4096, 65536, 1048576], [1e-4, 2e-4, 1.2e-3])
+    fields: dict[str, object] = {
+        "device_type": "cpu",
+        "backend": "gloo",
+        "world_size": 2,
+        "all_gather": curve,
+        "reduce_scatter": curve,
+        "copy_bytes_per_s": 5e9,
+        "group_overhead_s": 1e-3,
+        "overlap": 0.0,
+        "compute": ComputeRates("cpu", 1e11, 1e10, 2e-6),
+        "optimizer_param_overhead_s": 8e-5,
+        "source": "test",
+        "created": "2026-12-01T10:00:00",
+        "torch_version": "2.13.0",
+    }
+    fields.update(changes)
+    return CostModel(**fields)  # type: ignore[arg-type]
+
+
+def test_curve_from_samples_is_piecewise_linear_and_monotone() -> None:
+    curve = CollectiveCurve.from_samples([1024, 4096, 2048], [2e-4, 1e-4, 1.5e-4])
+    # times made non-decreasing: 1024 -> 2e-4, 2048 -> 2e-4, 4096 -> 2e-4 (flat)
+    assert [curve.time(n) for n in (1, 1024, 3000, 4096)] == [2e-4] * 4
+    curve = CollectiveCurve.from_samples([1024, 2048, 4096], [1e-4, 1.5e-4, 2.5e-4])
+    assert curve.time(1536) == pytest.approx(1.25e-4)
+    assert curve.time(8192) == pytest.approx(4.5e-4)  # the last segment continues
+    assert curve.time(0) == 0.0
+    assert curve.latency_s == pytest.approx(1e-4)
+    assert curve.bandwidth_bytes_per_s == pytest.approx(2048 / 1e-4)
+    with pytest.raises(ValueError, match="two or more"):
+        CollectiveCurve.from_samples([1], [1.0])
+
+
+def test_curve_lower_envelope_picks_the_best_line() -> None:
+    # (latency, seconds per byte): cheap start, faster for large messages
+    curve = CollectiveCurve.lower_envelope([(1.0, 1.0), (3.0, 0.5), (10.0, 0.1)])
+    assert curve.segments == (
+        CurveSegment(4, 1.0, 1.0),  # 1 + x = 3 + x/2 at x = 4
+        CurveSegment(17, 3.0, 0.5),  # 3 + x/2 = 10 + x/10 at x = 17.5
+        CurveSegment(None, 10.0, 0.1),
+    )
+    assert curve.time(2) == pytest.approx(3.0) and curve.time(100) == pytest.approx(20.0)
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    cm = _model()
+    path = cm.save(tmp_path / "sub" / "cost.json")
+    assert CostModel.load(path) == cm
+    data = json.loads(path.read_text())
+    assert data["kind"] == "execwrap-cost-model" and data["schema_version"] == 1
+    assert data["all_gather"][0] == {
+        "up_to_bytes": 4096,
+        "latency_s": 1e-4,
+        "seconds_per_byte": 0.0,
+    }
+    assert [p.name for p in path.parent.iterdir()] == ["cost.json"]
+    assert CostModel.from_dict(cm.to_dict()) == cm
+
+
+def test_load_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
+        CostModel.load(bad)
+    bad.write_text(json.dumps({"kind": "execwrap-report"}))
+    with pytest.raises(
+        ValueError, match=r"bad\.json: not an execwrap cost model .*execwrap calibrate"
+    ):
+        CostModel.load(bad)
+    data = _model().to_dict()
+    data["schema_version"] = 7
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"unsupported cost model schema_version 7"):
+        CostModel.load(bad)
+    del data["overlap"]
+    data["schema_version"] = 1
+    bad.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match=r"bad\.json: malformed cost model: missing field 'overlap'"
+    ):
+        CostModel.load(bad)
+
+
+def test_refuses_other_world_size_or_device() -> None:
+    cm = _model()
+    cm.check_compatible(world_size=2, device_type="cpu")
+    with pytest.raises(
+        ValueError,
+        match=r"cost model \(test\) does not fit world size 8 \(this cost model is for 2 ranks\): "
+        r"calibrate on the target process group \(`execwrap calibrate` under torchrun "
+        r"--nproc_per_node=8\)",
+    ):
+        cm.check_compatible(world_size=8, device_type="cpu")
+    with pytest.raises(
+        ValueError, match=r"does not fit device type 'cuda' \(this cost model is for 'cpu'\)"
+    ):
+        cm.check_compatible(world_size=2, device_type="cuda")
+    with pytest.raises(ValueError, match=r"world size 4 .* and device type 'cuda'"):
+        cm.check_compatible(world_size=4, device_type="cuda")
+
+
+def test_invalid_fields() -> None:
+    with pytest.raises(ValueError, match=r"overlap must be within \[0, 1\], got 1.5"):
+        _model(overlap=1.5)
+    with pytest.raises(ValueError, match=r"world_size must be an int >= 1"):
+        _model(world_size=0)
+    with pytest.raises(
+        ValueError, match=r"compute rates are for 'cuda' but the model is for 'cpu'"
+    ):
+        _model(compute=ComputeRates("cuda", 1e12, 1e12))
+    with pytest.raises(ValueError, match=r"flops_per_s must be a finite number > 0"):
+        ComputeRates("cpu", 0.0, 1.0)
+
+
+def test_presets() -> None:
+    assert sorted(PRESETS) == ["a100-nvlink-8", "h100-ib-400g", "h100-nvlink-8"]
+    nv = CostModel.preset("h100-nvlink-8")
+    assert (nv.device_type, nv.backend, nv.world_size) == ("cuda", "nccl", 8)
+    # NCCL ring LL: 6.6 us base + 7 hops x 0.6 us; Simple at large sizes: 370 GB/s bus bandwidth
+    assert nv.all_gather.latency_s == pytest.approx(10.8e-6)
+    assert nv.all_gather.bandwidth_bytes_per_s == pytest.approx(370e9 * 8 / 7)
+    assert nv.overlap == pytest.approx(1 - 16 / 132)
+    assert nv.compute.flops_per_s == pytest.approx(0.75 * 989.4e12)
+    ib = CostModel.preset("h100-ib-400g")
+    assert ib.world_size == 16
+    assert ib.all_gather_time(2**30) > 5 * nv.all_gather_time(2**30)
+    assert CostModel.preset("h100-ib-400g", world_size=64).world_size == 64
+    with pytest.raises(ValueError, match=r"unknown cost-model preset 'tpu'; choose one of"):
+        CostModel.preset("tpu")
+    with pytest.raises(
+        ValueError, match=r"describes one node of 8 GPUs; world_size 16 spans nodes"
+    ):
+        CostModel.preset("h100-nvlink-8", world_size=16)
+    with pytest.raises(ValueError, match=r"multiple of 8 and >= 16, got 12"):
+        CostModel.preset("h100-ib-400g", world_size=12)
+
+
+def test_sweep_sizes() -> None:
+    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(8)]
+    assert sweep_sizes(2**20, 3) == [4104, 16392, 65544, 262152, 1048584]
+
+
+def test_calibrate_without_process_group_says_how_to_start_one() -> None:
+    with pytest.raises(RuntimeError, match=r"init_process_group\('gloo'\).*torchrun"):
+        CostModel.calibrate()
+    assert "torchrun --nproc_per_node=2 -m execwrap calibrate" in NO_PROCESS_GROUP_HINT
+
+
+def test_cost_model_loads_without_torch(tmp_path: Path) -> None:
+    path = CostModel.preset("h100-nvlink-8").save(tmp_path / "c.json")
+    code = (
+        "import sys; from execwrap.cost import CostModel; "
+        f"cm = CostModel.load({str(path)!r}); assert cm.world_size == 8; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2]
+    )

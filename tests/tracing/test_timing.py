@@ -1,0 +1,145 @@
+"""Tests for timing capture: measured per-call times, saved activations, roofline estimates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from execwrap import ModuleWrapPolicy, plan_wrap, unit_compute
+from execwrap.demo_models import Block, build_demo_model, demo_inputs
+from tracing import ExecutionOrder, RuntimeRecorder, record_execution_order
+from tracing.rates import ComputeRates
+from tracing.runtime.estimate import tensor_traffic_bytes
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_measured_timing_fields() -> None:
+    model = _mlp()
+    order = record_execution_order(model, torch.randn(3, 4), timing=True)
+    assert (order.timing_method, order.timing_device) == ("measured", "cpu")
+    assert order.has_timing
+    n = len(order.module_forward_order)
+    assert n == 4
+    assert (
+        len(order.forward_times_s) == len(order.forward_start_s) == len(order.backward_start_s) == n
+    )
+    assert order.forward_start_s[0] == 0.0
+    assert order.forward_start_s == sorted(order.forward_start_s)
+    root = order.forward_times_s[0]
+    assert all(0 <= t <= root for t in order.forward_times_s)
+    ends = [s + d for s, d in zip(order.forward_start_s, order.forward_times_s, strict=True)]
+    assert all(e <= ends[0] + 1e-9 for e in ends)  # nested inside the root call
+    assert all(b is not None and b >= ends[0] for b in order.backward_start_s)
+    assert order.backward_end_s is not None
+    assert order.backward_end_s >= max(b for b in order.backward_start_s if b is not None)
+    assert set(order.backward_times_s) == {"", "0", "1", "2"}
+    # ReLU saves its output (3x8 float32), the first Linear its input (3x4); the second
+    # Linear's input is the ReLU output, already counted; weights are parameters
+    assert order.saved_activation_bytes == [0, 48, 96, 0]
+
+
+def test_timing_changes_nothing() -> None:
+    x = torch.randn(3, 4)
+    plain, timed = _mlp(), _mlp()
+    plain(x).sum().backward()
+    record_execution_order(timed, x, timing=True)
+    assert all(p.grad is None for p in timed.parameters())  # grads put back
+    timed(x).sum().backward()
+    for a, b in zip(plain.parameters(), timed.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    for m in timed.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_runtime_recorder_times_the_users_step() -> None:
+    model = build_demo_model(n_blocks=2)
+    x = demo_inputs(model)
+    with RuntimeRecorder(model, timing=True) as rec:
+        model(x).sum().backward()
+    order = rec.order
+    assert order.timing_method == "measured"
+    assert len(order.forward_times_s) == len(order.module_forward_order)
+    assert len(order.saved_activation_bytes) == len(order.module_forward_order)
+    assert sum(order.saved_activation_bytes) > 0
+    assert order.backward_times_s["blocks.1"] > 0
+    loaded = ExecutionOrder.from_dict(order.to_dict())
+    assert loaded == order
+
+
+def test_estimated_timing_on_meta_is_a_roofline() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 8, bias=False))
+    # forward: mm (3x4) @ (4x8): 192 FLOPs -> 1 s at 192 FLOP/s; reads 48 + 128 bytes and
+    # writes 96: 272 bytes -> 2 s at 136 bytes/s; the roofline takes the larger, + 0.25 s per op
+    rates = ComputeRates("cpu", flops_per_s=192.0, memory_bytes_per_s=136.0, op_overhead_s=0.25)
+    order = record_execution_order(model, torch.randn(3, 4, device="meta"), timing=rates)
+    assert (order.timing_method, order.timing_device) == ("estimated", "cpu")
+    assert order.forward_times_s == pytest.approx([2.25, 2.25])
+    # the loss: sum (96 + 4 bytes) then ones_like (4 + 4 bytes) before backward reaches the model
+    assert order.backward_start_s[0] == pytest.approx(2.25 + (100 / 136 + 0.25) + (8 / 136 + 0.25))
+    assert order.saved_activation_bytes == [0, 48]
+
+
+def test_timing_true_on_meta_asks_for_rates() -> None:
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    with pytest.raises(
+        ValueError, match=r"timing=True needs real tensors.*timing=cost_model\.compute"
+    ):
+        record_execution_order(model, torch.randn(2, 4, device="meta"), timing=True)
+    with pytest.raises(
+        TypeError, match=r"timing must be True, False or a tracing\.rates\.ComputeRates"
+    ):
+        RuntimeRecorder(model, timing="yes")  # type: ignore[arg-type]
+
+
+def test_traffic_counts_broadcast_dimensions_once() -> None:
+    x = torch.zeros(4, 1).expand(4, 8)
+    assert tensor_traffic_bytes([x, [torch.zeros(2)], 3]) == 4 * 4 + 2 * 4
+
+
+def test_unit_compute_attributes_segments_to_units() -> None:
+    model = build_demo_model(n_blocks=2)
+    order = ExecutionOrder.from_dict(record_execution_order(model, demo_inputs(model)).to_dict())
+    calls = order.module_forward_order
+    n = len(calls)
+    assert calls[:3] == ["", "wte", "blocks.0"]
+    # a synthetic clock: every call starts 1 s after the previous one and calls are leaves,
+    # except the root (spans all) and the blocks (span their submodules)
+    block0 = [i for i, f in enumerate(calls) if f == "blocks.0" or f.startswith("blocks.0.")]
+    block1 = [i for i, f in enumerate(calls) if f == "blocks.1" or f.startswith("blocks.1.")]
+    starts = [float(i) for i in range(n)]
+    durations = [1.0] * n
+    durations[0] = float(n)  # the root: until the end
+    durations[block0[0]] = float(len(block0))
+    durations[block1[0]] = float(len(block1))
+    timed = ExecutionOrder.from_dict(
+        {
+            **order.to_dict(),
+            "forward_times_s": durations,
+            "forward_start_s": starts,
+            # backward in reverse call order, 2 s per call, then the end
+            "backward_start_s": [float(n + 2 * (n - 1 - i)) for i in range(n)],
+            "backward_end_s": float(3 * n),
+            "saved_activation_bytes": [1] * n,
+            "timing_device": "cpu",
+            "timing_method": "measured",
+        }
+    )
+    plan = plan_wrap(model, timed, ModuleWrapPolicy({Block}))
+    assert plan.groups == [[""], ["blocks.0"], ["blocks.1"]]
+    c = unit_compute(plan)
+    root_calls = n - len(block0) - len(block1)
+    assert c.forward_s == pytest.approx((root_calls, len(block0), len(block1)))
+    # the root's head (root call's own first second + wte) runs before the blocks
+    tail = n - (block1[-1] + 1)
+    assert c.forward_tail_s == pytest.approx((tail, 0.0, 0.0))
+    assert c.backward_s == pytest.approx((2 * root_calls, 2 * len(block0), 2 * len(block1)))
+    assert c.backward_tail_s[0] == pytest.approx(2 * 2)  # wte and the root call, last in backward
+    assert c.activation_bytes == (root_calls, len(block0), len(block1))
+    assert (c.method, c.device_type) == ("measured", "cpu")
