@@ -278,7 +278,7 @@ def _dp_groupings(space: SearchSpace) -> list[Grouping]:
             continue
         reach = space.capped_reach(cap)
         for reshard in (True, False):
-            for p in PREFETCH_DEPTHS:
+            for p in space.distinct_prefetch_costs():
 
                 def cost(i: int, j: int, p: int = p, reshard: bool = reshard) -> float:
                     return space.group_cost(i, j, p, reshard=reshard)

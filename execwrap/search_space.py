@@ -91,6 +91,7 @@ class SearchSpace:
     backward_s: list[float]
     _prefix: list[list[float]] = field(default_factory=list, repr=False)
     _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
+    _seconds: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
@@ -216,6 +217,12 @@ class SearchSpace:
         yield from rest(0)
 
     # ----------------------------------------------------------- the DP cost
+    def distinct_prefetch_costs(self) -> tuple[int, ...]:
+        """Prefetch depths whose :meth:`group_cost` differ: the cost only tells
+        "explicit prefetch or not" apart, and nothing on CPU or without overlap."""
+        cm = self.cost_model
+        return (1,) if cm.synchronous_collectives or cm.overlap == 0 else (0, 1)
+
     def group_seconds(self, nbytes: int, grad_bytes: int) -> tuple[float, float]:
         """Seconds the simulator charges one group of ``nbytes`` (padded) parameter
         bytes and ``grad_bytes`` (padded) trainable bytes for its all-gather and
@@ -224,6 +231,9 @@ class SearchSpace:
         fixed cost per group and collective, copy-in of the shard, the
         all-gather, copy-out of every byte; the fixed cost, the gradients'
         copy-in, the reduce-scatter (``0`` without trainable bytes)."""
+        key = (nbytes, grad_bytes)
+        if key in self._seconds:
+            return self._seconds[key]
         cm = self.cost_model
         all_gather = 0.0
         if nbytes > 0:
@@ -238,6 +248,7 @@ class SearchSpace:
             reduce_scatter = (
                 cm.group_overhead_s + cm.copy_time(grad_bytes) + cm.reduce_scatter_time(grad_bytes)
             )
+        self._seconds[key] = (all_gather, reduce_scatter)
         return all_gather, reduce_scatter
 
     def group_cost(self, i: int, j: int, prefetch: int, *, reshard: bool = True) -> float:
