@@ -28,6 +28,7 @@ CASES = [
     ("monitor_overhead", ["-m", "benchmarks.monitor_overhead"], True),
     ("runtime_overhead", ["-m", "benchmarks.runtime_overhead"], True),
     ("startup", ["-m", "benchmarks.startup"], True),
+    ("estimate", ["-m", "benchmarks.estimate"], True),
     ("autoplan", ["-m", "benchmarks.autoplan"], True),
 ]
 

@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from execwrap.cli.calibrate_args import calibrate_options
 from execwrap.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
 from execwrap.cli.options import diff_options, report_options, show_options
 from execwrap.cli.parser import build_parser
@@ -42,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if args.command is None:
         print(
-            f"{PROG}: error: a command is required: report, diff or show (see '{PROG} --help')",
+            f"{PROG}: error: a command is required: report, diff, show or calibrate (see "
+            f"'{PROG} --help')",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -67,6 +69,11 @@ def _run(args: argparse.Namespace) -> int:
         from execwrap.cli.report import run_report
 
         return run_report(report)
+    if args.command == "calibrate":
+        calibrate = calibrate_options(args)
+        from execwrap.cli.calibrate import run_calibrate
+
+        return run_calibrate(calibrate)
     if args.command == "show":
         show = show_options(args)
         from execwrap.cli.show import run_show

@@ -6,23 +6,28 @@ collectives) and returns the model's constructor arguments, measured on rank
 The measurements, in about 10 to 30 s:
 
 * collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
-  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single``
-  (what FSDP2 calls), a barrier before each size, the median of several
+  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
+  ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
+  float32), a barrier before each size, the median of several
   runs per size; the curve is piecewise-linear through the medians
   (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
-* copy bandwidth: the median time of copying a 64 MiB buffer;
+* copies: the same sweep of copies into freshly allocated buffers (as
+  FSDP2's copy-out fills new unsharded storage: on CPU small buffers stay in
+  cache, large fresh ones pay their page faults), and the bandwidth of a
+  64 MiB copy between allocated buffers;
 * compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
   twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* the fixed cost per FSDP2 group: steps (forward, backward) of stacks of 4,
-  12 and 24 ``Linear(16, 16)`` layers, each layer its own ``fully_shard``
-  group, and of the same stacks unsharded, in interleaved rounds; the slope
-  over the layer count of the difference, minus what the curves and copies
-  predict for a layer's collectives, per collective; and the optimizer's
-  cost per parameter tensor (the slope of ``AdamW.step`` on those models,
-  whose parameters FSDP2 made DTensors).
+* FSDP2's fixed costs: steps (forward, backward) of stacks of 4, 12 and 24
+  groups of 1 or 4 ``Linear(16, 16)`` layers, each group its own
+  ``fully_shard`` unit, and of the same stacks unsharded, in interleaved
+  rounds; the slope over the group count of the difference, minus what the
+  curves and copies predict for a group's collectives, is three collectives'
+  fixed cost, ``group + tensors * per_tensor``, solved for the two group
+  sizes; and the optimizer's cost per parameter tensor (the slope of
+  ``AdamW.step``, whose parameters FSDP2 made DTensors).
 
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
@@ -46,7 +51,7 @@ import torch.nn as nn
 from execwrap.cost.curve import CollectiveCurve
 from tracing.rates import ComputeRates
 
-__all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "sweep_sizes"]
+__all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +112,12 @@ def calibration_fields(
     ag_curve = CollectiveCurve.from_samples(sizes, ag)
     rs_curve = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
-    rates = ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
+    copies = [_fresh_copy_time(n, dev) for n in sizes]
+    rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     overlap = _overlap(group, dev)
-    group_overhead, opt_overhead = _fsdp_overheads(group, dev, ag_curve, rs_curve, copy_rate)
+    group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
+        group, dev, ag_curve, rs_curve, copy_rate
+    )
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,
@@ -117,7 +125,9 @@ def calibration_fields(
         "all_gather": ag_curve,
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
+        "copy_curve": CollectiveCurve.from_samples(sizes, copies),
         "group_overhead_s": group_overhead,
+        "param_overhead_s": tensor_overhead,
         "overlap": overlap,
         "compute": rates,
         "optimizer_param_overhead_s": opt_overhead,
@@ -132,6 +142,28 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def measure_compute_rates(
+    device: torch.device | str = "cpu", *, copy_bytes_per_s: float | None = None
+) -> ComputeRates:
+    """The device's compute rates, measured in this process (no process group needed).
+
+    A square matmul loop (FLOP/s; float32 on CPU, bfloat16 on CUDA), a 64 MiB
+    copy (memory traffic: twice the bytes copied per second) and a loop of
+    one-element adds (the fixed cost per op), medians of several runs.
+
+    Args:
+        device: where to measure.
+        copy_bytes_per_s: a copy rate measured already (skips the copy).
+
+    Example:
+        >>> rates = measure_compute_rates("cpu")  # doctest: +SKIP
+        >>> order = record_execution_order(meta_model, meta_inputs, timing=rates)  # doctest: +SKIP
+    """
+    dev = torch.device(device)
+    copy_rate = _copy_rate(dev) if copy_bytes_per_s is None else copy_bytes_per_s
+    return ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
 
 
 # ------------------------------------------------------------------ measurements
@@ -174,15 +206,18 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
     world = dist.get_world_size(group)
     full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
+    # FSDP2 allocates every all-gather output and reduce-scatter output anew
     if kind == "all_gather":
 
         def run() -> None:
-            dist.all_gather_single(full, shard, group=group)
+            dist.all_gather_single(torch.empty_like(full), shard, group=group)
 
-    else:
+    else:  # FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG
 
         def run() -> None:
-            dist.reduce_scatter_single(shard, full, group=group)
+            dist.reduce_scatter_single(
+                torch.empty_like(shard), full, op=dist.ReduceOp.AVG, group=group
+            )
 
     dist.barrier(group=group)
     seconds = _median_time(run, dev, repeats=_repeats(nbytes))
@@ -190,11 +225,20 @@ def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torc
 
 
 def _copy_rate(dev: torch.device) -> float:
-    """Bytes copied per second for a 64 MiB buffer."""
+    """Bytes copied per second between two 64 MiB buffers (the memory bandwidth)."""
     src = torch.ones(_COPY_BYTES // 4, device=dev)
     dst = torch.empty_like(src)
     seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
     return _COPY_BYTES / max(seconds, 1e-9)
+
+
+def _fresh_copy_time(nbytes: int, dev: torch.device) -> float:
+    """Median seconds to copy ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out
+    fills new unsharded storage (allocation and first-touch page faults included)."""
+    src = torch.ones(max(1, nbytes // 4), device=dev)
+    return max(
+        _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=_repeats(nbytes)), 1e-9
+    )
 
 
 def _matmul_rate(dev: torch.device) -> float:
@@ -255,8 +299,10 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
 
 
-#: Layer counts of the tiny FSDP2 models whose step times give the per-group cost.
-_LAYERS = (4, 12, 24)
+#: Group counts of the tiny FSDP2 models whose step times give the fixed costs.
+_GROUPS = (4, 12, 24)
+#: Linear(16, 16) layers per group (2 and 8 parameter tensors per group).
+_LAYERS_PER_GROUP = (1, 4)
 
 
 def _fsdp_overheads(
@@ -265,45 +311,49 @@ def _fsdp_overheads(
     ag: CollectiveCurve,
     rs: CollectiveCurve,
     copy_rate: float,
-) -> tuple[float, float]:
-    """(fixed seconds per FSDP2 group per collective, optimizer seconds per parameter tensor).
+) -> tuple[float, float, float]:
+    """Fixed seconds per FSDP2 group per collective, per parameter tensor per collective,
+    and per parameter tensor per optimizer step.
 
-    Steps of ``Linear(16, 16)`` stacks, each layer a ``fully_shard`` group, and of
-    the same stacks unsharded, all measured in interleaved rounds; the slope
-    over the layer count (least squares) of sharded minus unsharded step time
-    is one group's cost: two all-gathers and one reduce-scatter of its 1 KiB,
-    their copies, and three times the fixed cost sought.
+    Stacks of 4, 12 and 24 groups of 1 or 4 ``Linear(16, 16)`` layers, each
+    group a ``fully_shard`` unit, and the same stacks unsharded, measured in
+    interleaved rounds. The slope over the group count (least squares) of
+    sharded minus unsharded step time is one group's cost: two all-gathers and
+    one reduce-scatter of its bytes (the curves), their copies, and three times
+    ``group + tensors * per_tensor`` (solved from the two group sizes).
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = DeviceMesh.from_group(group, dev.type)
-    steps: dict[tuple[int, bool], Callable[[], None]] = {}
-    updates: dict[int, Callable[[], None]] = {}
-    for layers in _LAYERS:
-        for sharded in (True, False):
-            model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(layers)]).to(dev)
-            if sharded:
-                for layer in model:
-                    fully_shard(layer, mesh=mesh)
-                fully_shard(model, mesh=mesh)
-            step, update = _tiny_step(model, dev)
-            steps[layers, sharded] = step
-            if sharded:
-                updates[layers] = update
-    times = _interleaved(
-        {**{str(k): v for k, v in steps.items()}, **{f"opt{k}": v for k, v in updates.items()}},
-        dev,
-        group,
-        rounds=9,
-    )
-    extra = [times[str((n, True))] - times[str((n, False))] for n in _LAYERS]
-    per_layer = _slope(list(_LAYERS), extra)
-    nbytes = (16 * 16 + 16) * 4  # one layer's parameters, float32
-    predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
-    group_overhead = max(0.0, (per_layer - predicted) / 3)
-    per_tensor = _slope([2 * n for n in _LAYERS], [times[f"opt{n}"] for n in _LAYERS])
-    return group_overhead, max(0.0, per_tensor)
+    fns: dict[str, Callable[[], None]] = {}
+    for k in _LAYERS_PER_GROUP:
+        for n in _GROUPS:
+            for sharded in (True, False):
+                model = nn.Sequential(
+                    *[nn.Sequential(*[nn.Linear(16, 16) for _ in range(k)]) for _ in range(n)]
+                ).to(dev)
+                if sharded:
+                    for unit in model:
+                        fully_shard(unit, mesh=mesh)
+                    fully_shard(model, mesh=mesh)
+                step, update = _tiny_step(model, dev)
+                fns[f"{k}/{n}/{sharded}"] = step
+                if sharded:
+                    fns[f"opt {k}/{n}"] = update
+    times = _interleaved(fns, dev, group, rounds=9, fastest=True)
+    per_collective: list[float] = []
+    for k in _LAYERS_PER_GROUP:
+        extra = [times[f"{k}/{n}/True"] - times[f"{k}/{n}/False"] for n in _GROUPS]
+        nbytes = k * (16 * 16 + 16) * 4  # one group's parameters, float32
+        predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
+        per_collective.append((_slope(list(_GROUPS), extra) - predicted) / 3)
+    tensors = [2 * k for k in _LAYERS_PER_GROUP]
+    per_tensor = max(0.0, (per_collective[1] - per_collective[0]) / (tensors[1] - tensors[0]))
+    per_group = max(0.0, per_collective[0] - tensors[0] * per_tensor)
+    k = _LAYERS_PER_GROUP[-1]
+    opt = _slope([2 * k * n for n in _GROUPS], [times[f"opt {k}/{n}"] for n in _GROUPS])
+    return per_group, per_tensor, max(0.0, opt)
 
 
 def _slope(xs: list[int], ys: list[float]) -> float:
@@ -334,10 +384,17 @@ def _tiny_step(
 
 
 def _interleaved(
-    fns: dict[str, Callable[[], None]], dev: torch.device, group: dist.ProcessGroup, *, rounds: int
+    fns: dict[str, Callable[[], None]],
+    dev: torch.device,
+    group: dist.ProcessGroup,
+    *,
+    rounds: int,
+    fastest: bool = False,
 ) -> dict[str, float]:
-    """Median seconds of each function, run in rounds (each once per round, same order on
-    every rank: they may issue collectives), a barrier before each run."""
+    """Median (``fastest``: smallest) seconds of each function, run in rounds (each once per
+    round, in the same order on every rank: they may issue collectives), a barrier before
+    each run. The fixed costs are small differences of larger times: the fastest round is
+    the one least disturbed by other load."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -346,7 +403,7 @@ def _interleaved(
             fn()
             _sync(dev)
             times[k].append(time.perf_counter() - t0)
-    return {k: float(statistics.median(v)) for k, v in times.items()}
+    return {k: float(min(v) if fastest else statistics.median(v)) for k, v in times.items()}
 
 
 def _machine() -> str:

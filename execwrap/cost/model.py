@@ -53,9 +53,16 @@ class CostModel:
         copy_bytes_per_s: bytes copied per second by a large device copy
             (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
             are memory-bound copies).
+        copy_curve: seconds of a copy into a freshly allocated buffer, by
+            bytes, when measured (on CPU small buffers stay in cache and
+            large fresh ones pay page faults); ``None``: ``copy_bytes_per_s``.
         group_overhead_s: fixed cost per FSDP2 group per collective it issues
             (the hooks, the copy-in/copy-out bookkeeping, the collective's
             Python path), seconds.
+        param_overhead_s: fixed cost per parameter tensor of a group per
+            collective it issues (FSDP2's per-parameter work: copy-in and
+            copy-out views, unsharded parameter and DTensor gradient set-up),
+            seconds.
         overlap: 0..1, the fraction of a collective's time hidden when compute
             runs beside it (compute proceeds at this fraction of its speed
             while a collective is in flight): about 0 on CPU gloo with no spare
@@ -87,6 +94,8 @@ class CostModel:
     overlap: float
     compute: ComputeRates
     optimizer_param_overhead_s: float = 0.0
+    param_overhead_s: float = 0.0
+    copy_curve: CollectiveCurve | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -105,7 +114,7 @@ class CostModel:
             raise ValueError(
                 f"CostModel.copy_bytes_per_s must be a finite number > 0, got {self.copy_bytes_per_s!r}"
             )
-        for name in ("group_overhead_s", "optimizer_param_overhead_s"):
+        for name in ("group_overhead_s", "optimizer_param_overhead_s", "param_overhead_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(
@@ -126,8 +135,14 @@ class CostModel:
         """Seconds of one reduce-scatter of ``nbytes`` unsharded gradient bytes."""
         return self.reduce_scatter.time(nbytes)
 
+    def collective_overhead(self, tensors: int) -> float:
+        """Fixed seconds a group with ``tensors`` parameter tensors spends per collective."""
+        return self.group_overhead_s + tensors * self.param_overhead_s
+
     def copy_time(self, nbytes: int) -> float:
-        """Seconds to copy ``nbytes`` bytes on the device (FSDP2 copy-in / copy-out)."""
+        """Seconds to copy ``nbytes`` bytes into a new buffer (FSDP2 copy-in / copy-out)."""
+        if self.copy_curve is not None:
+            return self.copy_curve.time(nbytes)
         return max(0, nbytes) / self.copy_bytes_per_s
 
     @property
@@ -237,6 +252,8 @@ class CostModel:
             "reduce_scatter": self.reduce_scatter.to_dict(),
             "copy_bytes_per_s": self.copy_bytes_per_s,
             "group_overhead_s": self.group_overhead_s,
+            "param_overhead_s": self.param_overhead_s,
+            "copy_curve": None if self.copy_curve is None else self.copy_curve.to_dict(),
             "overlap": self.overlap,
             "compute": self.compute.to_dict(),
             "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
@@ -273,6 +290,10 @@ class CostModel:
                 reduce_scatter=CollectiveCurve.from_dict(data["reduce_scatter"]),
                 copy_bytes_per_s=float(data["copy_bytes_per_s"]),
                 group_overhead_s=float(data["group_overhead_s"]),
+                param_overhead_s=float(data.get("param_overhead_s", 0.0)),
+                copy_curve=None
+                if data.get("copy_curve") is None
+                else CollectiveCurve.from_dict(data["copy_curve"]),
                 overlap=float(data["overlap"]),
                 compute=ComputeRates.from_dict(data["compute"]),
                 optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),

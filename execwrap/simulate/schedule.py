@@ -41,6 +41,8 @@ class UnitSpec:
         runs_backward: whether autograd runs backward through it.
         reshard: whether it reshards after forward.
         enclosing: indices of the units enclosing it.
+        tensors: its parameter tensors.
+        grad_tensors: its trainable parameter tensors.
     """
 
     label: str
@@ -50,6 +52,8 @@ class UnitSpec:
     runs_backward: bool
     reshard: bool
     enclosing: frozenset[int]
+    tensors: int = 0
+    grad_tensors: int = 0
 
 
 def prefetch_lists(
@@ -201,8 +205,9 @@ class StepProgram:
             return
         self.all_gathers += 1
         label = spec.label
-        if self.cm.group_overhead_s > 0:
-            self._on_compute(f"FSDP overhead {label}", self.cm.group_overhead_s, phase, "overhead")
+        overhead = self.cm.collective_overhead(spec.tensors)
+        if overhead > 0:
+            self._on_compute(f"FSDP overhead {label}", overhead, phase, "overhead")
         buffer = (MemEvent("all_gather_buffers", label, spec.nbytes),)
         copy_s = self.cm.copy_time(spec.nbytes // self.world_size)
         if self.sync:
@@ -282,10 +287,9 @@ class StepProgram:
                 on_start=(MemEvent("reduce_scatter_buffers", self.specs[prev].label),),
             )
         self.reduce_scatters += 1
-        if self.cm.group_overhead_s > 0:
-            self._on_compute(
-                f"FSDP overhead {label}", self.cm.group_overhead_s, "backward", "overhead"
-            )
+        overhead = self.cm.collective_overhead(spec.grad_tensors)
+        if overhead > 0:
+            self._on_compute(f"FSDP overhead {label}", overhead, "backward", "overhead")
         copy = self._on_compute(
             f"reduce-scatter copy-in {label}",
             self.cm.copy_time(spec.grad_bytes),

@@ -29,8 +29,8 @@ sets, and nothing else:
   optimizer step runs on the sharded parameters;
 * costs: collectives from the cost model's curves (all-gather by padded
   unsharded bytes, reduce-scatter by padded trainable bytes), copies at its
-  copy bandwidth, ``group_overhead_s`` on the compute stream per
-  collective a group issues, compute from ``compute``, the optimizer from
+  copy bandwidth, ``group_overhead_s`` plus ``param_overhead_s`` per
+  parameter tensor on the compute stream per collective a group issues, compute from ``compute``, the optimizer from
   ``compute.optimizer_s`` or its memory traffic at the cost model's memory
   bandwidth plus ``optimizer_param_overhead_s`` per parameter tensor;
 * on CPU (``cost_model.synchronous_collectives``) FSDP2's collectives run
@@ -261,6 +261,8 @@ def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[Un
                 runs_backward=runs_bwd[i] and (u.first_use is not None or u.is_root),
                 reshard=reshard[i],
                 enclosing=frozenset(enclosing[i]),
+                tensors=len(u.param_fqns),
+                grad_tensors=sum(1 for p in u.param_fqns if _requires_grad(order, p)),
             )
         )
     return specs

@@ -60,7 +60,9 @@ def test_curve_lower_envelope_picks_the_best_line() -> None:
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
-    cm = _model()
+    cm = _model(copy_curve=CollectiveCurve.from_samples([4096, 2**20], [1e-6, 1e-4]))
+    assert cm.copy_time(2**20) == pytest.approx(1e-4)
+    assert _model().copy_time(10**9) == pytest.approx(0.2)  # 1 GB at 5 GB/s
     path = cm.save(tmp_path / "sub" / "cost.json")
     assert CostModel.load(path) == cm
     data = json.loads(path.read_text())

@@ -10,13 +10,21 @@ an unsharded layer 64 bytes (a copy-out or a reduce-scatter copy-in of 1 s).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch.nn as nn
 
 from execwrap import ModuleWrapPolicy, WrapPlan, plan_wrap, prefetch_schedule
 from execwrap.cost import CollectiveCurve, ComputeRates, CostModel, CurveSegment
 from execwrap.demo_models import Block, build_demo_model, demo_inputs
-from execwrap.simulate import MemoryBreakdown, StepEstimate, UnitCompute, simulate_step
+from execwrap.simulate import (
+    MemoryBreakdown,
+    StepEstimate,
+    UnitCompute,
+    simulate_step,
+    unit_compute,
+)
 from execwrap.simulate.schedule import prefetch_lists
 from tracing import record_execution_order, trace_execution_order
 
@@ -210,3 +218,24 @@ def test_prefetch_lists_match_apply_fully_shard(bucket: int | None, prefetch: in
         plan.groups, order, param_fqns=[u.param_fqns for u in plan.units], prefetch=prefetch
     )
     assert mine == theirs
+
+
+def test_simulate_a_timed_order_end_to_end() -> None:
+    model = build_demo_model(n_blocks=2)
+    order = record_execution_order(model, demo_inputs(model), timing=True)
+    plan = plan_wrap(model, order, ModuleWrapPolicy({Block}))
+    compute = unit_compute(plan)
+    est = simulate_step(
+        plan, _cost(), world_size=2, compute=dataclasses.replace(compute, optimizer_s=0.5)
+    )
+    assert est.compute_time_s == pytest.approx(
+        sum(compute.forward_s) + sum(compute.backward_s) + 0.5
+    )
+    # 3 groups with parameters: the root gathered once, each block twice; one RS per group
+    assert (est.all_gathers, est.reduce_scatters) == (5, 3)
+    assert est.step_time_s == pytest.approx(
+        est.compute_time_s + est.overhead_time_s + est.exposed_comm_s
+    )
+    assert est.exposed_comm_s == pytest.approx(5 * 1.0 + 3 * 2.0)  # CPU: nothing overlaps
+    assert est.memory.activations == sum(compute.activation_bytes)
+    assert est.peak_phase in ("forward", "backward")

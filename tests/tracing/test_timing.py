@@ -143,3 +143,17 @@ def test_unit_compute_attributes_segments_to_units() -> None:
     assert c.backward_tail_s[0] == pytest.approx(2 * 2)  # wte and the root call, last in backward
     assert c.activation_bytes == (root_calls, len(block0), len(block1))
     assert (c.method, c.device_type) == ("measured", "cpu")
+
+
+def test_estimated_timing_under_fake_tensors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rates = ComputeRates("cuda", flops_per_s=192.0, memory_bytes_per_s=136.0, op_overhead_s=0.25)
+    with FakeTensorMode():
+        model = nn.Sequential(nn.Linear(4, 8, bias=False))
+        order = record_execution_order(model, torch.randn(3, 4), timing=rates)
+        with pytest.raises(ValueError, match="timing=True needs real tensors"):
+            record_execution_order(model, torch.randn(3, 4), timing=True)
+    assert (order.timing_method, order.timing_device) == ("estimated", "cuda")
+    assert order.forward_times_s == pytest.approx([2.25, 2.25])
+    assert order.saved_activation_bytes == [0, 48]

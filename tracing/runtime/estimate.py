@@ -3,9 +3,11 @@
 torch has an estimator, ``torch.distributed._tools.runtime_estimator.RuntimeEstimator``,
 but in torch 2.13 it cannot serve here: its roofline mode
 (``operator-level-cost-model``) asserts CUDA ("Roofline estimation needs to
-access CUDA capabilities to make estimations") and reads the GPU's peak
-FLOP/s and bandwidth from ``torch._inductor.utils``; its benchmark mode runs
-every op for real on a GPU. Its FLOP-to-time conversion
+access CUDA capabilities to make estimations"; on a CPU-only build that
+assertion, raised inside the dispatcher under ``FakeTensorMode``, aborts the
+whole process with ``terminate called after throwing an instance of
+'python_error'``) and reads the GPU's peak FLOP/s and bandwidth from
+``torch._inductor.utils``; its benchmark mode runs every op for real on a GPU. Its FLOP-to-time conversion
 (``torch.utils._runtime_estimation.flops_to_ns``) also halves the FLOP count
 ("converts FLOPs to MACs") before dividing by a peak quoted in FLOP/s, which
 makes matmuls look twice as fast as the peak allows.

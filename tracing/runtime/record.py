@@ -59,13 +59,12 @@ def record_execution_order(
     allocated for weights or activations, provided the model's control flow
     depends on shapes only.
 
-    With ``timing=True``, :data:`TIMED_STEPS` more forward/backward steps run
-    under a :class:`~tracing.runtime.timing.CallTimer` alone (the recorded
-    one is their warm-up) and the order gets the per-call times and
-    saved-activation bytes of the median one by total time
-    (``timing_method == "measured"``). With ``timing=rates`` (a :class:`~tracing.rates.ComputeRates`,
-    e.g. ``cost_model.compute``) the one recorded step is estimated op by op
-    (``timing_method == "estimated"``): the way for meta or fake models.
+    ``timing=True`` times :data:`TIMED_STEPS` more steps under a
+    :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
+    their warm-up) and keeps the median one's per-call times and saved bytes
+    (``"measured"``); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
+    e.g. ``cost_model.compute``) estimates the recorded step op by op
+    (``"estimated"``): the way for meta or fake models.
 
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
@@ -102,18 +101,12 @@ def record_execution_order(
     try:
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
-        recorder = RuntimeRecorder(
-            model, timing=timing if isinstance(timing, ComputeRates) else False
-        )
+        recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
         with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
             _run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
         order = recorder.order
         if clock is not None:
-            if backward:
-                saved.clear_grads()
-            order = _timed_step(
-                model, args, kwargs, order, clock, backward=backward, loss_fn=loss_fn
-            )
+            order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         if _is_meta(model, args, kwargs) and not isinstance(e, TypeError):
@@ -132,7 +125,7 @@ def _timed_step(
     kwargs: dict[str, Any],
     order: ExecutionOrder,
     clock: Clock,
-    *,
+    saved: SavedModelState,
     backward: bool,
     loss_fn: Callable[[Any], torch.Tensor] | None,
 ) -> ExecutionOrder:
@@ -142,6 +135,8 @@ def _timed_step(
     timed: list[dict[str, Any]] = []
     try:
         for _ in range(TIMED_STEPS):
+            if backward:
+                saved.clear_grads()
             timer = CallTimer(params.modules, clock)
             try:
                 with torch.set_grad_enabled(backward or torch.is_grad_enabled()):

@@ -1,0 +1,92 @@
+"""``execwrap calibrate``: argument errors without torch, and a real run on 2 ranks under torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwrap.cli import main
+from execwrap.cli.calibrate_args import LAUNCH_HINT
+from execwrap.cost import CostModel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    environ.update(PYTHONPATH=str(REPO), **env)
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "execwrap", *args],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["calibrate"], {}, LAUNCH_HINT),
+        (["calibrate", "--out", "."], {"RANK": "0", "WORLD_SIZE": "2"}, "--out '.' is a folder"),
+        (["calibrate", "--max-mib", "0"], {"RANK": "0", "WORLD_SIZE": "2"}, "--max-mib must be"),
+        (
+            ["calibrate", "--threads", "0"],
+            {"RANK": "0", "WORLD_SIZE": "2"},
+            "--threads must be >= 1",
+        ),
+        (["calibrate", "--device", "tpu"], {}, "invalid choice: 'tpu'"),
+    ],
+)
+def test_argument_errors_do_not_import_torch(
+    args: list[str], env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    proc = _run(args, tmp_path, **env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("execwrap: error:")]
+    assert len(errors) == 1 and message in errors[0]
+    imported = [ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.count("|") == 2]
+    assert "torch" not in imported
+
+
+def test_help_mentions_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--help"]) == 0
+    assert (
+        "torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json"
+        in capsys.readouterr().out
+    )
+
+
+def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    environ.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "-m",
+            "execwrap",
+            "calibrate",
+            "--out",
+            "cost.json",
+            "--max-mib",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cm = CostModel.load(tmp_path / "cost.json")
+    assert (cm.world_size, cm.backend, cm.device_type) == (2, "gloo", "cpu")
+    assert proc.stdout.count("wrote cost.json") == 1  # rank 0 only
+    assert "fixed cost per group per collective" in proc.stdout
