@@ -370,7 +370,10 @@ class _Evaluations:
 
 def _label(groups: Sequence[tuple[int, int]], prefetch: int, flags: Sequence[bool]) -> str:
     sizes = {j - i for i, j in groups}
-    shape = f"{sizes.pop()} units/group" if len(sizes) == 1 else f"{len(groups)} groups"
+    shape = f"{len(groups)} groups"
+    if len(sizes) == 1:
+        k = sizes.pop()
+        shape = f"{k} unit{'' if k == 1 else 's'}/group"
     kept = sum(1 for f in flags if not f)
     if kept == 0:
         reshard = ""

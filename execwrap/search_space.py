@@ -76,6 +76,9 @@ class SearchSpace:
         grad_bytes: bytes of its trainable parameters (its gradients).
         forward_s: forward compute seconds per mergeable unit.
         backward_s: backward compute seconds per mergeable unit.
+        tensors: parameter tensors per mergeable unit (the fixed cost of a
+            collective grows with them: ``CostModel.collective_overhead``).
+        grad_tensors: trainable parameter tensors per mergeable unit.
     """
 
     plan: WrapPlan
@@ -89,9 +92,13 @@ class SearchSpace:
     grad_bytes: list[int]
     forward_s: list[float]
     backward_s: list[float]
+    tensors: list[int] = field(default_factory=list)
+    grad_tensors: list[int] = field(default_factory=list)
     _prefix: list[list[float]] = field(default_factory=list, repr=False)
     _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
-    _seconds: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
+    _seconds: dict[tuple[int, int, int, int], tuple[float, float]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def build(
@@ -138,10 +145,19 @@ class SearchSpace:
             grad_bytes=[g for _, g in padded],
             forward_s=forward,
             backward_s=backward,
+            tensors=[len(units[i].param_fqns) for i in movable],
+            grad_tensors=[_trainable_count(plan, units[i]) for i in movable],
         )
         space._prefix = [
             _prefix_sums(v)
-            for v in (space.nbytes, space.grad_bytes, space.forward_s, space.backward_s)
+            for v in (
+                space.nbytes,
+                space.grad_bytes,
+                space.forward_s,
+                space.backward_s,
+                space.tensors,
+                space.grad_tensors,
+            )
         ]
         return space
 
@@ -223,22 +239,26 @@ class SearchSpace:
         cm = self.cost_model
         return (1,) if cm.synchronous_collectives or cm.overlap == 0 else (0, 1)
 
-    def group_seconds(self, nbytes: int, grad_bytes: int) -> tuple[float, float]:
+    def group_seconds(
+        self, nbytes: int, grad_bytes: int, tensors: int, grad_tensors: int
+    ) -> tuple[float, float]:
         """Seconds the simulator charges one group of ``nbytes`` (padded) parameter
-        bytes and ``grad_bytes`` (padded) trainable bytes for its all-gather and
-        its reduce-scatter, as :class:`execwrap.simulate.schedule.StepProgram`'s
+        bytes in ``tensors`` tensors, ``grad_bytes`` (padded) of them trainable in
+        ``grad_tensors`` tensors, for its all-gather and its reduce-scatter, as
+        :class:`execwrap.simulate.schedule.StepProgram`'s
         ``unshard``/``wait_for_unshard`` and ``post_backward`` charge them: the
-        fixed cost per group and collective, copy-in of the shard, the
-        all-gather, copy-out of every byte; the fixed cost, the gradients'
-        copy-in, the reduce-scatter (``0`` without trainable bytes)."""
-        key = (nbytes, grad_bytes)
+        fixed cost of a collective (``CostModel.collective_overhead``), copy-in
+        of the shard, the all-gather, copy-out of every byte; the fixed cost,
+        the gradients' copy-in, the reduce-scatter (``0`` without trainable
+        bytes)."""
+        key = (nbytes, grad_bytes, tensors, grad_tensors)
         if key in self._seconds:
             return self._seconds[key]
         cm = self.cost_model
         all_gather = 0.0
         if nbytes > 0:
             all_gather = (
-                cm.group_overhead_s
+                cm.collective_overhead(tensors)
                 + cm.copy_time(nbytes // self.world_size)
                 + cm.all_gather_time(nbytes)
                 + cm.copy_time(nbytes)
@@ -246,7 +266,9 @@ class SearchSpace:
         reduce_scatter = 0.0
         if grad_bytes > 0:
             reduce_scatter = (
-                cm.group_overhead_s + cm.copy_time(grad_bytes) + cm.reduce_scatter_time(grad_bytes)
+                cm.collective_overhead(grad_tensors)
+                + cm.copy_time(grad_bytes)
+                + cm.reduce_scatter_time(grad_bytes)
             )
         self._seconds[key] = (all_gather, reduce_scatter)
         return all_gather, reduce_scatter
@@ -256,11 +278,14 @@ class SearchSpace:
         :mod:`execwrap.autoplan`: its compute plus the communication its own
         compute does not hide (nothing on CPU, where FSDP2's collectives block
         the training thread); without ``reshard`` no backward all-gather."""
-        p_bytes, p_grads, p_fwd, p_bwd = self._prefix
+        p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
         all_gather, reduce_scatter = self.group_seconds(
-            int(p_bytes[j] - p_bytes[i]), int(p_grads[j] - p_grads[i])
+            int(p_bytes[j] - p_bytes[i]),
+            int(p_grads[j] - p_grads[i]),
+            int(p_tensors[j] - p_tensors[i]),
+            int(p_grad_tensors[j] - p_grad_tensors[i]),
         )
         cm = self.cost_model
         overlap = 0.0 if cm.synchronous_collectives else cm.overlap
@@ -352,6 +377,13 @@ def _atomic_compute(plan: WrapPlan) -> UnitCompute:
         "timing=True), or on the meta device with timing=cost_model.compute"
     )
     return UnitCompute.zeros(len(plan.units))
+
+
+def _trainable_count(plan: WrapPlan, unit: WrapUnit) -> int:
+    """Trainable parameter tensors of ``unit`` (unknown ones count as trainable,
+    as the simulator counts them)."""
+    params = plan.order.params
+    return sum(1 for p in unit.param_fqns if p not in params or params[p].requires_grad)
 
 
 def _padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> tuple[int, int]:

@@ -35,12 +35,15 @@ def cost_model(
     latency: float = 1e-3,
     per_byte: float = 0.0,
     overhead: float = 1e-4,
+    param_overhead: float = 0.0,
     overlap: float = 0.0,
     device: str = "cpu",
     world_size: int = 2,
     copy_bytes_per_s: float = 1.024e6,
 ) -> CostModel:
-    """One alpha-beta segment for both collectives; compute rates that do not matter."""
+    """One alpha-beta segment for both collectives, fixed costs per collective
+    (``overhead``, plus ``param_overhead`` per parameter tensor); compute rates
+    that do not matter (the tests pass compute)."""
     seg = (CurveSegment(None, latency, per_byte),)
     return CostModel(
         device_type=device,
@@ -50,6 +53,7 @@ def cost_model(
         reduce_scatter=CollectiveCurve(seg),
         copy_bytes_per_s=copy_bytes_per_s,
         group_overhead_s=overhead,
+        param_overhead_s=param_overhead,
         overlap=overlap,
         compute=ComputeRates(device, flops_per_s=1e12, memory_bytes_per_s=1e12),
         source="test",

@@ -52,6 +52,7 @@ def instances(draw: st.DrawFn, max_layers: int = 5, device: str | None = None): 
         latency=draw(st.floats(1e-5, 1e-2)),
         per_byte=draw(st.floats(0.0, 1e-6)),
         overhead=draw(st.floats(0.0, 1e-3)),
+        param_overhead=draw(st.floats(0.0, 1e-4)),
         overlap=draw(st.floats(0.0, 1.0)) if dev == "cuda" else 0.0,
         device=dev,
         copy_bytes_per_s=draw(st.floats(1e6, 1e10)),
