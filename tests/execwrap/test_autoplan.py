@@ -320,3 +320,34 @@ def test_best_partition_small_cases() -> None:
     assert best_partition([2, 2], lambda i, j: float("inf")) == (float("inf"), [])
     with pytest.raises(ValueError, match=r"reach\[1\] = 1 is outside \(1, 2\]"):
         best_partition([2, 1], lambda i, j: 1.0)
+
+
+# ------------------------------------------------------------------ the report
+def test_report_shows_the_predicted_step_and_the_candidates(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from execwrap.report.cost_charts import LANES, candidates_figure, step_timeline_figure
+    from execwrap.report.writer import write_report
+
+    plan, cm, compute = _three()
+    best = search_plan(plan, cm, compute=compute, memory_budget=10**9)
+    paths = write_report(best, tmp_path / "r", formats=("json", "html"))
+    data = json.loads(paths["json"].read_text())
+    assert data["plan"]["estimate"] == best.estimate.to_dict()
+    assert data["plan"]["search"] == best.search.to_dict()
+    page = paths["html"].read_text()
+    assert '<section id="predicted">' in page
+    assert 'id="chart-step"' in page and 'id="chart-candidates"' in page
+    assert "<th>Groups not resharded after forward</th><td>0+1+2</td>" in page
+    assert f"<th>Memory budget</th><td>{format_bytes(10**9)}</td>" in page
+
+    fig = step_timeline_figure(best.estimate)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [label for _, label, _ in LANES]
+    bars = sum(len(c.get_paths()) for c in ax.collections)
+    assert bars == len([e for e in best.estimate.timeline if e.end_s > e.start_s])
+
+    fig = candidates_figure(best.search, extra={"always": (1.0, 2**20)})
+    ax = fig.axes[0]
+    drawn = sum(len(c.get_offsets()) for c in ax.collections)
+    assert drawn == len(best.search.candidates) + 1
+    assert [line.get_xdata()[0] for line in ax.lines] == [10**9 / 2**20]  # the budget, in MiB
