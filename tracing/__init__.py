@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tracing.config import TracingConfig
     from tracing.errors import TracingError
     from tracing.order import SCHEMA_VERSION, ExecutionOrder, ParamInfo, ParamUse
+    from tracing.rates import ComputeRates
     from tracing.runtime import RuntimeRecorder, record_execution_order
     from tracing.symbolic import trace_execution_order
 
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ExecutionOrder": "tracing.order",
     "ParamInfo": "tracing.order",
     "ParamUse": "tracing.order",
+    "ComputeRates": "tracing.rates",
     "RuntimeRecorder": "tracing.runtime",
     "record_execution_order": "tracing.runtime",
     "trace_execution_order": "tracing.symbolic",
@@ -36,6 +38,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ComputeRates",
     "ExecutionOrder",
     "ParamInfo",
     "ParamUse",

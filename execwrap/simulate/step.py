@@ -98,7 +98,7 @@ def simulate_step(
     *,
     world_size: int,
     prefetch: int = 1,
-    reshard_after_forward: bool | Sequence[bool] = True,
+    reshard_after_forward: bool | Sequence[bool] | None = None,
     optimizer: str = "adamw",
     compute: UnitCompute | None = None,
 ) -> StepEstimate:
@@ -124,10 +124,10 @@ def simulate_step(
         world_size: data-parallel ranks (the shard factor).
         prefetch: explicit prefetch depth of ``apply_fully_shard`` (``0``:
             no explicit lists, FSDP2's implicit prefetching).
-        reshard_after_forward: ``True``/``False`` as passed to every
-            ``fully_shard`` call through ``apply_fully_shard`` (the root, left
-            to FSDP2's default, does not reshard), or one bool per plan unit
-            (the root's entry is honoured as an explicit value).
+        reshard_after_forward: what ``apply_fully_shard`` passes to its
+            ``fully_shard`` calls: ``None`` (not passed: FSDP2's default, every
+            group but the root reshards), ``True``/``False`` (every group, the
+            root too), or one bool per plan unit.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd_momentum"`` or ``"none"``.
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
 
@@ -280,15 +280,17 @@ def _trainable_shard_bytes(order: ExecutionOrder, plan: WrapPlan, world_size: in
     )
 
 
-def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool]) -> list[bool]:
+def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool] | None) -> list[bool]:
     n = len(plan.units)
-    if isinstance(value, bool):
+    if value is None:  # FSDP2's default: the root keeps its parameters after forward
         root = plan.root_index
-        return [value and i != root for i in range(n)]
+        return [i != root for i in range(n)]
+    if isinstance(value, bool):
+        return [value] * n
     flags = list(value)
     if len(flags) != n or not all(isinstance(f, bool) for f in flags):
         raise ValueError(
-            f"simulate_step: reshard_after_forward must be a bool or one bool per plan unit "
+            f"simulate_step: reshard_after_forward must be None, a bool or one bool per plan unit "
             f"({n}), got {value!r}"
         )
     return flags

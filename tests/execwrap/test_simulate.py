@@ -65,6 +65,15 @@ TWO = UnitCompute(
 )
 
 
+def test_one_group_resharded_root_is_gathered_again() -> None:
+    one, _ = _plans()
+    est = simulate_step(one, _cost(), world_size=2, compute=ONE, reshard_after_forward=True)
+    # reshard_after_forward=True passed to fully_shard(root) too: one more gather in backward
+    assert est.step_time_s == pytest.approx(26.5 + 0.25 + 1 + 1 + 2)
+    assert (est.all_gathers, est.reduce_scatters) == (2, 1)
+    assert est.reshard_after_forward == (True,)
+
+
 def test_one_group() -> None:
     one, _ = _plans()
     est = simulate_step(one, _cost(), world_size=2, compute=ONE)
@@ -185,7 +194,8 @@ def test_refusals() -> None:
     with pytest.raises(ValueError, match=r"optimizer must be one of .*got 'lion'"):
         simulate_step(two, _cost(), world_size=2, compute=TWO, optimizer="lion")
     with pytest.raises(
-        ValueError, match=r"reshard_after_forward must be a bool or one bool per plan unit \(3\)"
+        ValueError,
+        match=r"reshard_after_forward must be None, a bool or one bool per plan unit \(3\)",
     ):
         simulate_step(two, _cost(), world_size=2, compute=TWO, reshard_after_forward=[True])
     with pytest.raises(ValueError, match=r"compute has 1 units, the plan has 3"):

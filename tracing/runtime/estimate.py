@@ -20,8 +20,13 @@ flops_per_s, bytes / memory_bytes_per_s) + op_overhead_s``, with FLOPs from
 ``torch.utils.flop_counter``'s formulas (``flop_registry``: matmuls,
 convolutions, attention) and bytes read and written as
 ``RuntimeEstimator`` counts them (broadcast dimensions counted once). Being a
-dispatch mode it sees backward too. These are estimates: how far they are from
-measured times is published by ``benchmarks/estimate.py`` and the README.
+dispatch mode it sees backward too. These are estimates. Compared with
+measured times (``benchmarks/estimate.py``, 2026-12-01, CPU, one thread, a
+loaded 2-core machine, rates measured in the same process; four GPT and Llama
+models of 2.5M to 14M parameters): the whole step within 8% (0.92x to
+1.07x), forward alone 0.82x to 1.13x, one block-level unit 11% to 25% off
+(median); small ops' fixed cost and cache effects are what the roofline
+misses. The README carries the latest table.
 """
 
 from __future__ import annotations
