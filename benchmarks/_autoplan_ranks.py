@@ -70,12 +70,14 @@ def _predict(plan: Any, p: PlanSpec, cm: Any, world: int) -> Any:
 
     if p.auto != "none":
         return plan.estimate
+    # What _Trainer passes to apply_fully_shard: nothing for the default (the root keeps its
+    # parameters), False for every group and the root alike.
     return simulate_step(
         plan,
         cm,
         world_size=world,
         prefetch=int(p.prefetch),
-        reshard_after_forward=bool(p.reshard),
+        reshard_after_forward=None if p.reshard in (None, True) else False,
     )
 
 
