@@ -351,3 +351,33 @@ def test_report_shows_the_predicted_step_and_the_candidates(tmp_path: Path) -> N
     drawn = sum(len(c.get_offsets()) for c in ax.collections)
     assert drawn == len(best.search.candidates) + 1
     assert [line.get_xdata()[0] for line in ax.lines] == [10**9 / 2**20]  # the budget, in MiB
+
+
+def test_policy_takes_the_auto_keywords() -> None:
+    from execwrap import ParamExecOrderWrapPolicy, TracingConfig
+
+    policy_cls = ParamExecOrderWrapPolicy
+    linear = ModuleWrapPolicy({nn.Linear})
+    with pytest.raises(ValueError, match=r'ParamExecOrderWrapPolicy: bucket_numel="auto" needs '):
+        policy_cls(linear, TracingConfig(), bucket_numel="auto")
+    with pytest.raises(ValueError, match=r"ParamExecOrderWrapPolicy: memory_budget must be > 0"):
+        policy_cls(
+            linear, TracingConfig(), bucket_numel="auto", cost_model=cost_model(), memory_budget=0
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"bucket_numel must be a positive number of parameter "
+        r'elements, "auto" or None; got -1',
+    ):
+        policy_cls(linear, TracingConfig(), bucket_numel=-1)
+    model, _ = _model_and_order()
+    policy = policy_cls(linear, TracingConfig(), bucket_numel="auto", cost_model=cost_model())
+    plan = policy.build_plan(model)
+    assert plan.groups == [[""], ["0", "1", "2"]] and plan.prefetch is not None
+    nothing_to_capture = policy_cls(linear, bucket_numel="auto", cost_model=cost_model())
+    with pytest.raises(
+        ValueError,
+        match=r"plans from the execution order before wrapping, but "
+        r"there is none: pass order=, tracing_config= or example_inputs=",
+    ):
+        nothing_to_capture.build_plan(model)
