@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import random
 import tempfile
 import time
 import traceback
@@ -140,11 +141,14 @@ def _barrier(device: torch.device) -> None:
 def _time_interleaved(
     trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
 ) -> dict[str, list[float]]:
+    """Every plan once per round, in an order shuffled per round (the same on every
+    rank: seeded by the round). A plan's fresh allocations land on the memory the plan
+    before it just freed; with a fixed rotation each plan would always follow the same
+    one, and that neighbour's footprint would bias its time."""
     names = list(trainers)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(job["warmup"] + job["steps"]):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
+        for n in random.Random(r).sample(names, len(names)):
             _barrier(device)
             start = time.perf_counter()
             trainers[n].step()

@@ -17,9 +17,10 @@ processes, in this order:
    budget), each predicted with ``execwrap.simulate_step`` (the auto plans
    carry their own estimate);
 4. every plan applied to its own copy of the model (same initial weights)
-   with ``apply_fully_shard``, AdamW; the plans take turns step by step (the
-   first one rotates each round) after a barrier; a step's time is the
-   slowest rank's; medians over ``--steps`` steps after ``--warmup`` rounds;
+   with ``apply_fully_shard``, AdamW; the plans take turns step by step (in
+   an order shuffled per round, so no plan always follows the same one)
+   after a barrier; a step's time is the slowest rank's; medians over
+   ``--steps`` steps after ``--warmup`` rounds;
 5. the peak memory of one step of each plan under
    ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (max over
    ranks; on CUDA also ``torch.cuda.max_memory_allocated``).
@@ -35,7 +36,7 @@ budget.
 Usage::
 
     python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 5 minutes)
-    python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 2 minutes)
+    python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 1 minute)
     python -m benchmarks.autoplan --device cuda   # 2 GPUs, NCCL
 """
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 15)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     args = parser.parse_args(argv)
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": models,
         "sizes": {m: (MODELS[m].quick if quick else MODELS[m].full) for m in models},
         "plans": [p.name for p in grid()],
-        "steps": args.steps or (2 if quick else 15),
+        "steps": args.steps or (2 if quick else 20),
         "warmup": args.warmup if args.warmup is not None else (1 if quick else 2),
         "threads": args.threads,
         "quick": quick,
@@ -269,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     note = (
         f"{args.world_size} ranks, {backend}. Cost model calibrated in this run on the same "
         f"process group in {result['calibrate_s']:.1f} s (overlap {cm['overlap']:.2f}, fixed "
-        f"cost per group and collective {cm['group_overhead_s'] * 1e6:.0f} µs, copy "
+        f"cost per collective {cm['group_overhead_s'] * 1e6:.0f} µs per group + "
+        f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
         f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s). Orders with compute times from "
         "`record_execution_order(..., timing=True)` after warm-up steps (rank 0's, broadcast). "
-        f"Plans take turns step by step; step time = slowest rank, median of {job['steps']} "
+        f"Plans take turns step by step (order shuffled per round); step time = slowest rank, "
+        f"median of {job['steps']} "
         f"steps after {job['warmup']} warm-up rounds; AdamW. Peak memory: one step under "
         "`FSDPMemTracker` (max over ranks). Predicted: `execwrap.simulate_step` (the auto "
         "plans: their own `plan.estimate`). Equal last losses show every plan trains the "
