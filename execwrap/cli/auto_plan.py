@@ -12,9 +12,12 @@ candidates chart can place them. Every failure is one
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 import execwrap.planner as planning
@@ -26,8 +29,11 @@ from execwrap.errors import PlanError
 from execwrap.plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
 from tracing.order import ExecutionOrder
+from tracing.runtime import record_execution_order
 
-__all__ = ["estimate_baselines", "load_cost_model", "plan_auto"]
+__all__ = ["estimate_baselines", "load_cost_model", "plan_auto", "timed_order"]
+
+logger = logging.getLogger(__name__)
 
 
 def load_cost_model(text: str, world_size: int | None) -> CostModel:
@@ -52,6 +58,42 @@ def load_cost_model(text: str, world_size: int | None) -> CostModel:
         return CostModel.preset(text, world_size=world_size)
     except ValueError as exc:
         raise CLIError(f"--cost-model {text!r}: {shorten(exc, 200)}") from exc
+
+
+def timed_order(
+    model: nn.Module,
+    order: ExecutionOrder,
+    example: tuple[tuple[Any, ...], dict[str, Any]] | None,
+    cm: CostModel,
+    meta_model: Callable[[], nn.Module],
+) -> ExecutionOrder:
+    """``order`` with compute times, for the planner: measured on this CPU when the
+    cost model is for CPU and the model has weights, else estimated with the cost
+    model's compute rates (``timing=cm.compute``) on ``meta_model()`` (the factory's
+    model built on the meta device: moving a model to meta would untie its tied
+    weights). Without example inputs, or when recording fails (one WARNING),
+    ``order`` as it is.
+    """
+    if order.has_timing or example is None:
+        return order
+    args, kwargs = example
+    on_meta = any(p.is_meta for p in model.parameters())
+    timing: Any = True
+    if cm.device_type != "cpu" or on_meta:
+        timing = cm.compute
+        if not on_meta:
+            model = meta_model()
+        args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+        kwargs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    try:
+        return record_execution_order(model, *args, timing=timing, **kwargs)
+    except Exception as exc:  # the plan can still weigh communication and memory
+        logger.warning(
+            "recording compute times for the auto-planner failed (%s: %s); planning without them",
+            type(exc).__name__,
+            shorten(exc, 160),
+        )
+        return order
 
 
 def plan_auto(

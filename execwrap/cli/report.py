@@ -49,6 +49,13 @@ def run_report(options: ReportOptions) -> int:
     init_policy = parse_policy(options.policy.text, model)
     t0 = time.perf_counter()
     order = _capture(model, config, example, options)
+    if options.bucket_numel == "auto":  # the auto-planner weighs compute too
+        from execwrap.cli.auto_plan import load_cost_model, timed_order
+
+        cost_model = load_cost_model(str(options.cost_model), options.world_size)
+        order = timed_order(
+            model, order, example, cost_model, lambda: load_model(options.model_path, "meta")
+        )
     capture_s = time.perf_counter() - t0
     plan, baselines = _plan(model, order, init_policy, options)
     paths = _write(model, plan, baselines, options)
@@ -159,6 +166,11 @@ def _summary_rows(
         ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
         ("input", options.input_text or "-"),
         ("capture", f"{order.method} ({capture_s:.2f} s)"),
+        *(
+            [("compute times", f"{order.timing_method} ({order.timing_device})")]
+            if order.has_timing
+            else []
+        ),
         ("fallback reason", short_reason(order.fallback_reason) if order.fallback_reason else "-"),
         ("policy", options.policy.text),
         ("bucket size", bucket_text),

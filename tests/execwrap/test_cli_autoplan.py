@@ -127,6 +127,7 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert main([*args, "--memory-budget", "10MiB"]) == 0
     text = capsys.readouterr().out
     assert "  auto plan  " in text and "  memory budget  " in text
+    assert "  compute times  " in text and "measured (cpu)" in text  # timed on this CPU
     data = json.loads((out / "report.json").read_text())
     plan = data["plan"]
     assert plan["schema_version"] == 2
@@ -171,3 +172,18 @@ def test_cost_model_for_another_world_size(
     args = ["report", "--bucket-size", "auto", "--cost-model", str(cm_path), "--world-size", "4"]
     assert main([*args, "--out", str(tmp_path / "r")]) == 2
     assert "does not fit world size 4 (this cost model is for 2 ranks)" in _err_line(capsys)
+
+
+def test_report_for_a_gpu_preset_estimates_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CPU model planned for 8 H100s: compute estimated on a meta copy of the model
+    with the preset's rates (tied weights stay tied: the factory builds it on meta)."""
+    out = tmp_path / "r"
+    args = ["report", "--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--world-size", "8"]
+    assert main([*args, "--out", str(out), "--format", "json"]) == 0
+    assert "estimated (cuda)" in capsys.readouterr().out
+    data = json.loads((out / "report.json").read_text())
+    assert data["order"]["timing_method"] == "estimated"
+    assert data["plan"]["search"]["world_size"] == 8
+    assert data["plan"]["estimate"]["compute_time_s"] > data["plan"]["estimate"]["optimizer_time_s"]
