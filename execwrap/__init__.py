@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from execwrap.graph import build_order_graph, order_subgraph
     from execwrap.monitor import DriftEvent, OrderMonitor
     from execwrap.plan import WrapPlan
+    from execwrap.plan_search import PlanSearch
     from execwrap.plan_stats import PlanStats, TimelineStep
     from execwrap.planner import plan_wrap, policy_units
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
@@ -103,6 +104,8 @@ _EXPORTS: dict[str, str] = {
     "UnitCompute": "execwrap.simulate",
     "simulate_step": "execwrap.simulate",
     "unit_compute": "execwrap.simulate",
+    # issue 11: the auto-planner's record (plan_wrap(..., bucket_numel="auto").search)
+    "PlanSearch": "execwrap.plan_search",
 }
 
 __all__ = [
@@ -119,6 +122,7 @@ __all__ = [
     "OrderMonitor",
     "ParamExecOrderWrapPolicy",
     "PlanError",
+    "PlanSearch",
     "PlanStats",
     "StepEstimate",
     "TimelineStep",

@@ -23,7 +23,13 @@ from execwrap.unit import WrapUnit
 from tracing.checks import check_int
 from tracing.fqn import is_within
 
-__all__ = ["bucket_units", "min_contiguous_groups", "min_groups_lower_bound"]
+__all__ = [
+    "bucket_units",
+    "can_group",
+    "merge_units",
+    "min_contiguous_groups",
+    "min_groups_lower_bound",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -155,3 +161,20 @@ def min_contiguous_groups(sizes: Sequence[int], cap: int) -> int:
 
 #: Alias of :func:`min_contiguous_groups` (its earlier name, kept for callers of it).
 min_groups_lower_bound = min_contiguous_groups
+
+
+def can_group(
+    members: Sequence[WrapUnit],
+    trainable_dtypes: dict[str, frozenset[str]],
+    cap: int | float = float("inf"),
+) -> bool:
+    """Whether consecutive atomic units ``members`` may form one FSDP2 group
+    of at most ``cap`` elements (no cap by default); see :func:`bucket_units`.
+    Every sub-run of an allowed run is allowed."""
+    return _can_group(members, cap, trainable_dtypes)  # type: ignore[arg-type]
+
+
+def merge_units(members: Sequence[WrapUnit]) -> WrapUnit:
+    """One unit (an FSDP2 group) holding the modules and parameters of
+    consecutive units ``members``, in order; a single member is returned as is."""
+    return _merge(members)

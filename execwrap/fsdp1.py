@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,7 @@ from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
 from execwrap.apply_watch import mark_applied, watch
 from execwrap.auto_wrap import policy_name
+from execwrap.autoplan import check_auto_options
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
@@ -49,6 +50,9 @@ from execwrap.text import listed
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
 
 __all__ = ["ParamExecOrderWrapPolicy"]
 
@@ -82,7 +86,19 @@ class ParamExecOrderWrapPolicy(_Policy):
         bucket_numel: merge consecutive units (in execution order) into groups
             of at most this many parameter elements (FSDP2 groups; FSDP1
             realises a group only when it is exactly a parent's units, see
-            ``plan.notes``). ``None`` merges nothing.
+            ``plan.notes``). ``None`` merges nothing. ``"auto"``: the
+            auto-planner chooses the groups, the prefetch depth and
+            ``reshard_after_forward`` per group from ``cost_model``
+            (see :func:`execwrap.plan_wrap`; its choices are FSDP2's: use
+            the policy with :func:`execwrap.apply_fully_shard` and
+            ``prefetch="auto"``; under FSDP1 only the groups apply). Needs an
+            order before wrapping (``order``, ``tracing_config`` or
+            ``example_inputs``).
+        cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
+            preset) for ``bucket_numel="auto"``.
+        world_size: ranks to plan for (default: the cost model's).
+        memory_budget: peak memory per rank the auto plan must stay within,
+            bytes (``None``: no limit).
         example_inputs: positional inputs for runtime capture (a tuple, or one
             tensor); one forward and backward run before wrapping.
         example_kwargs: keyword inputs for runtime capture.
@@ -119,9 +135,13 @@ class ParamExecOrderWrapPolicy(_Policy):
         TypeError: ``init_policy`` is not callable / not a ``_Policy``,
             ``tracing_config`` is not a :class:`TracingConfig`, ``order`` is
             not an :class:`ExecutionOrder`, or ``example_kwargs`` not a dict.
-        ValueError: ``bucket_numel`` is not a positive int. From FSDP1
-            (``_run_policy``), before anything is wrapped: units mix frozen
-            and trainable parameters and ``use_orig_params`` is ``False``.
+        ValueError: ``bucket_numel`` is not a positive int, ``None`` or
+            ``"auto"``; ``"auto"`` without a ``cost_model``; ``cost_model``,
+            ``world_size`` or ``memory_budget`` without ``"auto"``; a
+            ``memory_budget`` or ``world_size`` that is not positive;
+            ``groups`` with ``"auto"``. From FSDP1 (``_run_policy``), before
+            anything is wrapped: units mix frozen and trainable parameters and
+            ``use_orig_params`` is ``False``.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -134,13 +154,16 @@ class ParamExecOrderWrapPolicy(_Policy):
     init_policy: InitPolicy = always_wrap_policy
     tracing_config: TracingConfig | None = None
     _: KW_ONLY
-    bucket_numel: int | None = None
+    bucket_numel: int | Literal["auto"] | None = None
     example_inputs: Any = None
     example_kwargs: dict[str, Any] | None = None
     order: ExecutionOrder | None = None
     check_ranks: bool = True
     forward_prefetch: bool | None = None
     groups: Sequence[Sequence[str]] | None = None
+    cost_model: CostModel | None = None
+    world_size: int | None = None
+    memory_budget: int | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -155,13 +178,22 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.tracing_config must be a tracing.TracingConfig "
                 f"or None; got {type(self.tracing_config).__name__}"
             )
-        if self.bucket_numel is not None and (
-            not is_int(self.bucket_numel) or self.bucket_numel <= 0
+        if (
+            self.bucket_numel is not None
+            and self.bucket_numel != "auto"
+            and (not is_int(self.bucket_numel) or self.bucket_numel <= 0)
         ):
             raise ValueError(
                 "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
-                f"parameter elements or None; got {self.bucket_numel!r}"
+                f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
             )
+        check_auto_options(
+            "ParamExecOrderWrapPolicy",
+            self.bucket_numel,
+            self.cost_model,
+            self.world_size,
+            self.memory_budget,
+        )
         if self.order is not None and not isinstance(self.order, ExecutionOrder):
             raise TypeError(
                 "ParamExecOrderWrapPolicy.order must be a tracing.ExecutionOrder (e.g. "
@@ -223,6 +255,12 @@ class ParamExecOrderWrapPolicy(_Policy):
                 during the first step).
         """
         order = self.order if self.order is not None else self._capture(model)
+        if order is None and self.bucket_numel == "auto":
+            raise ValueError(
+                'ParamExecOrderWrapPolicy(bucket_numel="auto") plans from the execution order '
+                "before wrapping, but there is none: pass order=, tracing_config= or "
+                "example_inputs= (runtime capture with timing gives the planner compute times)"
+            )
         if order is None:
             logger.info(
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
@@ -242,6 +280,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             ignored_modules=list(ignored_modules or ()),
             groups=self.groups,
             target=target,
+            cost_model=self.cost_model,
+            world_size=self.world_size,
+            memory_budget=self.memory_budget,
         )
         return self.plan
 

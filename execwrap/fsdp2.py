@@ -36,7 +36,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 import torch.distributed as dist
@@ -64,7 +64,7 @@ def apply_fully_shard(
     policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
     *,
     mesh: DeviceMesh | None = None,
-    prefetch: int = 1,
+    prefetch: int | Literal["auto"] = 1,
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
@@ -87,15 +87,22 @@ def apply_fully_shard(
             mesh over the default group). A 1-D mesh's group is also the
             group of the policy's cross-rank order check.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
-            FSDP2's implicit prefetching.
+            FSDP2's implicit prefetching; ``"auto"``: the depth the
+            auto-planner chose (``plan.prefetch``; plan with
+            ``bucket_numel="auto"``).
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root) before its ``fully_shard`` call, it
-            returns kwargs merged over ``fully_shard_kwargs`` for that group
-            (e.g. ``reshard_after_forward=False`` for the group that runs last
-            in forward, as torchtitan sets it).
+            returns kwargs merged over ``fully_shard_kwargs`` and the plan's
+            per-group ``reshard_after_forward`` for that group (e.g.
+            ``reshard_after_forward=False`` for the group that runs last in
+            forward, as torchtitan sets it).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
-            ``ignored_params``, ...).
+            ``ignored_params``, ...). Without ``reshard_after_forward`` here,
+            a plan that carries per-group choices
+            (``plan.reshard_after_forward``, from the auto-planner) gets them,
+            one per ``fully_shard`` call, the root's entry included (``False``
+            there is FSDP2's own default for the root).
 
     Returns:
         The plan applied (for a policy that records during the first step,
@@ -104,14 +111,15 @@ def apply_fully_shard(
         model) is applied with one WARNING naming what differs.
 
     Raises:
-        ValueError: ``prefetch`` is negative; the model already has
-            ``fully_shard`` applied; the plan names a module the model does
-            not have, or puts the root in a group with other modules; the
-            model has a 0-dim parameter outside ``ignored_params``, which
-            ``fully_shard`` refuses (:func:`execwrap.shardable.check_shardable`;
-            raised before anything is wrapped).
-        TypeError: ``prefetch`` is not an int; ``policy_or_plan`` is neither a
-            policy nor a plan.
+        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
+            did not choose one; the model already has ``fully_shard``
+            applied; the plan names a module the model does not have, or puts
+            the root in a group with other modules; the model has a 0-dim
+            parameter outside ``ignored_params``, which ``fully_shard``
+            refuses (:func:`execwrap.shardable.check_shardable`; raised before
+            anything is wrapped).
+        TypeError: ``prefetch`` is neither an int nor ``"auto"``;
+            ``policy_or_plan`` is neither a policy nor a plan.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture
             and the cross-rank check (see
             :meth:`ParamExecOrderWrapPolicy.build_plan`).
@@ -123,7 +131,8 @@ def apply_fully_shard(
         >>> plan.groups  # doctest: +SKIP
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
-    check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead")
+    if prefetch != "auto":
+        check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)
     if isinstance(model, FSDPModule):
         raise ValueError(
             f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
@@ -131,8 +140,10 @@ def apply_fully_shard(
         )
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
+    prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
-    _shard_groups(model, groups, mesh, fully_shard_kwargs, group_kwargs)
+    reshard = _group_reshard(plan, fully_shard_kwargs)
+    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs)
     mark_applied(policy_or_plan)
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
@@ -212,24 +223,76 @@ def _build_plan(
     )
 
 
+_AUTO_HINT = '; or pass "auto" for the depth the auto-planner chose'
+
+
+def _resolve_prefetch(prefetch: int | str, plan: WrapPlan) -> int:
+    """``prefetch`` as an int: ``"auto"`` becomes the plan's chosen depth."""
+    if prefetch != "auto":
+        assert isinstance(prefetch, int)
+        return prefetch
+    if plan.prefetch is None:
+        raise ValueError(
+            'apply_fully_shard: prefetch="auto" uses the depth the auto-planner chose, but this '
+            'plan has none (made without bucket_numel="auto"); plan with '
+            'bucket_numel="auto", cost_model=... and world_size=..., or pass prefetch=0, 1 or 2'
+        )
+    return plan.prefetch
+
+
+def _group_reshard(
+    plan: WrapPlan, fully_shard_kwargs: dict[str, Any]
+) -> dict[tuple[str, ...], bool]:
+    """Group (module FQNs) -> the plan's ``reshard_after_forward`` for it; empty
+    when the plan has no per-group choice or the caller passed one for all."""
+    flags = plan.reshard_after_forward
+    if flags is None:
+        return {}
+    if "reshard_after_forward" in fully_shard_kwargs:
+        logger.info(
+            "apply_fully_shard: reshard_after_forward=%r given; the plan's per-group choices "
+            "are not used",
+            fully_shard_kwargs["reshard_after_forward"],
+        )
+        return {}
+    if len(flags) != len(plan.units):
+        raise ValueError(
+            f"apply_fully_shard: the plan has {len(plan.units)} unit(s) but "
+            f"{len(flags)} reshard_after_forward flag(s); plan the model again"
+        )
+    return {u.module_fqns: bool(f) for u, f in zip(plan.units, flags, strict=True)}
+
+
 def _shard_groups(
     model: nn.Module,
     groups: list[list[str]],
     mesh: DeviceMesh | None,
     fully_shard_kwargs: dict[str, Any],
+    reshard: dict[tuple[str, ...], bool],
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
 ) -> None:
-    """``fully_shard`` each group in post-order, then the root."""
+    """``fully_shard`` each group in post-order, then the root: each with
+    ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that
+    group (``reshard``; the root's entry taken literally, as the simulator
+    does), then ``group_kwargs(fqns)`` over both."""
 
     def kwargs_for(fqns: list[str]) -> dict[str, Any]:
-        return {**fully_shard_kwargs, **(group_kwargs(list(fqns)) if group_kwargs else {})}
+        kwargs = dict(fully_shard_kwargs)
+        if tuple(fqns) in reshard:
+            kwargs["reshard_after_forward"] = reshard[tuple(fqns)]
+        if group_kwargs is not None:
+            kwargs.update(group_kwargs(list(fqns)))
+        return kwargs
 
     for fqns in _post_order(model, groups):
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        logger.debug("fully_shard(%s)", fqns)
+        kwargs = kwargs_for(fqns)
+        logger.debug(
+            "fully_shard(%s, reshard_after_forward=%s)", fqns, kwargs.get("reshard_after_forward")
+        )
         try:
-            fully_shard(target, mesh=mesh, **kwargs_for(fqns))
+            fully_shard(target, mesh=mesh, **kwargs)
         except Exception as e:
             if sys.version_info >= (3, 11):
                 e.add_note(f"While applying fully_shard to plan group {fqns}")

@@ -27,6 +27,7 @@ from execwrap.errors import PlanError
 from execwrap.model_view import ModelView
 from execwrap.plan_check import check_plan
 from execwrap.plan_notes import reordered_note
+from execwrap.plan_search import PlanSearch
 from execwrap.plan_stats import (
     PlanStats,
     TimelineStep,
@@ -43,6 +44,7 @@ from tracing.schema import (
     Field,
     Record,
     SchemaError,
+    boolean,
     field_path,
     integer,
     list_of,
@@ -54,10 +56,16 @@ from tracing.schema import (
 if TYPE_CHECKING:
     import torch.nn as nn
 
+    from execwrap.simulate.estimate import StepEstimate
+
 __all__ = ["PLAN_FIELDS", "PLAN_SCHEMA_VERSION", "STATS_FIELDS", "WrapPlan"]
 
-#: Version of the layout written by :meth:`WrapPlan.to_dict`.
-PLAN_SCHEMA_VERSION = 1
+#: Version of the layout written by :meth:`WrapPlan.to_dict` (2: the auto-planner's
+#: ``prefetch``, ``reshard_after_forward``, ``estimate`` and ``search``).
+PLAN_SCHEMA_VERSION = 2
+
+#: Layout versions :meth:`WrapPlan.from_dict` reads (version 1 has no auto-planner fields).
+READABLE_PLAN_VERSIONS = (1, 2)
 
 
 def _any(value: Any, path: str) -> Any:
@@ -84,6 +92,18 @@ class WrapPlan:
             wrap for it), root first.
         ignored_modules: FQNs of the ignored modules passed to
             :func:`~execwrap.planner.plan_wrap` (outermost only).
+        prefetch: the prefetch depth chosen by the auto-planner
+            (``bucket_numel="auto"``; ``apply_fully_shard(..., prefetch="auto")``
+            uses it), else ``None``.
+        reshard_after_forward: one flag per unit (in :attr:`units` order):
+            whether ``fully_shard`` reshards that group after forward (the
+            root group never does, whatever its flag). ``None``: FSDP2's
+            default for every group.
+        estimate: the predicted step (an :class:`execwrap.simulate.StepEstimate`:
+            step time, exposed communication, peak memory and its breakdown,
+            per-stream timeline) at :attr:`prefetch` and
+            :attr:`reshard_after_forward`, when a cost model was given.
+        search: what the auto-planner compared (:class:`~execwrap.plan_search.PlanSearch`).
     """
 
     units: list[WrapUnit]
@@ -94,6 +114,10 @@ class WrapPlan:
     policy_name: str = ""
     policy_fqns: tuple[str, ...] = ()
     ignored_modules: tuple[str, ...] = ()
+    prefetch: int | None = None
+    reshard_after_forward: tuple[bool, ...] | None = None
+    estimate: StepEstimate | None = None
+    search: PlanSearch | None = None
 
     # ------------------------------------------------------------ lookups
     @property
@@ -174,6 +198,17 @@ class WrapPlan:
             ks = [pos[p] for p in unit.param_fqns if p in pos]
             first_ready[i] = min(ks) if ks else math.inf
         return sorted(range(n), key=lambda i: (first_ready[i], reverse_rank[i]))
+
+    def kept_unsharded(self) -> list[int]:
+        """Indices of the non-root units that do not reshard after forward
+        (``reshard_after_forward`` ``False``), in unit order; ``[]`` without
+        per-unit choices."""
+        flags = self.reshard_after_forward or ()
+        return [
+            i
+            for i, (u, f) in enumerate(zip(self.units, flags, strict=False))
+            if not f and not u.is_root
+        ]
 
     # ----------------------------------------------------------- FSDP1 view
     def fsdp1_modules(self) -> list[str]:
@@ -318,8 +353,9 @@ class WrapPlan:
     # ---------------------------------------------------------- serialising
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict: units, atomic units, notes, bucket size,
-        policy, FSDP1 modules, and stats at prefetch 1 (the order is not
-        included; reports store it next to the plan)."""
+        policy, FSDP1 modules, stats at prefetch 1, and the auto-planner's
+        choices, estimate and search (``null`` when not planned so; the order
+        is not included; reports store it next to the plan)."""
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "policy_name": self.policy_name,
@@ -332,6 +368,12 @@ class WrapPlan:
             "fsdp1_modules": self.fsdp1_modules(),
             "notes": list(self.notes),
             "stats": self.stats(1).to_dict(),
+            "prefetch": self.prefetch,
+            "reshard_after_forward": (
+                None if self.reshard_after_forward is None else list(self.reshard_after_forward)
+            ),
+            "estimate": None if self.estimate is None else self.estimate.to_dict(),
+            "search": None if self.search is None else self.search.to_dict(),
         }
 
     @classmethod
@@ -353,6 +395,9 @@ class WrapPlan:
             source: the file ``data`` came from, for messages.
             prefix: where ``data`` sits in that file (``"plan"`` in a report).
 
+        Reads layout versions 1 and 2 (a version-1 plan has no auto-planner
+        fields: they stay ``None``).
+
         Raises:
             ValueError: ``data`` is of another schema version or malformed; the
                 one-line message names ``source`` and the field.
@@ -363,10 +408,11 @@ class WrapPlan:
                 prefix, f"expected an object, got {type_and_value(data)}", source, what
             )
         version = data.get("schema_version", PLAN_SCHEMA_VERSION)
-        if not is_int(version) or version != PLAN_SCHEMA_VERSION:
+        if not is_int(version) or version not in READABLE_PLAN_VERSIONS:
             raise ValueError(
                 f"{source}: unsupported WrapPlan schema_version {version!r} (this execwrap reads "
-                f"{PLAN_SCHEMA_VERSION}); build the plan again with plan_wrap"
+                f"{' and '.join(map(str, READABLE_PLAN_VERSIONS))}); build the plan again with "
+                "plan_wrap"
             )
         f = PLAN_FIELDS.check(data, source=source, prefix=prefix, what=what)
         try:
@@ -388,7 +434,41 @@ class WrapPlan:
             policy_name=f["policy_name"],
             policy_fqns=tuple(f["policy_fqns"]),
             ignored_modules=tuple(f["ignored_modules"]),
+            **_auto_fields(f, len(units), prefix, source),
         )
+
+
+def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) -> dict[str, Any]:
+    """The auto-planner's fields of a checked :data:`PLAN_FIELDS` dict (``None``
+    where absent: version-1 plans and plans not made by the auto-planner)."""
+    reshard = f["reshard_after_forward"]
+    if reshard is not None and len(reshard) != num_units:
+        raise SchemaError(
+            field_path(prefix, "reshard_after_forward"),
+            f"has {len(reshard)} entries for {num_units} units",
+            source,
+            "WrapPlan",
+        )
+    estimate: Any = None
+    search: PlanSearch | None = None
+    try:
+        if f["estimate"] is not None:
+            from execwrap.simulate.estimate import StepEstimate
+
+            estimate = StepEstimate.from_dict(f["estimate"])
+        if f["search"] is not None:
+            search = PlanSearch.from_dict(f["search"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        key = "estimate" if estimate is None and f["estimate"] is not None else "search"
+        raise SchemaError(
+            field_path(prefix, key), f"malformed ({type(e).__name__}: {e})", source, "WrapPlan"
+        ) from None
+    return {
+        "prefetch": f["prefetch"],
+        "reshard_after_forward": None if reshard is None else tuple(reshard),
+        "estimate": estimate,
+        "search": search,
+    }
 
 
 def _unit(data: Any, order: ExecutionOrder, path: str, index: int) -> WrapUnit:
@@ -446,5 +526,10 @@ PLAN_FIELDS = Record(
         "atomic_units": Field(list_of(_any), required=False, default=[]),
         "notes": Field(list_of(string()), required=False, default=[]),
         "stats": Field(optional(STATS_FIELDS), required=False),
+        # schema 2: the auto-planner's choices (absent in version-1 plans)
+        "prefetch": Field(optional(integer(what="units ahead")), required=False),
+        "reshard_after_forward": Field(optional(list_of(boolean())), required=False),
+        "estimate": Field(optional(_any), required=False),
+        "search": Field(optional(_any), required=False),
     }
 )

@@ -27,7 +27,9 @@
    greedy is optimal for a contiguous grouping under a cap). Members of a
    group must be called, not nest one another, not be the root, and share
    one trainable dtype (FSDP2 reduce-scatters one dtype per group); a larger
-   unit stays alone.
+   unit stays alone. With ``bucket_numel="auto"`` the auto-planner
+   (:mod:`execwrap.autoplan`) chooses the groups, the prefetch depth and
+   ``reshard_after_forward`` per group from a cost model instead.
 6. The plan checks itself (:mod:`execwrap.plan_check`).
 
 With ``groups`` (stated groups, :mod:`execwrap.stated_groups`), each listed
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch.nn as nn
 
@@ -60,6 +62,7 @@ from execwrap.auto_wrap import (
     policy_name,
     policy_unit_modules,
 )
+from execwrap.autoplan import check_auto_options, search_plan
 from execwrap.bucketing import bucket_units
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView, OrderView, check_order_fits
@@ -76,6 +79,7 @@ from execwrap.plan_notes import (
     scalar_param_notes,
 )
 from execwrap.stated_groups import (
+    StatedGroups,
     bucket_between_groups,
     check_stated_groups,
     stated_group_note,
@@ -85,6 +89,9 @@ from execwrap.unit import WrapUnit
 from tracing.checks import check_int
 from tracing.fqn import ancestors, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
 
 __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
@@ -141,10 +148,13 @@ def plan_wrap(
     order: ExecutionOrder,
     init_policy: Any = always_wrap_policy,
     *,
-    bucket_numel: int | None = None,
+    bucket_numel: int | Literal["auto"] | None = None,
     ignored_modules: Iterable[nn.Module | str] | None = None,
     groups: Iterable[Iterable[str]] | None = None,
     target: FSDPTarget | None = None,
+    cost_model: CostModel | None = None,
+    world_size: int | None = None,
+    memory_budget: int | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -157,7 +167,11 @@ def plan_wrap(
         model: the unwrapped root module (the meta device is fine).
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
-        bucket_numel: FSDP2 group size cap in elements, or ``None``.
+        bucket_numel: FSDP2 group size cap in elements; ``None``: no buckets;
+            ``"auto"``: the auto-planner (:mod:`execwrap.autoplan`) chooses the
+            groups, the prefetch depth and ``reshard_after_forward`` per group
+            (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,
+            ``plan.search``).
         ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
             objects or module FQN strings); their parameters are in no unit.
         groups: stated groups: lists of module FQNs, each list one FSDP group
@@ -166,6 +180,9 @@ def plan_wrap(
             stated.
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target
             only (``None``, the default: of both where they differ).
+        cost_model, world_size, memory_budget: for ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`, the ranks (default: the cost
+            model's) and the peak bytes per rank to fit (``None``: no limit).
 
     Returns:
         A :class:`WrapPlan`. Until it is applied (``apply_fully_shard``), the
@@ -175,14 +192,18 @@ def plan_wrap(
     Raises:
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
             ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; an ignored module is
-            not part of ``model``; a stated group cannot be formed (the
-            message names the member and why); or the order does not fit ``model``: it
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner
+            keywords (see :func:`execwrap.autoplan.check_auto_options`), a
+            cost model for another world size or device type, or ``groups``
+            with ``bucket_numel="auto"``; an ignored module is not part of
+            ``model``; a stated group cannot be formed (the message names the
+            member and why); or the order does not fit ``model``: it
             names a module or parameter that ``model`` does not have, or its
             ``params`` table (when not empty) lists other parameters, or other
             numels/shapes, than ``model.named_parameters()`` (a stale order:
             capture it again).
-        PlanError: the plan failed its own check (a bug; please report).
+        PlanError: no plan fits ``memory_budget`` (naming the smallest peak
+            reached and what dominates it); the plan failed its own check.
 
     Example:
         >>> from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -201,6 +222,9 @@ def plan_wrap(
         ignored_modules=ignored_modules,
         groups=groups,
         target=target,
+        cost_model=cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
     )
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -211,16 +235,26 @@ def plan_wrap_unwatched(
     order: ExecutionOrder,
     init_policy: Any = always_wrap_policy,
     *,
-    bucket_numel: int | None = None,
+    bucket_numel: int | Literal["auto"] | None = None,
     ignored_modules: Iterable[nn.Module | str] | None = None,
     groups: Iterable[Iterable[str]] | None = None,
     target: FSDPTarget | None = None,
+    cost_model: CostModel | None = None,
+    world_size: int | None = None,
+    memory_budget: int | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
     _check_arguments(model, order, bucket_numel)
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
+    check_auto_options("plan_wrap", bucket_numel, cost_model, world_size, memory_budget)
+    if groups is not None and bucket_numel == "auto":
+        raise ValueError(
+            'plan_wrap: groups= and bucket_numel="auto" cannot be combined yet (the '
+            "auto-planner regroups units freely); state the groups with an int bucket_numel "
+            "or None, or let the auto-planner choose every group"
+        )
     ignored_set = expand_ignored_modules(model, ignored_modules)
     ignored_top = _outermost_ignored(model, ignored_set)
     view = ModelView.build(model, ignored_top)
@@ -231,30 +265,64 @@ def plan_wrap_unwatched(
     logger.debug("policy %s chose %d unit(s)", policy_name(init_policy), len(policy_fqns))
 
     candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
-    uses = OrderView.build(view, order)
-    planner = _Planner(view, uses, candidates, target, stated)
-    atomic = planner.build()
-    units, fixed = stated_group_units(stated, atomic, view, uses, planner.trainable_dtypes)
-    planner.notes += [stated_group_note(units[i]) for i in sorted(fixed)]
-    if bucket_numel:
-        units = bucket_between_groups(
-            units, fixed, lambda run: bucket_units(run, bucket_numel, planner.trainable_dtypes)
-        )
-    plan = WrapPlan(
-        units=list(units),
-        order=order,
-        atomic_units=list(atomic),
-        notes=planner.notes,
-        bucket_numel=bucket_numel,
-        policy_name=policy_name(init_policy),
-        policy_fqns=tuple(policy_fqns),
-        ignored_modules=ignored_top,
-    )
+    planner = _Planner(view, OrderView.build(view, order), candidates, target, stated)
+    plan = _bucketed_plan(planner, bucket_numel, stated, policy_name(init_policy), ignored_top)
+    if bucket_numel == "auto":
+        plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
     return plan
+
+
+def _bucketed_plan(
+    planner: _Planner,
+    bucket_numel: Any,
+    stated: StatedGroups,
+    name: str,
+    ignored_top: tuple[str, ...],
+) -> WrapPlan:
+    """Steps 4 and 5: the atomic units, the stated groups formed, and the runs
+    between them bucketed under an int ``bucket_numel``."""
+    atomic = planner.build()
+    units, fixed = stated_group_units(
+        stated, atomic, planner.view, planner.uses, planner.trainable_dtypes
+    )
+    planner.notes += [stated_group_note(units[i]) for i in sorted(fixed)]
+    cap = bucket_numel if isinstance(bucket_numel, int) else None
+    if cap:
+        units = bucket_between_groups(
+            units, fixed, lambda run: bucket_units(run, cap, planner.trainable_dtypes)
+        )
+    return WrapPlan(
+        units=list(units),
+        order=planner.uses.order,
+        atomic_units=list(atomic),
+        notes=planner.notes,
+        bucket_numel=cap,
+        policy_name=name,
+        policy_fqns=tuple(planner.policy_fqns),
+        ignored_modules=ignored_top,
+    )
+
+
+def _auto_plan(
+    plan: WrapPlan,
+    planner: _Planner,
+    cost_model: CostModel | None,
+    world_size: int | None,
+    memory_budget: int | None,
+) -> WrapPlan:
+    """Step 5 with ``bucket_numel="auto"``: :func:`execwrap.autoplan.search_plan`."""
+    assert cost_model is not None  # check_auto_options
+    return search_plan(
+        plan,
+        cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
+        trainable_dtypes=planner.trainable_dtypes,
+    )
 
 
 def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
@@ -266,13 +334,13 @@ def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
             f"plan_wrap: order must be an ExecutionOrder, got {type(order).__name__}; capture "
             "one with tracing.capture_execution_order(model, ...)"
         )
-    if bucket_numel is not None:
+    if bucket_numel is not None and bucket_numel != "auto":
         check_int(
             bucket_numel,
             "plan_wrap: bucket_numel",
             minimum=1,
             unit="elements",
-            hint="; pass None for no bucketing",
+            hint='; pass None for no bucketing, or "auto" for the auto-planner',
         )
 
 

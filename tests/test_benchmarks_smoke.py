@@ -31,6 +31,7 @@ CASES = [
     ("report_io", ["-m", "benchmarks.report_io"], True),
     ("estimate", ["-m", "benchmarks.estimate"], True),
     ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
+    ("autoplan", ["-m", "benchmarks.autoplan"], True),
 ]
 
 

@@ -144,7 +144,7 @@ def parse_policy(text: str, model: Any) -> Any:
 
 
 def baseline_policies(
-    policy_text: str, init_policy: Any, bucket_numel: int | None
+    policy_text: str, init_policy: Any, bucket_numel: int | str | None
 ) -> dict[str, Any]:
     """The policies a report compares its plan with, by baseline name: the
     chosen policy without buckets (when bucketed), and always_wrap_policy (or

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from execwrap.cli.errors import CLIError
 from execwrap.cli.input_spec import InputItem, check_input_file, is_arg_name, parse_input_spec
@@ -40,6 +40,7 @@ __all__ = [
     "check_out_dir",
     "diff_options",
     "locate_saved",
+    "parse_bytes",
     "parse_concrete_args",
     "parse_numel",
     "parse_policy_spec",
@@ -89,6 +90,52 @@ def parse_numel(text: str) -> int:
     value = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
     if value != int(value):
         raise ValueError(f"invalid element count {text!r}: not a whole number of elements")
+    return int(value)
+
+
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a size in bytes with an optional unit.
+
+    ``"40GiB"`` -> ``42_949_672_960`` (binary: KiB, MiB, GiB, TiB are powers of
+    1024); ``"8GB"`` -> ``8_000_000_000`` (decimal: KB, MB, GB, TB);
+    ``"4096"`` / ``"4096B"`` -> ``4096``. Units are case-insensitive; a bare
+    ``K``/``M``/``G`` is refused as ambiguous.
+
+    Raises:
+        ValueError: not a non-negative number with one of these units, or
+            not a whole number of bytes.
+    """
+    match = _BYTES_RE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _BYTE_UNITS:
+        hint = (
+            f"; {match.group(2)!r} is ambiguous: write {match.group(2)}iB (powers of 1024) or "
+            f"{match.group(2)}B (powers of 1000)"
+            if match and unit in ("k", "m", "g", "t")
+            else ""
+        )
+        raise ValueError(
+            f"invalid size {text!r}: expected a number of bytes with an optional unit, e.g. "
+            f"40GiB, 512MiB or 8GB{hint}"
+        )
+    value = float(match.group(1)) * _BYTE_UNITS[unit]
+    if value != int(value):
+        raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
     return int(value)
 
 
@@ -205,13 +252,17 @@ class ReportOptions:
         input_text: the input SPEC as given (or the demo's), for messages.
         items: the parsed SPEC; ``None``: no inputs (symbolic capture only).
         policy: the checked ``--policy``.
-        bucket_numel: FSDP2 group size cap (elements); ``None``: no buckets.
+        bucket_numel: FSDP2 group size cap (elements); ``None``: no buckets;
+            ``"auto"``: the auto-planner.
         tracer_path: ``PKG.MODULE:CLASS`` of a ``torch.fx.Tracer``, or ``None``.
         concrete_args: forward arguments kept concrete while tracing.
         device: ``"cpu"`` or ``"meta"``.
         prefetch: prefetch depth for the memory prediction.
         out_dir: output folder.
         formats: report formats, in the order given.
+        cost_model: ``--cost-model`` (a file path or a preset name), or ``None``.
+        world_size: ``--world-size``, or ``None`` (the cost model's).
+        memory_budget: ``--memory-budget`` in bytes, or ``None`` (no limit).
     """
 
     model_path: str
@@ -219,13 +270,16 @@ class ReportOptions:
     input_text: str | None
     items: list[InputItem] | None
     policy: PolicySpec
-    bucket_numel: int | None
+    bucket_numel: int | Literal["auto"] | None
     tracer_path: str | None
     concrete_args: dict[str, Any]
     device: str
     prefetch: int
     out_dir: Path
     formats: tuple[str, ...]
+    cost_model: str | None = None
+    world_size: int | None = None
+    memory_budget: int | None = None
 
 
 def report_options(args: argparse.Namespace) -> ReportOptions:
@@ -239,6 +293,7 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     formats = _formats(args.format)
     prefetch = _check_count(args.prefetch, "--prefetch")
     bucket_numel = _bucket_numel(args.bucket_size or (DEFAULT_DEMO_BUCKET if is_demo else None))
+    cost_model, world_size, memory_budget = _auto_options(args, bucket_numel)
     input_text = DEFAULT_DEMO_INPUT if args.input is None and is_demo else args.input
     items = _input_items(input_text) if input_text is not None else None
     concrete_args = parse_concrete_args(args.concrete_arg or [])
@@ -262,7 +317,52 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
         prefetch=prefetch,
         out_dir=out_dir,
         formats=formats,
+        cost_model=cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
     )
+
+
+def _auto_options(
+    args: argparse.Namespace, bucket_numel: int | str | None
+) -> tuple[str | None, int | None, int | None]:
+    """``--cost-model``, ``--world-size`` and ``--memory-budget``, checked: they
+    go with ``--bucket-size auto``, which needs ``--cost-model``."""
+    cost_model = getattr(args, "cost_model", None)
+    world_size = getattr(args, "world_size", None)
+    budget_text = getattr(args, "memory_budget", None)
+    if bucket_numel != "auto":
+        given = [
+            option
+            for option, value in (
+                ("--cost-model", cost_model),
+                ("--world-size", world_size),
+                ("--memory-budget", budget_text),
+            )
+            if value is not None
+        ]
+        if given:
+            raise CLIError(f"{', '.join(given)} only apply with --bucket-size auto")
+        return None, None, None
+    if not cost_model:
+        raise CLIError(
+            "--bucket-size auto needs --cost-model FILE|PRESET (a JSON file from "
+            "'execwrap calibrate', or a preset such as h100-nvlink-8)"
+        )
+    looks_like_file = "/" in cost_model or "\\" in cost_model or cost_model.endswith(".json")
+    if looks_like_file and not Path(cost_model).is_file():
+        raise CLIError(f"--cost-model {cost_model!r}: no such file")
+    if world_size is not None and world_size < 1:
+        raise CLIError(f"--world-size must be >= 1, got {world_size}")
+    memory_budget = None
+    if budget_text is not None:
+        try:
+            memory_budget = parse_bytes(budget_text)
+        except ValueError as exc:
+            raise CLIError(f"--memory-budget: {exc}") from None
+        if memory_budget <= 0:
+            raise CLIError(f"--memory-budget {budget_text!r}: must be > 0 bytes")
+    return cost_model, world_size, memory_budget
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -276,9 +376,11 @@ def _formats(text: str) -> tuple[str, ...]:
     return tuple(formats)
 
 
-def _bucket_numel(text: str | None) -> int | None:
+def _bucket_numel(text: str | None) -> int | Literal["auto"] | None:
     if text is None or text.strip().lower() == "none":
         return None
+    if text.strip().lower() == "auto":
+        return "auto"
     try:
         bucket_numel = parse_numel(text)
     except ValueError as exc:

@@ -102,7 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--bucket-size",
         metavar="N",
         help="merge consecutive units into FSDP2 groups up to N elements (K/M/G suffixes; "
-        f"'none' disables; default: {DEFAULT_DEMO_BUCKET} for the built-in model, none otherwise)",
+        "'none' disables; 'auto': the auto-planner chooses groups, prefetch and "
+        "reshard_after_forward from --cost-model; "
+        f"default: {DEFAULT_DEMO_BUCKET} for the built-in model, none otherwise)",
+    )
+    report.add_argument(
+        "--cost-model",
+        metavar="FILE|PRESET",
+        help="for --bucket-size auto: a cost model JSON written by 'execwrap calibrate', "
+        "or a preset name (e.g. h100-nvlink-8)",
+    )
+    report.add_argument(
+        "--world-size",
+        type=int,
+        metavar="N",
+        help="for --bucket-size auto: ranks to plan for (default: the cost model's)",
+    )
+    report.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        help="for --bucket-size auto: peak memory per rank the plan must fit, e.g. 40GiB, "
+        "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: no limit)",
     )
     report.add_argument(
         "--tracer",

@@ -54,6 +54,13 @@ def run_report(options: ReportOptions) -> int:
     init_policy = parse_policy(options.policy.text, model)
     t0 = time.perf_counter()
     order = _capture(model, config, example, options)
+    if options.bucket_numel == "auto":  # the auto-planner weighs compute too
+        from execwrap.cli.auto_plan import load_cost_model, timed_order
+
+        cost_model = load_cost_model(str(options.cost_model), options.world_size)
+        order = timed_order(
+            model, order, example, cost_model, lambda: load_model(options.model_path, "meta")
+        )
     capture_s = time.perf_counter() - t0
     plan, baselines = _plan(model, order, init_policy, options)
     paths = _write(model, plan, baselines, options)
@@ -98,6 +105,16 @@ def _plan(
     model: nn.Module, order: ExecutionOrder, init_policy: Any, options: ReportOptions
 ) -> tuple[WrapPlan, dict[str, WrapPlan]]:
     """The plan, and the baselines to compare it with (see :func:`_baselines`)."""
+    if options.bucket_numel == "auto":  # the auto-planner and the cost model's estimates
+        from execwrap.cli.auto_plan import estimate_baselines, plan_auto
+
+        plan, cm = plan_auto(model, order, init_policy, options)
+        try:
+            baselines = _baselines(model, order, init_policy, options)
+            baselines = estimate_baselines(baselines, cm, options.world_size, options.prefetch)
+        except (TypeError, ValueError, ExecwrapError) as exc:
+            raise CLIError(f"planning the baselines failed: {shorten(exc, 240)}") from exc
+        return plan, baselines
     try:
         plan = planning.plan_wrap(model, order, init_policy, bucket_numel=options.bucket_numel)
         baselines = _baselines(model, order, init_policy, options)
@@ -142,18 +159,31 @@ def _summary_rows(
     """The terminal summary: what was captured and planned, and the baselines."""
     stats = plan.stats(options.prefetch)
     bucket = options.bucket_numel
+    bucket_text = (
+        "auto"
+        if bucket == "auto"
+        else "-"
+        if bucket is None
+        else f"{format_numel(bucket)} elements"
+    )
     rows = [
         ("model", f"{type(model).__name__} ({options.model_path})"),
         ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
         ("input", options.input_text or "-"),
         ("capture", f"{order.method} ({capture_s:.2f} s)"),
+        *(
+            [("compute times", f"{order.timing_method} ({order.timing_device})")]
+            if order.has_timing
+            else []
+        ),
         ("fallback reason", short_reason(order.fallback_reason) if order.fallback_reason else "-"),
         ("policy", options.policy.text),
-        ("bucket size", "-" if bucket is None else f"{format_numel(bucket)} elements"),
+        ("bucket size", bucket_text),
         ("units", str(stats.num_units)),
         ("all-gathers/step", str(stats.all_gathers_per_step)),
         (f"peak unsharded (prefetch {options.prefetch})", format_bytes(stats.peak_unsharded_bytes)),
     ]
+    rows += _estimate_rows(plan)
     for name, base in baselines.items():
         bst = base.stats(options.prefetch)
         rows.append(
@@ -163,6 +193,24 @@ def _summary_rows(
                 f"peak {format_bytes(bst.peak_unsharded_bytes)}",
             )
         )
+    return rows
+
+
+def _estimate_rows(plan: WrapPlan) -> list[tuple[str, str]]:
+    """The auto plan's choices and predicted step, when it has them."""
+    estimate = plan.estimate
+    if estimate is None:
+        return []
+    kept = len(plan.kept_unsharded())
+    rows = [
+        ("auto plan", plan.search.best.label if plan.search is not None else "-"),
+        ("prefetch (chosen)", str(plan.prefetch)),
+        ("groups not resharded", str(kept)),
+        ("predicted step", f"{estimate.step_time_s * 1e3:.3f} ms"),
+        ("predicted peak memory", format_bytes(int(estimate.peak_memory_bytes))),
+    ]
+    if plan.search is not None and plan.search.memory_budget is not None:
+        rows.append(("memory budget", format_bytes(plan.search.memory_budget)))
     return rows
 
 

@@ -38,7 +38,7 @@ _BACKWARD_COLOR = "#dd8452"
 _LINE_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 
-def _to_inline_svg(fig: Figure, prefix: str) -> str:
+def to_inline_svg(fig: Figure, prefix: str) -> str:
     """Render ``fig`` as SVG markup ready to paste into an HTML page."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": prefix, "svg.fonttype": "path"}):
@@ -64,7 +64,7 @@ LABEL_FONTSIZE = 8
 
 def units_timeline_svg(plan: Any) -> str:
     """The units timeline of :func:`units_timeline_figure` as inline SVG."""
-    return _to_inline_svg(units_timeline_figure(plan), "timeline")
+    return to_inline_svg(units_timeline_figure(plan), "timeline")
 
 
 def units_timeline_figure(plan: Any) -> Figure:
@@ -175,7 +175,7 @@ def memory_svg(
     prefetch: int,
 ) -> str:
     """The memory chart of :func:`memory_figure` as inline SVG."""
-    return _to_inline_svg(memory_figure(timelines, peaks, prefetch=prefetch), "memory")
+    return to_inline_svg(memory_figure(timelines, peaks, prefetch=prefetch), "memory")
 
 
 def memory_figure(

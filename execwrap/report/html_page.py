@@ -15,6 +15,7 @@ then the text is HTML-escaped (``&``, ``<``, ``>`` and quotes).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 from collections.abc import Iterable, Sequence
@@ -69,6 +70,7 @@ def render_html(ctx: ReportContext) -> str:
     ]
     parts += _summary(ctx)
     parts += _charts(ctx)
+    parts += _predicted(ctx)
     parts += _units(ctx)
     parts += _baselines(ctx)
     parts += _notes(ctx)
@@ -125,9 +127,13 @@ def _plan_summary(ctx: ReportContext) -> list[tuple[str, str]]:
     st = ctx.stats()
     policy = str(getattr(ctx.plan, "policy_name", "") or "-")
     bucket = getattr(ctx.plan, "bucket_numel", None)
+    if getattr(ctx.plan, "search", None) is not None:
+        bucket_text = "auto (auto-planner)"
+    else:
+        bucket_text = "-" if bucket is None else f"{format_numel(bucket)} elements"
     return [
         ("Policy", policy),
-        ("Bucket size", "-" if bucket is None else f"{format_numel(bucket)} elements"),
+        ("Bucket size", bucket_text),
         ("Units", str(st.num_units)),
         ("All-gathers per step", str(st.all_gathers_per_step)),
         (
@@ -175,6 +181,107 @@ def _charts(ctx: ReportContext) -> list[str]:
         "</figure>",
         "</section>",
     ]
+
+
+def _predicted(ctx: ReportContext) -> list[str]:
+    """The predicted step (``plan.estimate``): numbers, memory breakdown, the
+    stream timeline and the auto-planner's candidates chart; nothing without an
+    estimate."""
+    estimate = getattr(ctx.plan, "estimate", None) if ctx.plan is not None else None
+    if estimate is None:
+        return []
+    e = html.escape
+    plan = ctx.plan
+    rows = [
+        ("Predicted step time", f"{estimate.step_time_s * 1e3:.3f} ms"),
+        ("Compute", f"{estimate.compute_time_s * 1e3:.3f} ms"),
+        ("Exposed communication", f"{estimate.exposed_comm_s * 1e3:.3f} ms"),
+        ("Predicted peak memory per rank", format_bytes(int(estimate.peak_memory_bytes))),
+        ("Prefetch", str(blank(plan.prefetch))),
+        ("Groups not resharded after forward", _kept_groups(plan)),
+    ]
+    search = plan.search
+    if search is not None:
+        budget = search.memory_budget
+        rows += [
+            ("Memory budget", "none" if budget is None else format_bytes(budget)),
+            ("Candidates simulated", f"{len(search.candidates)} in {search.seconds:.2f} s"),
+            ("Cost model", search.cost_model),
+        ]
+    out = ['<section id="predicted">', "<h2>Predicted step (simulator)</h2>"]
+    out.append('<table class="summary">')
+    out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows]
+    out.append("</table>")
+    parts = _memory_parts(estimate)
+    if parts:
+        out.append(_table("memory", ("Memory at the peak", "Bytes"), parts))
+    return out + _cost_charts(ctx, estimate, search) + ["</section>"]
+
+
+def _kept_groups(plan: Any) -> str:
+    if getattr(plan, "reshard_after_forward", None) is None:
+        return "-"
+    kept = [plan.units[i].label for i in plan.kept_unsharded()]
+    return ", ".join(kept) if kept else "none"
+
+
+def _memory_parts(estimate: Any) -> list[tuple[str, str]]:
+    memory = getattr(estimate, "memory", None)
+    if memory is None or not dataclasses.is_dataclass(memory):
+        return []
+    out = []
+    for f in dataclasses.fields(memory):
+        value = getattr(memory, f.name)
+        if isinstance(value, int):
+            out.append((f.name.replace("_", " "), f"{format_bytes(value)} ({value} B)"))
+    return out
+
+
+def _cost_charts(ctx: ReportContext, estimate: Any, search: Any) -> list[str]:
+    try:
+        import matplotlib  # noqa: F401  (the optional extra execwrap[report])
+
+        from execwrap.report import cost_charts
+    except ImportError:
+        return [f'<p class="no-charts">{html.escape(NO_CHARTS_LINE)}</p>']
+    extra = {
+        name: (float(base.estimate.step_time_s), int(base.estimate.peak_memory_bytes))
+        for name, base in ctx.baselines.items()
+        if getattr(base, "estimate", None) is not None
+    }
+    try:
+        svgs = [("chart-step", cost_charts.step_timeline_svg(estimate), _STEP_CAPTION)]
+        if search is not None:
+            svgs.append(
+                (
+                    "chart-candidates",
+                    cost_charts.candidates_svg(search, extra=extra),
+                    _CANDIDATES_CAPTION,
+                )
+            )
+    except Exception as exc:  # a broken matplotlib must not cost the whole report
+        logger.warning("report cost charts failed, writing the page without them: %s", exc)
+        return [f'<p class="no-charts">{html.escape(f"Charts failed: {exc}")}</p>']
+    out: list[str] = []
+    for fig_id, svg, caption in svgs:
+        out += [
+            f'<figure class="chart" id="{fig_id}">',
+            svg,
+            f"<figcaption>{html.escape(caption)}</figcaption>",
+            "</figure>",
+        ]
+    return out
+
+
+_STEP_CAPTION = (
+    "Predicted timeline of one training step of this plan (execwrap.simulate_step): one lane "
+    "per stream; all-gathers and reduce-scatters run beside compute as far as the cost "
+    "model's overlap allows."
+)
+_CANDIDATES_CAPTION = (
+    "Every plan the auto-planner simulated: predicted step time against predicted peak memory "
+    "per rank. Star: the chosen plan; diamonds: baselines; dashed line: the memory budget."
+)
 
 
 def _units(ctx: ReportContext) -> list[str]:

@@ -69,6 +69,7 @@ def report_dict(ctx: ReportContext) -> dict[str, Any]:
                 "bucket_numel": getattr(base, "bucket_numel", None),
                 "groups": [list(g) for g in base.groups],
                 "stats": stats_to_dict(ctx.stats(name)),
+                "estimate": _estimate_dict(base),
             }
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -85,3 +86,9 @@ def report_dict(ctx: ReportContext) -> dict[str, Any]:
 def write_json(ctx: ReportContext, f: IO[bytes]) -> None:
     """Write :func:`report_dict` to ``f`` as indented UTF-8 JSON."""
     f.write(json.dumps(report_dict(ctx), indent=1).encode("utf-8"))
+
+
+def _estimate_dict(plan: Any) -> dict[str, Any] | None:
+    """A baseline's predicted step (``StepEstimate.to_dict()``), if it has one."""
+    estimate = getattr(plan, "estimate", None)
+    return None if estimate is None else estimate.to_dict()

@@ -1,0 +1,117 @@
+"""The claims ``benchmarks/autoplan.py`` checks, computed from its rows.
+
+:func:`spearman` is Spearman's rank correlation (Spearman 1904) as the
+Pearson correlation of the ranks, ties given their average rank (the
+definition ``scipy.stats.spearmanr`` uses). :func:`claims` turns one model's
+rows into the figures of issue 11's "Done when".
+
+Example:
+    >>> spearman([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0])
+    1.0
+    >>> spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])
+    -1.0
+    >>> round(spearman([1.0, 2.0, 2.0, 4.0], [1.0, 3.0, 2.0, 4.0]), 4)
+    0.9487
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AUTO",
+    "AUTO_BUDGET",
+    "MEMORY_TOLERANCE",
+    "claims",
+    "ranks",
+    "spearman",
+]
+
+#: Names of the auto plans in the grid.
+AUTO = "auto"
+AUTO_BUDGET = "auto, under a budget"
+#: Relative difference under which a predicted peak counts as matching the tracker.
+MEMORY_TOLERANCE = 0.10
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks of ``values``, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (``nan`` if a side is constant)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError("spearman needs two sequences of the same length >= 2")
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    if va == 0 or vb == 0:
+        return math.nan
+    return cov / math.sqrt(va * vb)
+
+
+def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of one model's rows (one row per plan, see ``benchmarks.autoplan``).
+
+    Returns:
+        ``spearman``, ``median_abs_error`` (fraction), ``auto_vs_best`` and
+        ``best_name`` (the best measured plan of the grid, auto plans excluded),
+        ``auto_vs_per_block`` (against the better of per-block with prefetch
+        0 and 1), ``auto_vs_always``, ``memory_within`` (plans whose predicted
+        peak is within :data:`MEMORY_TOLERANCE` of the measured one),
+        ``plans``, ``budget`` and ``budget_peak`` (the budgeted auto plan's
+        budget and measured peak), and ``all_met``.
+    """
+    by_name = {r["name"]: r for r in rows}
+    predicted = [r["predicted_s"] for r in rows]
+    measured = [r["measured_s"] for r in rows]
+    errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+    grid = [r for r in rows if r["name"] not in (AUTO, AUTO_BUDGET)]
+    best = min(grid, key=lambda r: r["measured_s"])
+    auto = by_name[AUTO]["measured_s"]
+    per_block = min(
+        by_name[n]["measured_s"] for n in ("per-block, prefetch 0", "per-block, prefetch 1")
+    )
+    always = by_name["always-wrap units"]["measured_s"]
+    within = sum(
+        1 for r in rows if abs(r["predicted_peak"] / r["measured_peak"] - 1) <= MEMORY_TOLERANCE
+    )
+    budgeted = by_name[AUTO_BUDGET]
+    out = {
+        "spearman": spearman(predicted, measured),
+        "median_abs_error": statistics.median(errors),
+        "auto_vs_best": auto / best["measured_s"],
+        "best_name": best["name"],
+        "auto_vs_per_block": auto / per_block,
+        "auto_vs_always": auto / always,
+        "memory_within": within,
+        "plans": len(rows),
+        "budget": budgeted["budget"],
+        "budget_peak": budgeted["measured_peak"],
+    }
+    out["all_met"] = bool(
+        out["spearman"] >= 0.9
+        and out["median_abs_error"] <= 0.10
+        and out["auto_vs_best"] <= 1.03
+        and out["auto_vs_per_block"] < 1.0
+        and out["auto_vs_always"] < 1.0
+        and within >= 3
+        and budgeted["measured_peak"] <= budgeted["budget"]
+    )
+    return out

@@ -1,0 +1,314 @@
+"""The rank side of ``benchmarks/autoplan.py``: calibrate, plan, time, track memory.
+
+:func:`spawn` runs the whole job on fresh rank processes (one spawn: the cost
+model is calibrated once and used for every model) and returns rank 0's
+result. See the docstring of ``benchmarks/autoplan.py`` for what is measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import random
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+from benchmarks._autoplan_models import MODELS, ModelSpec, PlanSpec, block_numel, grid
+from benchmarks._bench import median
+
+__all__ = ["spawn"]
+
+
+# ------------------------------------------------------------------ planning
+def _budget_between(plan: Any) -> int:
+    """A budget that binds: halfway between the smallest peak any candidate of the
+    free auto plan reached and the free auto plan's own peak (5% above the
+    smallest when they are that close)."""
+    search = plan.search
+    smallest = min(c.peak_memory_bytes for c in search.candidates)
+    chosen = search.best.peak_memory_bytes
+    if chosen > 1.05 * smallest:
+        return int(smallest + 0.5 * (chosen - smallest))
+    return int(1.05 * smallest)
+
+
+def _make_plan(
+    spec: ModelSpec, p: PlanSpec, model: nn.Module, order: Any, cm: Any, world: int, budget: int
+) -> Any:
+    from execwrap import ModuleWrapPolicy, always_wrap_policy, plan_wrap
+
+    policy = always_wrap_policy if p.policy == "always" else ModuleWrapPolicy({spec.block})
+    if p.auto != "none":
+        return plan_wrap(
+            model,
+            order,
+            policy,
+            bucket_numel="auto",
+            cost_model=cm,
+            world_size=world,
+            memory_budget=budget if p.auto == "budget" else None,
+        )
+    bucket = None
+    if p.bucket_blocks > 0:
+        bucket = p.bucket_blocks * block_numel(model, spec.block)
+    elif p.bucket_blocks < 0:
+        bucket = sum(q.numel() for q in model.parameters())
+    return plan_wrap(model, order, policy, bucket_numel=bucket)
+
+
+def _predict(plan: Any, p: PlanSpec, cm: Any, world: int) -> Any:
+    from execwrap.simulate import simulate_step
+
+    if p.auto != "none":
+        return plan.estimate
+    # What _Trainer passes to apply_fully_shard: nothing for the default (the root keeps its
+    # parameters), False for every group and the root alike.
+    return simulate_step(
+        plan,
+        cm,
+        world_size=world,
+        prefetch=int(p.prefetch),
+        reshard_after_forward=None if p.reshard in (None, True) else False,
+    )
+
+
+def _timed_order(spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
+    """Warm up, then record the order with compute times; rank 0's, on every rank."""
+    from tracing import ExecutionOrder, record_execution_order
+
+    for _ in range(2):
+        spec.loss(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+    order = record_execution_order(model, x, timing=True, loss_fn=lambda out: spec.loss(out, y))
+    box = [order.to_dict()]
+    dist.broadcast_object_list(box, src=0)
+    return ExecutionOrder.from_dict(box[0])
+
+
+# ------------------------------------------------------------------ training
+class _Trainer:
+    """One plan applied to its own copy of the model, its optimizer and batch."""
+
+    def __init__(
+        self, spec: ModelSpec, size: dict[str, int], plan: Any, p: PlanSpec, batch: Any, mesh: Any
+    ) -> None:
+        from execwrap import apply_fully_shard
+
+        self.spec = spec
+        self.model = _build(spec, size, batch[0].device)
+        kwargs: dict[str, Any] = (
+            {} if p.reshard in (None, True) else {"reshard_after_forward": False}
+        )
+        apply_fully_shard(self.model, plan, mesh=mesh, prefetch=p.prefetch, **kwargs)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.x, self.y = batch
+        self.loss = float("nan")
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.spec.loss(self.model(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        if self.x.device.type == "cuda":
+            torch.cuda.synchronize(self.x.device)
+        self.loss = float(loss.detach())
+
+
+def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Module:
+    torch.manual_seed(0)  # the same initial weights for every plan and rank
+    with device:
+        return spec.build(size)
+
+
+def _barrier(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def _time_interleaved(
+    trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
+) -> dict[str, list[float]]:
+    """Every plan once per round, in an order shuffled per round (the same on every
+    rank: seeded by the round). A plan's fresh allocations land on the memory the plan
+    before it just freed; with a fixed rotation each plan would always follow the same
+    one, and that neighbour's footprint would bias its time."""
+    names = list(trainers)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(job["warmup"] + job["steps"]):
+        for n in random.Random(r).sample(names, len(names)):
+            _barrier(device)
+            start = time.perf_counter()
+            trainers[n].step()
+            elapsed = time.perf_counter() - start
+            if r >= job["warmup"]:
+                times[n].append(elapsed)
+    return times
+
+
+def _tracked_peak(trainer: _Trainer, device: torch.device) -> tuple[int, int | None]:
+    """Peak bytes of one step under ``FSDPMemTracker`` (and CUDA's own peak)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    _barrier(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tracker = FSDPMemTracker(trainer.model, trainer.opt)
+    tracker.track_inputs((trainer.x,))
+    with tracker:
+        trainer.step()
+    peak = tracker.get_tracker_snapshot("peak")
+    total = max(int(v.get("Total", 0)) for v in peak.values())
+    cuda = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    return total, cuda
+
+
+# ------------------------------------------------------------------ one model
+def _bench_model(
+    name: str, job: dict[str, Any], cm: Any, mesh: Any, device: torch.device
+) -> list[dict[str, Any]] | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = MODELS[name]
+    size = job["sizes"][name]
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x, y = (t.to(device) for t in spec.inputs(size, gen))
+    base = _build(spec, size, device)
+    order = _timed_order(spec, base, x, y)
+    specs = [p for p in grid() if p.name in job["plans"]]
+    plans: dict[str, Any] = {}
+    free = _make_plan(spec, next(p for p in specs if p.auto == "free"), base, order, cm, world, 0)
+    budget = _budget_between(free)
+    for p in specs:
+        plans[p.name] = (
+            free if p.auto == "free" else _make_plan(spec, p, base, order, cm, world, budget)
+        )
+    predicted = {p.name: _predict(plans[p.name], p, cm, world) for p in specs}
+    del base
+    trainers = {p.name: _Trainer(spec, size, plans[p.name], p, (x, y), mesh) for p in specs}
+    times = _time_interleaved(trainers, job, device)
+    peaks = {n: _tracked_peak(t, device) for n, t in trainers.items()}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"times": times, "peaks": peaks})
+    if rank != 0:
+        return None
+    rows = []
+    for p in specs:
+        per_step = [max(g["times"][p.name][i] for g in gathered) for i in range(job["steps"])]
+        plan, estimate = plans[p.name], predicted[p.name]
+        flags = getattr(plan, "reshard_after_forward", None)
+        kept = (
+            sum(1 for u, f in zip(plan.units, flags, strict=True) if not f and not u.is_root)
+            if flags is not None
+            else (0 if p.reshard in (None, True) else len(plan.units) - 1)
+        )
+        cuda_peaks = [g["peaks"][p.name][1] for g in gathered]
+        rows.append(
+            {
+                "name": p.name,
+                "groups": len(plan.units),
+                "prefetch": plan.prefetch if p.prefetch == "auto" else p.prefetch,
+                "kept": kept,
+                "predicted_s": float(estimate.step_time_s),
+                "measured_s": median(per_step),
+                "predicted_peak": int(estimate.peak_memory_bytes),
+                "measured_peak": max(g["peaks"][p.name][0] for g in gathered),
+                "cuda_peak": max(cuda_peaks) if cuda_peaks[0] is not None else None,
+                "loss": trainers[p.name].loss,
+                "budget": budget if p.auto == "budget" else None,
+                "label": plan.search.best.label if plan.search is not None else p.name,
+            }
+        )
+    return rows
+
+
+# ------------------------------------------------------------------ processes
+def _entry(rank: int, world: int, tmpdir: str, job: dict[str, Any]) -> None:
+    """Rank process: init the process group, run the job, pickle rank 0's result."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(job["threads"])
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    cuda = job["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    payload: tuple[str, Any] = ("error", f"rank {rank}: did not finish")
+    try:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"file://{tmpdir}/rendezvous",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=job["timeout_s"]),
+        )
+        from execwrap.cost import CostModel
+
+        mesh = init_device_mesh(device.type, (world,))
+        t0 = time.perf_counter()
+        cm = CostModel.calibrate(device=device, max_bytes=4 * 2**20 if job["quick"] else None)
+        result: dict[str, Any] = {
+            "cost_model": cm.to_dict(),
+            "calibrate_s": time.perf_counter() - t0,
+            "models": {},
+        }
+        for name in job["models"]:
+            result["models"][name] = _bench_model(name, job, cm, mesh, device)
+        payload = ("ok", result)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        payload = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            try:
+                if payload[0] == "ok":
+                    _barrier(device)
+            finally:
+                dist.destroy_process_group()
+    with open(Path(tmpdir) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(payload, f)
+    os._exit(0)  # see tests/_dist.py: gloo worker threads and interpreter finalization
+
+
+def spawn(job: dict[str, Any], world: int) -> dict[str, Any]:
+    """Run ``job`` on ``world`` fresh rank processes; return rank 0's result.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback is in the message).
+    """
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(job["threads"])
+    try:
+        with tempfile.TemporaryDirectory(prefix="execwrap-autoplan-") as tmpdir:
+            from benchmarks._autoplan_ranks import _entry as entry  # importable by name
+
+            mp.spawn(entry, args=(world, tmpdir, job), nprocs=world, join=True)
+            results: list[Any] = []
+            errors: list[str] = []
+            for rank in range(world):
+                path = Path(tmpdir) / f"rank{rank}.pkl"
+                if not path.exists():
+                    errors.append(f"rank {rank}: no result written")
+                    continue
+                with open(path, "rb") as f:
+                    status, value = pickle.load(f)
+                (results if status == "ok" else errors).append(value)
+            if errors:
+                raise RuntimeError("autoplan: a rank failed:\n" + "\n".join(errors))
+            return results[0]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,189 @@
+"""``execwrap report --bucket-size auto --cost-model FILE|PRESET --world-size N --memory-budget SIZE``.
+
+In-process through :func:`execwrap.cli.main` (the argument checks need no
+torch; the test that spawns ``python -m execwrap`` for argument errors checks
+that torch is not imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwrap.cli import main
+from execwrap.cli.options import parse_bytes
+from execwrap.report.html_page import NO_CHARTS_LINE
+from tests.execwrap.autoplan_cases import cost_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("execwrap: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("40GiB", 40 * 2**30),
+        ("8GB", 8 * 10**9),
+        ("512mib", 512 * 2**20),
+        ("1.5KiB", 1536),
+        ("4096", 4096),
+        ("4096B", 4096),
+        (" 2 TiB ", 2 * 2**40),
+    ],
+)
+def test_parse_bytes(text: str, nbytes: int) -> None:
+    assert parse_bytes(text) == nbytes
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("40G", r"'G' is ambiguous: write GiB \(powers of 1024\) or GB \(powers of 1000\)"),
+        ("lots", r"invalid size 'lots': expected a number of bytes with an optional unit"),
+        ("1.5B", r"invalid size '1.5B': not a whole number of bytes"),
+    ],
+)
+def test_parse_bytes_refuses(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bucket-size", "auto"], "--bucket-size auto needs --cost-model FILE|PRESET"),
+        (["--cost-model", "h100-nvlink-8"], "--cost-model only apply with --bucket-size auto"),
+        (
+            ["--memory-budget", "1GiB", "--world-size", "8"],
+            "--world-size, --memory-budget only apply with --bucket-size auto",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "missing/cost.json"],
+            "--cost-model 'missing/cost.json': no such file",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "40G"],
+            "--memory-budget: invalid size '40G'",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "0"],
+            "--memory-budget '0': must be > 0 bytes",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--world-size", "0"],
+            "--world-size must be >= 1, got 0",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "no-such-preset"],
+            "--cost-model 'no-such-preset': no such file and no such preset; presets: "
+            "a100-nvlink-8, h100-ib-400g, h100-nvlink-8",
+        ),
+    ],
+)
+def test_auto_options_are_checked(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--out", str(tmp_path / "r"), *args]) == 2
+    assert message in _err_line(capsys)
+
+
+def test_argument_errors_import_no_torch(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = ["report", "--bucket-size", "auto", "--cost-model", "x.json", "--memory-budget", "9G"]
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "execwrap", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    imported = {
+        line.split("|")[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "execwrap.cli.parser" in imported
+    assert not any(m == "torch" or m.startswith("torch.") for m in imported)
+    assert "execwrap: error: --cost-model 'x.json': no such file" in proc.stderr
+
+
+def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cm_path = cost_model().save(tmp_path / "cost.json")
+    out = tmp_path / "r"
+    args = ["report", "--bucket-size", "auto", "--cost-model", str(cm_path), "--out", str(out)]
+    assert main([*args, "--memory-budget", "10MiB"]) == 0
+    text = capsys.readouterr().out
+    assert "  auto plan  " in text and "  memory budget  " in text
+    assert "  compute times  " in text and "measured (cpu)" in text  # timed on this CPU
+    data = json.loads((out / "report.json").read_text())
+    plan = data["plan"]
+    assert plan["schema_version"] == 2
+    assert plan["search"]["memory_budget"] == 10 * 2**20
+    assert plan["search"]["world_size"] == 2
+    assert plan["estimate"]["peak_memory_bytes"] <= 10 * 2**20
+    chosen = plan["search"]["candidates"][plan["search"]["chosen"]]
+    assert chosen["step_time_s"] == plan["estimate"]["step_time_s"]
+    assert plan["prefetch"] == chosen["prefetch"]
+    for base in data["baselines"].values():
+        assert base["estimate"]["world_size"] == 2
+    page = (out / "report.html").read_text()
+    assert '<section id="predicted">' in page
+    assert ('id="chart-step"' in page and 'id="chart-candidates"' in page) or NO_CHARTS_LINE in page
+    assert "Predicted step time" in page
+
+
+def test_impossible_budget_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cm_path = cost_model().save(tmp_path / "cost.json")
+    args = [
+        "report",
+        "--bucket-size",
+        "auto",
+        "--cost-model",
+        str(cm_path),
+        "--memory-budget",
+        "1KiB",
+    ]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    line = _err_line(capsys)
+    assert line.startswith(
+        "execwrap: error: --memory-budget: no plan fits the memory budget of 1.00 KiB (1024 bytes) "
+        "per rank: the smallest peak any candidate reaches is "
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_cost_model_for_another_world_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cm_path = cost_model().save(tmp_path / "cost.json")
+    args = ["report", "--bucket-size", "auto", "--cost-model", str(cm_path), "--world-size", "4"]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    assert "does not fit world size 4 (this cost model is for 2 ranks)" in _err_line(capsys)
+
+
+def test_report_for_a_gpu_preset_estimates_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CPU model planned for 8 H100s: compute estimated on a meta copy of the model
+    with the preset's rates (tied weights stay tied: the factory builds it on meta)."""
+    out = tmp_path / "r"
+    args = ["report", "--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--world-size", "8"]
+    assert main([*args, "--out", str(out), "--format", "json"]) == 0
+    assert "estimated (cuda)" in capsys.readouterr().out
+    data = json.loads((out / "report.json").read_text())
+    assert data["order"]["timing_method"] == "estimated"
+    assert data["plan"]["search"]["world_size"] == 8
+    assert data["plan"]["estimate"]["compute_time_s"] > data["plan"]["estimate"]["optimizer_time_s"]
