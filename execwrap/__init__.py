@@ -40,13 +40,14 @@ if TYPE_CHECKING:
     from execwrap.divergence import Divergence, first_divergence
     from execwrap.errors import ExecwrapError, OrderDivergenceError, ParamMismatchError, PlanError
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-    from execwrap.fsdp2 import apply_fully_shard, prefetch_schedule
+    from execwrap.fsdp2 import apply_fully_shard
     from execwrap.graph import build_order_graph, order_subgraph
     from execwrap.monitor import DriftEvent, OrderMonitor
     from execwrap.plan import WrapPlan
     from execwrap.plan_search import PlanSearch
     from execwrap.plan_stats import PlanStats, TimelineStep
     from execwrap.planner import plan_wrap, policy_units
+    from execwrap.prefetch import prefetch_schedule
     from execwrap.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.report.writer import write_report
     from execwrap.simulate import (
@@ -81,7 +82,7 @@ _EXPORTS: dict[str, str] = {
     "PlanError": "execwrap.errors",
     "ParamExecOrderWrapPolicy": "execwrap.fsdp1",
     "apply_fully_shard": "execwrap.fsdp2",
-    "prefetch_schedule": "execwrap.fsdp2",
+    "prefetch_schedule": "execwrap.prefetch",
     "build_order_graph": "execwrap.graph",
     "order_subgraph": "execwrap.graph",
     "DriftEvent": "execwrap.monitor",

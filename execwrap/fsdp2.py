@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import networkx as nx
@@ -48,13 +48,13 @@ from execwrap.apply_watch import mark_applied, warn_if_other_model
 from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
+from execwrap.prefetch import prefetch_schedule
 from execwrap.shardable import check_shardable
-from execwrap.spans import UseSpans, first_trainable_use
 from tracing.checks import check_int
 from tracing.fqn import ancestors, join_fqn
 from tracing.order import ExecutionOrder
 
-__all__ = ["apply_fully_shard", "prefetch_schedule"]
+__all__ = ["apply_fully_shard"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +68,9 @@ def apply_fully_shard(
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
-    """Shard ``model`` with FSDP2, one ``fully_shard`` call per plan group.
-
-    Groups are applied in post-order (a group after every group nested in its
-    modules), the root module last; then each group prefetches the next
-    ``prefetch`` groups in forward and in backward order, from the plan's
-    order (see the module docstring for the schedule). Without an order yet,
-    the order is recorded during the first forward/backward and prefetching
-    is set at the end of that backward, before the second step.
+    """Shard ``model`` with FSDP2: one ``fully_shard`` call per plan group, children
+    first and the root last, then explicit prefetching from the plan's order (the
+    algorithm, and what happens without an order yet, are in the module docstring).
 
     Args:
         model: the unwrapped model; sharded in place (its class becomes an
@@ -131,13 +126,7 @@ def apply_fully_shard(
         >>> plan.groups  # doctest: +SKIP
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
-    if prefetch != "auto":
-        check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)
-    if isinstance(model, FSDPModule):
-        raise ValueError(
-            f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
-            "applied; pass the unwrapped model"
-        )
+    _check_arguments(model, prefetch)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
     prefetch = _resolve_prefetch(prefetch, plan)
@@ -151,50 +140,17 @@ def apply_fully_shard(
     return plan
 
 
-def prefetch_schedule(
-    groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
-    *,
-    param_fqns: Sequence[Sequence[str]] | None = None,
-    prefetch: int = 1,
-) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Which groups each group prefetches, forward and backward.
-
-    Args:
-        groups: module FQNs of each group (the root group ``[""]`` included or
-            not; it prefetches but is never prefetched).
-        order: the execution order.
-        param_fqns: canonical parameter FQNs of each group. Groups without
-            parameters have nothing to all-gather and are left out (their
-            neighbours prefetch past them). The backward order comes from
-            ``order.param_backward_order`` (the first ready gradient of each
-            group); without ``param_fqns``, without a gradient order, or when
-            a group has no gradient there (frozen), it is the reverse forward
-            order.
-        prefetch: groups ahead to prefetch.
-
-    Returns:
-        ``(forward, backward)``: group index -> indices of the groups it
-        prefetches, for every group that runs in forward (the root first).
-        Groups that run entirely before the first use of a trainable parameter
-        never run backward (their outputs need no grad) and are left out of
-        the backward lists.
-
-    Example:
-        >>> order = ExecutionOrder(module_forward_order=["", "a", "b", "c"])
-        >>> prefetch_schedule([[""], ["c"], ["a"], ["b"]], order)
-        ({0: [2], 2: [3], 3: [1], 1: []}, {0: [1], 1: [3], 3: [2], 2: []})
-    """
-    roots = [i for i, fqns in enumerate(groups) if "" in fqns]
-    uses = _first_uses(groups, order, param_fqns, roots)
-    forward = sorted((i for i in uses if i not in roots), key=lambda i: (uses[i], i))
-    backward = _backward_sequence(forward, uses, order, param_fqns)
-    backward = _runs_backward(backward, groups, order, param_fqns)
-    reached = [r for r in roots if r in uses]
-    return _prefetch_lists(forward, reached, prefetch), _prefetch_lists(backward, reached, prefetch)
-
-
 # ------------------------------------------------------------------ apply_fully_shard helpers
+def _check_arguments(model: nn.Module, prefetch: int | str) -> None:
+    if prefetch != "auto":
+        check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)
+    if isinstance(model, FSDPModule):
+        raise ValueError(
+            f"apply_fully_shard: the model ({type(model).__name__}) already has fully_shard "
+            "applied; pass the unwrapped model"
+        )
+
+
 def _mesh_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
     """A 1-D mesh's process group (the cross-rank check's group), else ``None``."""
     return mesh.get_group() if mesh is not None and mesh.ndim == 1 else None
@@ -440,79 +396,4 @@ def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:
         params = list(module.parameters())
         if params and all(id(p) in ignored for p in params):
             result.append(module)
-    return result
-
-
-# ------------------------------------------------------------------ prefetch_schedule helpers
-def _first_uses(
-    groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-    roots: list[int],
-) -> dict[int, int]:
-    """Group index -> first forward call of its modules, for the groups to schedule
-    (those that run, with parameters to all-gather when ``param_fqns`` is given;
-    root groups always)."""
-    first = order.first_call_index()
-    return {
-        i: min(first[f] for f in fqns if f in first)
-        for i, fqns in enumerate(groups)
-        if any(f in first for f in fqns) and (param_fqns is None or param_fqns[i] or i in roots)
-    }
-
-
-def _backward_sequence(
-    forward: list[int],
-    uses: dict[int, int],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-) -> list[int]:
-    """The groups in backward order: by first ready gradient when every group has
-    one in ``order.param_backward_order``, else reverse forward order."""
-    backward = list(reversed(forward))
-    if param_fqns is None or not order.param_backward_order:
-        return backward
-    ready: dict[str, int] = {}
-    for position, fqn in enumerate(order.param_backward_order):
-        ready.setdefault(fqn, position)
-    keys: dict[int, int] = {}
-    for i in forward:
-        positions = [ready[p] for p in param_fqns[i] if p in ready]
-        if positions:
-            keys[i] = min(positions)
-    if len(keys) == len(forward):
-        return sorted(forward, key=lambda i: (keys[i], -uses[i]))
-    logger.debug(
-        "prefetch_schedule: groups without gradients in param_backward_order; "
-        "using reverse forward order for backward"
-    )
-    return backward
-
-
-def _runs_backward(
-    backward: list[int],
-    groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
-    param_fqns: Sequence[Sequence[str]] | None,
-) -> list[int]:
-    """``backward`` without the groups that run entirely before the first
-    trainable parameter's use: they never run backward (see
-    ``WrapPlan.runs_backward``), so nothing prefetches them there."""
-    first_trainable = first_trainable_use(order)
-    if first_trainable is None:
-        return backward
-    spans = UseSpans(order)
-    return [
-        i
-        for i in backward
-        if (spans.span(groups[i], param_fqns[i] if param_fqns else ())[1] or 0) >= first_trainable
-    ]
-
-
-def _prefetch_lists(sequence: list[int], roots: list[int], prefetch: int) -> dict[int, list[int]]:
-    """Each group -> the ``prefetch`` groups after it in ``sequence``; each root ->
-    the first ``prefetch`` groups."""
-    result: dict[int, list[int]] = {r: sequence[:prefetch] for r in roots}
-    for k, i in enumerate(sequence):
-        result[i] = sequence[k + 1 : k + 1 + prefetch]
     return result

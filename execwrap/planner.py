@@ -50,7 +50,7 @@ Planning with a policy callable (the default included) does not import
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch.nn as nn
@@ -69,15 +69,9 @@ from execwrap.model_view import ModelView, OrderView, check_order_fits
 from execwrap.plan import WrapPlan
 from execwrap.plan_check import check_plan
 from execwrap.plan_notes import (
-    dead_module_notes,
-    dropped_notes,
     fsdp1_split_note,
-    ignored_notes,
-    mixed_requires_grad_notes,
-    no_calls_note,
-    relocation_notes,
-    scalar_param_notes,
 )
+from execwrap.planner_steps import FSDPTarget, Planner
 from execwrap.stated_groups import (
     StatedGroups,
     bucket_between_groups,
@@ -85,9 +79,8 @@ from execwrap.stated_groups import (
     stated_group_note,
     stated_group_units,
 )
-from execwrap.unit import WrapUnit
 from tracing.checks import check_int
-from tracing.fqn import ancestors, innermost, is_within, owner_fqn
+from tracing.fqn import is_within
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
@@ -97,8 +90,6 @@ __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
 logger = logging.getLogger(__name__)
 
-#: What the plan is for: its notes speak of that target only (``None``: both).
-FSDPTarget = Literal["fsdp1", "fsdp2"]
 _TARGETS = ("fsdp1", "fsdp2")
 
 
@@ -158,10 +149,8 @@ def plan_wrap(
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
-    The steps (policy units, dropping units that never run, keeping each
-    parameter in a unit enclosing all its uses and names, ordering by first
-    use, bucketing, self-check) are described in :mod:`execwrap.planner`;
-    every departure from the policy is explained in ``plan.notes``.
+    The steps are described in :mod:`execwrap.planner`; every departure from
+    the policy is explained in ``plan.notes``.
 
     Args:
         model: the unwrapped root module (the meta device is fine).
@@ -185,23 +174,19 @@ def plan_wrap(
             model's) and the peak bytes per rank to fit (``None``: no limit).
 
     Returns:
-        A :class:`WrapPlan`. Until it is applied (``apply_fully_shard``), the
-        first optimizer step of the process logs a WARNING naming it
-        (:mod:`execwrap.apply_watch`).
+        A :class:`WrapPlan`. Until it is applied, the first optimizer step of
+        the process logs a WARNING naming it (:mod:`execwrap.apply_watch`).
 
     Raises:
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
             ``ignored_modules`` has the wrong type.
         ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (see :func:`execwrap.autoplan.check_auto_options`), a
-            cost model for another world size or device type, or ``groups``
-            with ``bucket_numel="auto"``; an ignored module is not part of
-            ``model``; a stated group cannot be formed (the message names the
-            member and why); or the order does not fit ``model``: it
-            names a module or parameter that ``model`` does not have, or its
-            ``params`` table (when not empty) lists other parameters, or other
-            numels/shapes, than ``model.named_parameters()`` (a stale order:
-            capture it again).
+            keywords (:func:`execwrap.autoplan.check_auto_options`: a cost model
+            for another world size or device type, ``groups`` with ``"auto"``);
+            an ignored module is not part of ``model``; a stated group cannot
+            be formed (naming the member and why); or the order does not fit
+            ``model`` (other modules, parameters, numels or shapes than
+            ``model``'s: a stale order, capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
             reached and what dominates it); the plan failed its own check.
 
@@ -265,7 +250,7 @@ def plan_wrap_unwatched(
     logger.debug("policy %s chose %d unit(s)", policy_name(init_policy), len(policy_fqns))
 
     candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
-    planner = _Planner(view, OrderView.build(view, order), candidates, target, stated)
+    planner = Planner(view, OrderView.build(view, order), candidates, target, stated)
     plan = _bucketed_plan(planner, bucket_numel, stated, policy_name(init_policy), ignored_top)
     if bucket_numel == "auto":
         plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget)
@@ -277,7 +262,7 @@ def plan_wrap_unwatched(
 
 
 def _bucketed_plan(
-    planner: _Planner,
+    planner: Planner,
     bucket_numel: Any,
     stated: StatedGroups,
     name: str,
@@ -309,7 +294,7 @@ def _bucketed_plan(
 
 def _auto_plan(
     plan: WrapPlan,
-    planner: _Planner,
+    planner: Planner,
     cost_model: CostModel | None,
     world_size: int | None,
     memory_budget: int | None,
@@ -363,188 +348,3 @@ def _check_own_plan(plan: WrapPlan, view: ModelView, model_name: str) -> None:
         check_plan(plan, view, model_name)
     except PlanError as e:
         raise PlanError(f"{e} (while checking the plan for policy {plan.policy_name})") from e
-
-
-class _Planner:
-    """Turns the policy's units into the plan's atomic units (steps 2 to 4).
-
-    The only writer of the decisions: :attr:`units` (the modules still units,
-    in policy order), :attr:`holder` (canonical parameter -> its unit),
-    :attr:`trainable_dtypes` (unit -> dtypes of its trainable parameters) and
-    :attr:`notes`.
-    """
-
-    def __init__(
-        self,
-        view: ModelView,
-        uses: OrderView,
-        policy_fqns: Sequence[str],
-        target: FSDPTarget | None = None,
-        stated: Sequence[Sequence[str]] = (),
-    ) -> None:
-        self.view = view
-        self.uses = uses
-        self.target = target
-        #: stated-group member -> its group (a tie inside one group stays there)
-        self.stated = {m: tuple(g) for g in stated for m in g}
-        self.policy_fqns = list(policy_fqns)
-        self.units: dict[str, None] = dict.fromkeys(policy_fqns)
-        self.holder: dict[str, str] = {}
-        self.trainable_dtypes: dict[str, frozenset[str]] = {}
-        self.notes: list[str] = []
-
-    def build(self) -> list[WrapUnit]:
-        """The atomic units in execution order; :attr:`notes` says why."""
-        view, uses = self.view, self.uses
-        has_calls = bool(uses.order.module_forward_order)
-        dropped = self._drop_shared()
-        if has_calls:
-            dropped += self._drop_uncalled()
-        else:
-            dropped += self._drop_forwardless()
-            self.notes.append(no_calls_note())
-        relocations = self._relocate()
-        self.holder = {p: innermost(owner_fqn(p), self.units) for p in view.params}
-        self.notes += dropped_notes(view, uses, dropped, self.units, self.holder)
-        if has_calls:
-            self.notes += dead_module_notes(view, uses, self.units, self.policy_fqns)
-        self.notes += relocation_notes(view, uses, relocations, self.holder, self.stated)
-        units = self._make_units()
-        self.notes += mixed_requires_grad_notes(view, units, self.target)
-        self.notes += ignored_notes(view)
-        self.notes += scalar_param_notes(view)
-        return units
-
-    def _drop_shared(self) -> list[tuple[str, str]]:
-        """Step 2: drop units whose module is registered under two parents
-        (FSDP1 wraps it under its first name only)."""
-        dropped: list[tuple[str, str]] = []
-        for fqn in list(self.units):
-            if fqn and fqn in self.view.registrations:
-                del self.units[fqn]
-                dropped.append((fqn, "shared"))
-                logger.debug(
-                    "dropping unit %r: registered as %s", fqn, self.view.registrations[fqn]
-                )
-        return dropped
-
-    def _drop_forwardless(self) -> list[tuple[str, str]]:
-        """Without calls to go by: drop non-root units whose class does not
-        implement ``forward`` (``nn.ModuleList``, ``nn.ModuleDict``); FSDP
-        hooks on them would never fire and FSDP2 refuses them."""
-        dropped: list[tuple[str, str]] = []
-        for fqn in list(self.units):
-            module = self.view.modules.get(fqn)
-            if fqn == "" or module is None or type(module).forward is not nn.Module.forward:
-                continue
-            del self.units[fqn]
-            dropped.append((fqn, "forwardless"))
-            logger.debug("dropping unit %r: %s has no forward", fqn, type(module).__name__)
-        return dropped
-
-    def _drop_uncalled(self) -> list[tuple[str, str]]:
-        """Step 2: drop non-root units whose module never runs its forward."""
-        dropped: list[tuple[str, str]] = []
-        for fqn in list(self.units):
-            if fqn == "" or self.uses.calls[fqn] > 0:
-                continue
-            called_inside = fqn in self.uses.called_at_or_below  # fqn itself is never called
-            kind = "container" if called_inside else "uncalled"
-            del self.units[fqn]
-            dropped.append((fqn, kind))
-            logger.debug("dropping unit %r: never called (%s)", fqn, kind)
-        return dropped
-
-    def _relocate(self) -> dict[str, tuple[str, list[str]]]:
-        """Step 3: drop units so each parameter's unit encloses all its uses
-        and names. Returns canonical param -> (holding unit, dropped units)."""
-        events: dict[str, tuple[str, list[str]]] = {}
-        changed = True
-        while changed:
-            changed = False
-            for p in self.view.params:
-                holder, drops = self._units_splitting(p)
-                if drops:
-                    for u in drops:
-                        del self.units[u]
-                        logger.debug("dropping unit %r: parameter %r used outside it", u, p)
-                    prev = events.get(p, ("", []))[1]
-                    events[p] = (holder, [*prev, *drops])
-                    changed = True
-        return events
-
-    def _units_splitting(self, p: str) -> tuple[str, list[str]]:
-        """The unit that must hold canonical parameter ``p`` (the innermost
-        unit enclosing all its names and uses, on every path to them), and
-        the units strictly inside it that enclose one of its names (in policy
-        order): those must go."""
-        view = self.view
-        owners = [view.chain(owner_fqn(n)) for n in view.fqns_of[p]]
-        if self._in_one_stated_group([c[-1] for c in owners] + list(self.uses.users[p])):
-            return "", []  # the group holds every name and use of it
-        users = [view.chain(q) for u in self.uses.users[p] for q in view.paths_of.get(u, [u])]
-        holder = _deepest_common_unit([*owners, *users], self.units)
-        # walk each owner's path up to the holder (O(depth), not O(units))
-        found: set[str] = set()
-        for chain in owners:
-            for a in reversed(chain):
-                if a == holder:
-                    break
-                if a in self.units:
-                    found.add(a)
-        return holder, [u for u in self.units if u in found]
-
-    def _in_one_stated_group(self, fqns: Sequence[str]) -> bool:
-        """Whether every module of ``fqns`` is inside members of one stated group
-        whose members are all still units."""
-        groups = set()
-        for fqn in fqns:
-            member = next((a for a in ancestors(fqn) if a in self.stated), None)
-            if member is None:
-                return False
-            groups.add(self.stated[member])
-        return len(groups) == 1 and all(m in self.units for m in next(iter(groups)))
-
-    def _make_units(self) -> list[WrapUnit]:
-        """Step 4: one :class:`WrapUnit` per remaining unit, by first use."""
-        view = self.view
-        by_unit: dict[str, list[str]] = {u: [] for u in self.units}
-        for p in view.params:
-            by_unit[self.holder[p]].append(p)
-        n_params = len(view.fqns_of)
-        def_pos = {p: i for i, p in enumerate(view.fqns_of)}
-        units: list[WrapUnit] = []
-        for u, params in by_unit.items():
-            params.sort(key=lambda p: self.uses.param_pos.get(p, n_params + def_pos[p]))
-            self.trainable_dtypes[u] = frozenset(
-                view.dtype[p] for p in params if view.requires_grad[p]
-            )
-            first_use, last_use = self.uses.spans.span((u,), params)
-            units.append(
-                WrapUnit(
-                    module_fqns=(u,),
-                    param_fqns=tuple(params),
-                    numel=sum(view.numel[p] for p in params),
-                    bytes=sum(view.bytes[p] for p in params),
-                    first_use=first_use,
-                    last_use=last_use,
-                )
-            )
-        units.sort(
-            key=lambda w: (
-                w.first_use is None,
-                w.first_use if w.first_use is not None else 0,
-                view.def_index[w.module_fqns[0]],
-            )
-        )
-        return units
-
-
-def _deepest_common_unit(chains: Sequence[Sequence[str]], units: dict[str, None]) -> str:
-    """The innermost unit on every one of ``chains`` (module paths, root
-    first); the root when there is no other."""
-    common = set(chains[0]).intersection(*chains[1:]) if chains else {""}
-    for module in reversed(chains[0] if chains else ()):
-        if module in common and module in units:
-            return module
-    return ""

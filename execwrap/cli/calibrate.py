@@ -9,6 +9,8 @@ destroyed at the end.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -50,6 +52,7 @@ def run_calibrate(options: CalibrateOptions) -> int:
             print_table(summary_rows(model))
             print(f"wrote {options.out}")
     finally:
+        gc.collect()  # release what holds the group before destroying it (gloo teardown)
         if created:
             dist.destroy_process_group()
     return EXIT_OK

@@ -37,6 +37,7 @@ and frees what it allocated.
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import math
 import statistics
@@ -342,6 +343,11 @@ def _fsdp_overheads(
                 if sharded:
                     fns[f"opt {k}/{n}"] = update
     times = _interleaved(fns, dev, group, rounds=9, fastest=True)
+    # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
+    # worker thread that drops a backward-time collective while the interpreter shuts
+    # down aborts the process (torch 2.13; see tests/_dist.py).
+    del fns, model, step, update
+    gc.collect()
     per_collective: list[float] = []
     for k in _LAYERS_PER_GROUP:
         extra = [times[f"{k}/{n}/True"] - times[f"{k}/{n}/False"] for n in _GROUPS]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import IO, TYPE_CHECKING, Any
 
-from execwrap.plan import STATS_FIELDS
+from execwrap.plan_fields import STATS_FIELDS
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.plans import stats_to_dict
 from tracing.schema import Field, Record, dict_of, integer, list_of, one_of, optional, string

@@ -8,9 +8,8 @@ and a :class:`~execwrap.cost.CostModel` into the ops of
 ``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
 ``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
 :func:`execwrap.simulate.simulate_step`'s docstring; :func:`prefetch_lists`
-repeats :func:`execwrap.fsdp2.prefetch_schedule` on plan units (it is not
-imported: planning must not load ``torch.distributed.fsdp``; a test checks
-that both agree).
+is :func:`execwrap.prefetch.prefetch_schedule` on plan units (the schedule
+``apply_fully_shard`` sets; it loads no ``torch.distributed.fsdp``).
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from execwrap.cost.model import CostModel
+from execwrap.prefetch import prefetch_schedule
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
-from execwrap.spans import UseSpans, first_trainable_use
 from tracing.order import ExecutionOrder
 
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
@@ -75,36 +74,9 @@ def prefetch_lists(
     """
     if prefetch <= 0:
         return {}, {}
-    first = order.first_call_index()
-    uses = {
-        i: min(first[f] for f in mods if f in first)
-        for i, (mods, params) in enumerate(units)
-        if any(f in first for f in mods) and (params or i == root)
-    }
-    forward = sorted((i for i in uses if i != root), key=lambda i: (uses[i], i))
-    backward = list(reversed(forward))
-    if order.param_backward_order:
-        ready: dict[str, int] = {}
-        for position, fqn in enumerate(order.param_backward_order):
-            ready.setdefault(fqn, position)
-        keys = {i: min((ready[p] for p in units[i][1] if p in ready), default=-1) for i in forward}
-        if all(k >= 0 for k in keys.values()):
-            backward = sorted(forward, key=lambda i: (keys[i], -uses[i]))
-    trainable = first_trainable_use(order)
-    if trainable is not None:
-        spans = UseSpans(order)
-        backward = [
-            i for i in backward if (spans.span(units[i][0], units[i][1])[1] or 0) >= trainable
-        ]
-    roots = [root] if root in uses else []
-
-    def lists(seq: list[int]) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {r: seq[:prefetch] for r in roots}
-        for k, i in enumerate(seq):
-            out[i] = seq[k + 1 : k + 1 + prefetch]
-        return out
-
-    return lists(forward), lists(backward)
+    groups = [list(modules) for modules, _ in units]
+    params = [list(p) for _, p in units]
+    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch)
 
 
 class StepProgram:
