@@ -67,7 +67,7 @@ def bucket_units(
     logger.debug(
         "bucketing %d unit(s) under %d elements: %d group(s)", len(atomic), cap, len(groups)
     )
-    merged = [_merge(g) for g in groups]
+    merged = [merge_units(g) for g in groups]
     # Keep execution order by first use (paramless units may have been emitted
     # while an earlier group was still filling).
     merged.sort(key=lambda u: (u.first_use is None, u.first_use or 0))
@@ -104,7 +104,7 @@ def _can_group(
     return len(dtypes) <= 1
 
 
-def _merge(members: Sequence[WrapUnit]) -> WrapUnit:
+def merge_units(members: Sequence[WrapUnit]) -> WrapUnit:
     """One unit holding the modules and parameters of ``members``, in order."""
     if len(members) == 1:
         return members[0]
@@ -172,9 +172,3 @@ def can_group(
     of at most ``cap`` elements (no cap by default); see :func:`bucket_units`.
     Every sub-run of an allowed run is allowed."""
     return _can_group(members, cap, trainable_dtypes)  # type: ignore[arg-type]
-
-
-def merge_units(members: Sequence[WrapUnit]) -> WrapUnit:
-    """One unit (an FSDP2 group) holding the modules and parameters of
-    consecutive units ``members``, in order; a single member is returned as is."""
-    return _merge(members)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tracing.checks import check_int
 from tracing.fqn import quoted
 from tracing.order import ExecutionOrder
+from tracing.order_diff import first_index
 
 __all__ = ["Divergence", "first_divergence"]
 
@@ -99,15 +100,9 @@ def first_divergence(
     check_int(context, "first_divergence: context")
     calls_a = _module_calls(a, "a")
     calls_b = _module_calls(b, "b")
-    index = None
-    for i, (x, y) in enumerate(zip(calls_a, calls_b, strict=False)):
-        if x != y:
-            index = i
-            break
+    index = first_index(calls_a, calls_b)
     if index is None:
-        if len(calls_a) == len(calls_b):
-            return None
-        index = min(len(calls_a), len(calls_b))
+        return None
     lo, hi = max(0, index - context), index + context + 1
     return Divergence(
         index=index,

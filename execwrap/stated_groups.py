@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from execwrap.bucketing import merge_units
 from execwrap.model_view import ModelView, OrderView
 from execwrap.text import fqn_and_list, fqn_list
 from execwrap.unit import WrapUnit
@@ -153,7 +154,7 @@ def stated_group_units(
                 "them to one dtype or split the group"
             )
         members = sorted((by_module[m] for m in group), key=_first_use_key)
-        unit = _merge(members)
+        unit = merge_units(members)
         for m in group:
             merged[m] = unit
     units: list[WrapUnit] = []
@@ -244,18 +245,3 @@ def _not_a_unit(
 
 def _first_use_key(unit: WrapUnit) -> tuple[bool, int]:
     return (unit.first_use is None, unit.first_use or 0)
-
-
-def _merge(members: Sequence[WrapUnit]) -> WrapUnit:
-    if len(members) == 1:
-        return members[0]
-    firsts = [u.first_use for u in members if u.first_use is not None]
-    lasts = [u.last_use for u in members if u.last_use is not None]
-    return WrapUnit(
-        module_fqns=tuple(m for u in members for m in u.module_fqns),
-        param_fqns=tuple(p for u in members for p in u.param_fqns),
-        numel=sum(u.numel for u in members),
-        bytes=sum(u.bytes for u in members),
-        first_use=min(firsts) if firsts else None,
-        last_use=max(lasts) if lasts else None,
-    )

@@ -13,10 +13,12 @@ the module each order has there), then the parameters' first-use order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tracing.fqn import quoted
 from tracing.order import ExecutionOrder
 
-__all__ = ["first_difference"]
+__all__ = ["first_difference", "first_index"]
 
 
 def _module(order: ExecutionOrder, i: int) -> str:
@@ -33,7 +35,10 @@ def _param(order: ExecutionOrder, i: int) -> str:
     return quoted(params[i]) if i < len(params) else "no parameter (its order ends there)"
 
 
-def _first_index(a: list[str], b: list[str]) -> int | None:
+def first_index(a: Sequence[str], b: Sequence[str]) -> int | None:
+    """The first position where ``a`` and ``b`` differ: where their items
+    differ, else the shorter one's length when one is a strict prefix of the
+    other; ``None`` when they are equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
@@ -58,10 +63,10 @@ def first_difference(
         e.g. ``"at module call 3 the trace has 'mask_proj' (Linear) but the run
         has 'proj' (Linear)"``, or ``None``.
     """
-    i = _first_index(a.module_forward_order, b.module_forward_order)
+    i = first_index(a.module_forward_order, b.module_forward_order)
     if i is not None:
         return f"at module call {i} {a_name} has {_module(a, i)} but {b_name} has {_module(b, i)}"
-    i = _first_index(a.param_forward_order, b.param_forward_order)
+    i = first_index(a.param_forward_order, b.param_forward_order)
     if i is not None:
         return (
             f"at position {i} of the parameters' first-use order {a_name} has {_param(a, i)} "
