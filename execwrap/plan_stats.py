@@ -61,12 +61,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from execwrap.spans import UseSpans, first_trainable_use, order_requires_grad
+from execwrap.unit import enclosing_units
 from tracing.checks import check_int
-from tracing.fqn import ancestors
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
-    from execwrap.unit import WrapUnit
 
 __all__ = [
     "PlanStats",
@@ -166,7 +165,7 @@ def unsharded_timeline(
     if not plan.units:
         return []
     return _timeline(
-        plan, prefetch, reshard_after_forward, _enclosing_units(plan.units), runs_backward(plan)
+        plan, prefetch, reshard_after_forward, enclosing_units(plan.units), runs_backward(plan)
     )
 
 
@@ -176,7 +175,7 @@ def plan_stats(plan: WrapPlan, prefetch: int = 1) -> PlanStats:
     backward = runs_backward(plan)
     gathers, gathers_no_reshard, reduce_scatters = _collectives(plan, backward)
     per_gather = tuple(u.bytes for u in plan.units)
-    anc = _enclosing_units(plan.units)
+    anc = enclosing_units(plan.units)
     return PlanStats(
         num_units=len(plan.units),
         all_gathers_per_step=gathers,
@@ -216,30 +215,6 @@ def _peak(
     """The largest ``unsharded_bytes`` of the timeline (``0`` without units)."""
     steps = _timeline(plan, prefetch, reshard, anc, backward) if plan.units else []
     return max((s.unsharded_bytes for s in steps), default=0)
-
-
-def _enclosing_units(units: list[WrapUnit]) -> list[set[int]]:
-    """For each unit, the units whose modules enclose one of its modules.
-
-    Walks each module FQN up to the root (O(units x depth)), instead of
-    comparing every pair of units.
-    """
-    unit_of: dict[str, int] = {}
-    for i, unit in enumerate(units):
-        for fqn in unit.module_fqns:
-            unit_of[fqn] = i
-    out: list[set[int]] = []
-    for i, unit in enumerate(units):
-        anc: set[int] = set()
-        for fqn in unit.module_fqns:
-            for a in ancestors(fqn):
-                if a == fqn:
-                    continue
-                j = unit_of.get(a)
-                if j is not None and j != i:
-                    anc.add(j)
-        out.append(anc)
-    return out
 
 
 def _timeline(

@@ -7,10 +7,11 @@ the parameters it manages, their size, and the range of calls (indices into
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracing.fqn import display
+from tracing.fqn import ancestors, display
 from tracing.schema import (
     Field,
     Record,
@@ -22,7 +23,7 @@ from tracing.schema import (
     string,
 )
 
-__all__ = ["UNIT_FIELDS", "WrapUnit"]
+__all__ = ["UNIT_FIELDS", "WrapUnit", "enclosing_units"]
 
 #: The fields of :meth:`WrapUnit.to_dict` and how each is checked on load.
 UNIT_FIELDS = Record(
@@ -116,3 +117,28 @@ class WrapUnit:
             first_use=first,
             last_use=last,
         )
+
+
+def enclosing_units(units: Sequence[WrapUnit]) -> list[set[int]]:
+    """For each unit, the indices of the other units whose modules enclose one of its modules.
+
+    FSDP nests units by module tree: a unit whose module is an ancestor of another unit's
+    module stays unsharded while the inner one runs. Walks each module FQN up to the root
+    (O(units x depth)) instead of comparing every pair of units.
+
+    Example: units ``[("",), ("layers.0",)]`` give ``[set(), {0}]``.
+    """
+    unit_of: dict[str, int] = {}
+    for i, unit in enumerate(units):
+        for fqn in unit.module_fqns:
+            unit_of[fqn] = i
+    out: list[set[int]] = []
+    for i, unit in enumerate(units):
+        anc: set[int] = set()
+        for fqn in unit.module_fqns:
+            for a in ancestors(fqn):
+                j = unit_of.get(a)
+                if a != fqn and j is not None and j != i:
+                    anc.add(j)
+        out.append(anc)
+    return out

@@ -29,13 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tracing.fqn import ancestors
+from execwrap.unit import enclosing_units
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
-    from execwrap.unit import WrapUnit
 
-__all__ = ["UnitCompute", "enclosing_units", "unit_compute"]
+__all__ = ["UnitCompute", "unit_compute"]
 
 
 @dataclass(frozen=True)
@@ -146,24 +145,6 @@ class UnitCompute:
             method=self.method,
             device_type=self.device_type,
         )
-
-
-def enclosing_units(units: Sequence[WrapUnit]) -> list[set[int]]:
-    """For each unit, the indices of the other units whose modules enclose one of its modules."""
-    unit_of: dict[str, int] = {}
-    for i, unit in enumerate(units):
-        for fqn in unit.module_fqns:
-            unit_of[fqn] = i
-    out: list[set[int]] = []
-    for i, unit in enumerate(units):
-        anc: set[int] = set()
-        for fqn in unit.module_fqns:
-            for a in ancestors(fqn):
-                j = unit_of.get(a)
-                if a != fqn and j is not None and j != i:
-                    anc.add(j)
-        out.append(anc)
-    return out
 
 
 def unit_compute(plan: WrapPlan) -> UnitCompute:

@@ -65,10 +65,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from execwrap.cost.model import CostModel
-from execwrap.simulate.compute import UnitCompute, enclosing_units, unit_compute
+from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.schedule import StepProgram, UnitSpec, prefetch_lists
+from execwrap.unit import enclosing_units
 from tracing.checks import check_int
 
 if TYPE_CHECKING:
