@@ -39,14 +39,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import pickle
 import sys
-import tempfile
 import time
-import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,7 +50,6 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -69,6 +62,7 @@ from benchmarks._bench import (
     peak_rss_bytes,
     publish,
 )
+from benchmarks._ranks import barrier, rank_main, spawn_ranks
 
 __all__ = ["VARIANTS", "main", "run"]
 
@@ -208,14 +202,6 @@ class _Trainer:
         self.loss = float(loss.detach())
 
 
-def _barrier(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
 def _time_variants(
     rank: int, device: torch.device, mesh: Any, job: dict[str, Any]
 ) -> dict[str, Any]:
@@ -230,7 +216,7 @@ def _time_variants(
         for r in range(job["warmup"] + job["steps"]):
             k = r % len(names)
             for v in names[k:] + names[:k]:
-                _barrier(device)
+                barrier(device)
                 counter.reset()
                 start = time.perf_counter()
                 trainers[v].step()
@@ -263,75 +249,21 @@ def _memory(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> 
     return out
 
 
+def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> Any:
+    fn = _time_variants if job["kind"] == "timing" else _memory
+    return fn(rank, device, mesh, job)
+
+
 def _entry(rank: int, world_size: int, tmpdir: str, job: dict[str, Any]) -> None:
-    """Rank process: init the process group, run ``job``, pickle the result."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(job["threads"])
-    # torch warns for every Linear whose output is a view; this model makes no
-    # in-place change to module outputs, so the warning is noise here.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    cuda = job["device"] == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    else:
-        device = torch.device("cpu")
-    payload: tuple[str, Any] = ("error", f"rank {rank}: did not finish")
-    try:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"file://{tmpdir}/rendezvous",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=job["timeout_s"]),
-        )
-        mesh = init_device_mesh(device.type, (world_size,))
-        fn = _time_variants if job["kind"] == "timing" else _memory
-        payload = ("ok", fn(rank, device, mesh, job))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        payload = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-    finally:
-        if dist.is_initialized():
-            try:
-                if payload[0] == "ok":
-                    _barrier(device)
-            finally:
-                dist.destroy_process_group()
-    with open(Path(tmpdir) / f"rank{rank}.pkl", "wb") as f:
-        pickle.dump(payload, f)
+    rank_main(rank, world_size, tmpdir, job, _body)
 
 
-# ---------------------------------------------------------- parent side
 def _spawn(job: dict[str, Any], world_size: int) -> list[Any]:
     """Run ``job`` on ``world_size`` fresh rank processes; return each rank's result."""
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(job["threads"])
-    try:
-        with tempfile.TemporaryDirectory(prefix="execwrap-bench-") as tmpdir:
-            # Pickle the worker by its importable name, also when this file runs as a script.
-            from benchmarks.fsdp_step import _entry as entry
+    # Pickle the worker by its importable name, also when this file runs as a script.
+    from benchmarks.fsdp_step import _entry as entry
 
-            mp.spawn(entry, args=(world_size, tmpdir, job), nprocs=world_size, join=True)
-            results: list[Any] = []
-            errors: list[str] = []
-            for rank in range(world_size):
-                path = Path(tmpdir) / f"rank{rank}.pkl"
-                if not path.exists():
-                    errors.append(f"rank {rank}: no result written")
-                    continue
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
-                (results if status == "ok" else errors).append(value)
-            if errors:
-                raise RuntimeError("fsdp_step: a rank failed:\n" + "\n".join(errors))
-            return results
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return spawn_ranks(entry, job, world_size, name="fsdp_step")
 
 
 def run(
