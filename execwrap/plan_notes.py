@@ -206,22 +206,17 @@ def _uncalled_note(
         {m for p in moved for m in uses.users[p] if not is_within(m, fqn)},
         key=lambda m: uses.first_call.get(m, math.inf),
     )
-    runtime_dead = not users and uses.order.method == "runtime"
     if users:
         why = f"never runs its own forward (its parameters are used by {fqn_list(users)})"
-    elif runtime_dead:
-        why = f"{_never_called(uses)} and its parameters are never used"
-    else:
-        why = "is never called in forward and its parameters are never used (dead code)"
-    if runtime_dead:
-        # another input may call it: say what the plan does, not that it cannot work
-        verdict = "so the plan does not make it an FSDP unit"
-        extra = f" (nor the units inside it: {fqn_list(nested)})" if nested else ""
-        tail = f"{extra}."
-    else:
         verdict = "so it cannot be an FSDP unit"
         extra = f" (nor can the units inside it: {fqn_list(nested)})" if nested else ""
         tail = f"{extra}: its hooks would never fire."
+    else:
+        # another input may call it: say what the plan does, not that it cannot work
+        why = f"{_never_called(uses)} and its parameters are never used"
+        verdict = "so the plan does not make it an FSDP unit"
+        extra = f" (nor the units inside it: {fqn_list(nested)})" if nested else ""
+        tail = f"{extra}."
     return (
         f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) {why}, {verdict}{tail} Its "
         f"parameters ({param_count(moved, view.numel)}) stay in unit "
@@ -249,10 +244,9 @@ def dead_module_notes(
         if any(is_within(u, fqn) for u in policy_fqns if u not in units):
             continue
         noted.append(fqn)
-        dead = "" if uses.order.method == "runtime" else " (dead code)"
         notes.append(
             f"Module {quoted(fqn)} ({view.classes.get(fqn, '?')}) {_never_called(uses)} "
-            f"and its parameters ({param_count(params, view.numel)}) are never used{dead}; "
+            f"and its parameters ({param_count(params, view.numel)}) are never used; "
             f"they stay in unit {quoted(innermost(fqn, units))}."
         )
     return notes
@@ -403,11 +397,17 @@ def _direct_params_of(view: ModelView, fqn: str) -> list[str]:
 
 
 def _never_called(uses: OrderView) -> str:
-    """How a module that the order never calls is described: a symbolic
-    trace sees every path of ``forward``, a runtime capture only one."""
+    """How a module that the order never calls is described. Neither capture
+    proves a module dead: a runtime capture sees one forward, and a symbolic
+    trace one path too (fx fixes every argument not given as a traced input
+    at its default, so a branch on it is decided by the default)."""
     if uses.order.method == "runtime":
         return (
             "is never called with the example inputs (runtime capture sees one forward: "
             "another input may take another branch; execwrap.OrderMonitor warns if it does)"
         )
-    return "is never called in forward"
+    return (
+        "is never called in the traced forward (fx traces one path: an argument not given "
+        "as an input is fixed at its default, so another input may take another branch; "
+        "execwrap.OrderMonitor warns if it does)"
+    )

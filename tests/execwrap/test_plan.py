@@ -236,9 +236,9 @@ def test_uncalled_and_outside_uses() -> None:
         "Module 'attn.out_proj' (NonDynamicallyQuantizableLinear) never runs its own forward "
         "(its parameters are used by 'attn'), so it cannot be an FSDP unit: its hooks would "
         "never fire. Its parameters (2 parameters, 72 elements) stay in unit 'attn'.",
-        "Module 'unused' (Linear) is never called in forward and its parameters are never used "
-        "(dead code), so it cannot be an FSDP unit: its hooks would never fire. Its parameters "
-        "(2 parameters, 12 elements) stay in unit <root>.",
+        f"Module 'unused' (Linear) {_SYMBOLIC_UNCALLED} and its parameters are never used, so "
+        "the plan does not make it an FSDP unit. Its parameters (2 parameters, 12 elements) "
+        "stay in unit <root>.",
         "Parameter 'embed.weight' is used by modules 'embed' and <root>; <root> runs outside "
         "unit 'embed', where FSDP has resharded it, so it goes to unit <root>, which encloses "
         "both: the policy's unit 'embed' is not wrapped; its other parameters (1 parameter, "
@@ -251,8 +251,8 @@ def test_dead_module_that_is_not_a_unit_is_noted() -> None:
     plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.MultiheadAttention}))
     assert plan.groups == [[""], ["attn"]]
     assert plan.notes == [
-        "Module 'unused' (Linear) is never called in forward and its parameters (2 parameters, "
-        "12 elements) are never used (dead code); they stay in unit <root>."
+        f"Module 'unused' (Linear) {_SYMBOLIC_UNCALLED} and its parameters (2 parameters, "
+        "12 elements) are never used; they stay in unit <root>."
     ]
 
 
@@ -773,6 +773,11 @@ _RUNTIME_UNCALLED = (
     "is never called with the example inputs (runtime capture sees one forward: another input "
     "may take another branch; execwrap.OrderMonitor warns if it does)"
 )
+_SYMBOLIC_UNCALLED = (
+    "is never called in the traced forward (fx traces one path: an argument not given as an "
+    "input is fixed at its default, so another input may take another branch; "
+    "execwrap.OrderMonitor warns if it does)"
+)
 
 
 def test_runtime_capture_does_not_call_a_skipped_branch_dead_code() -> None:
@@ -791,16 +796,17 @@ def test_runtime_capture_does_not_call_a_skipped_branch_dead_code() -> None:
         f"Module 'b' (Linear) {_RUNTIME_UNCALLED} and its parameters (2 parameters, 6 elements) "
         "are never used; they stay in unit <root>."
     ]
-    # the same order from a symbolic trace saw every path: the module is dead code
+    # a symbolic trace follows one path too (arguments not passed are fixed at their
+    # defaults): the module is not called dead code either
     symbolic = dataclasses.replace(runtime, method="symbolic")
     assert plan_wrap(model, symbolic).notes == [
-        "Module 'b' (Linear) is never called in forward and its parameters are never used "
-        "(dead code), so it cannot be an FSDP unit: its hooks would never fire. Its parameters "
-        "(2 parameters, 6 elements) stay in unit <root>."
+        f"Module 'b' (Linear) {_SYMBOLIC_UNCALLED} and its parameters are never used, so the "
+        "plan does not make it an FSDP unit. Its parameters (2 parameters, 6 elements) stay in "
+        "unit <root>."
     ]
     assert plan_wrap(model, symbolic, None).notes == [
-        "Module 'b' (Linear) is never called in forward and its parameters (2 parameters, 6 "
-        "elements) are never used (dead code); they stay in unit <root>."
+        f"Module 'b' (Linear) {_SYMBOLIC_UNCALLED} and its parameters (2 parameters, 6 elements) "
+        "are never used; they stay in unit <root>."
     ]
 
 
