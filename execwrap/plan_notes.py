@@ -19,6 +19,7 @@ from execwrap.unit import WrapUnit
 from tracing.fqn import innermost, is_within, owner_fqn, quoted
 
 __all__ = [
+    "bypassed_notes",
     "dead_module_notes",
     "dropped_notes",
     "fsdp1_split_note",
@@ -97,6 +98,42 @@ def dropped_notes(
             notes.append(_uncalled_note(view, uses, fqn, nested, units))
     if empty:
         notes.append(_empty_modules_note(view, empty))
+    return notes
+
+
+def bypassed_notes(
+    view: ModelView,
+    uses: OrderView,
+    bypassed: Mapping[str, tuple[str, int]],
+    holder: dict[str, str],
+) -> list[str]:
+    """Policy units not wrapped because a call outside the unit's own forward
+    uses their parameters (:meth:`execwrap.planner_steps.Planner._drop_bypassed`).
+
+    Args:
+        view: the model's snapshot.
+        uses: the order's view.
+        bypassed: dropped unit -> (canonical parameter, call index) of the
+            first use outside its calls.
+        holder: canonical parameter -> the unit module holding it.
+    """
+    order = uses.order
+    calls = order.module_forward_order
+    parents = order.enclosing_calls()
+    notes: list[str] = []
+    for unit, (param, call) in bypassed.items():
+        caller = parents[call] if parents else -1
+        caller_text = f", called from {quoted(calls[caller])}" if caller >= 0 else ""
+        moved = [p for p in view.params if is_within(owner_fqn(p), unit)]
+        holders = list(dict.fromkeys(holder[p] for p in moved))
+        notes.append(
+            f"Module {quoted(calls[call])} (call {call}{caller_text}) uses parameter {param!r} "
+            f"outside every call of {quoted(unit)} ({view.classes.get(unit, '?')}): FSDP gathers "
+            "a unit's parameters when the unit's forward starts and frees them when it ends, so "
+            f"{quoted(unit)} cannot be an FSDP unit. Not wrapped; its parameters "
+            f"({param_count(moved, view.numel)}) go to unit{'s' if len(holders) > 1 else ''} "
+            f"{fqn_list(holders)}."
+        )
     return notes
 
 

@@ -19,7 +19,11 @@
    If not, the units between the parameter and the lowest common ancestor
    unit that enclose its names are dropped, so that ancestor holds it (FSDP
    gives a parameter to the innermost wrapped module on the path it meets
-   it by, so the parameter cannot move otherwise).
+   it by, so the parameter cannot move otherwise). Then, with call depths in
+   the order, a unit whose parameters are used by a call running outside
+   every call of the unit's module (``block0.fc2`` called from the root
+   after ``block0`` returned) is dropped: FSDP gathers a unit's parameters
+   when its forward starts and frees them when it ends.
 4. Units are ordered by first call (ties by definition order; never-called
    units last, in definition order).
 5. With ``bucket_numel``, consecutive units are merged greedily into FSDP2
@@ -278,7 +282,9 @@ def _bucketed_plan(
     cap = bucket_numel if isinstance(bucket_numel, int) else None
     if cap:
         units = bucket_between_groups(
-            units, fixed, lambda run: bucket_units(run, cap, planner.trainable_dtypes)
+            atomic,
+            [units[i] for i in sorted(fixed)],
+            lambda run: bucket_units(run, cap, planner.trainable_dtypes),
         )
     return WrapPlan(
         units=list(units),

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from execwrap.model_view import ModelView, OrderView
 from execwrap.plan_notes import (
+    bypassed_notes,
     dead_module_notes,
     dropped_notes,
     ignored_notes,
@@ -77,8 +78,10 @@ class Planner:
             dropped += self._drop_forwardless()
             self.notes.append(no_calls_note())
         relocations = self._relocate()
+        bypassed = self._drop_bypassed() if has_calls else {}
         self.holder = {p: innermost(owner_fqn(p), self.units) for p in view.params}
         self.notes += dropped_notes(view, uses, dropped, self.units, self.holder)
+        self.notes += bypassed_notes(view, uses, bypassed, self.holder)
         if has_calls:
             self.notes += dead_module_notes(view, uses, self.units, self.policy_fqns)
         self.notes += relocation_notes(view, uses, relocations, self.holder, self.stated)
@@ -166,6 +169,50 @@ class Planner:
                 if a in self.units:
                     found.add(a)
         return holder, [u for u in self.units if u in found]
+
+    def _drop_bypassed(self) -> dict[str, tuple[str, int]]:
+        """Step 3b: drop units whose parameters are used by a call that runs
+        outside every call of the unit's module (and of the other members of
+        its stated group): FSDP gathers a unit's parameters when its module's
+        forward starts and frees them when it ends, so such a call (``b0.a``
+        called from the root after ``b0`` returned) would see them sharded.
+        Needs the order's :attr:`~tracing.ExecutionOrder.module_call_depths`;
+        without them nothing is dropped. Returns dropped unit -> (canonical
+        parameter, call index) of the first such use."""
+        order = self.uses.order
+        parents = order.enclosing_calls()
+        if not parents:
+            return {}
+        calls = order.module_forward_order
+        canonical = self.view.alias_to_canonical
+        chains: dict[int, set[str]] = {}
+
+        def chain(i: int) -> set[str]:  # the modules whose calls are running at call i
+            if i not in chains:
+                chains[i] = {calls[i]} | (chain(parents[i]) if parents[i] >= 0 else set())
+            return chains[i]
+
+        bypassed: dict[str, tuple[str, int]] = {}
+        changed = True
+        while changed:
+            changed = False
+            holder = {p: innermost(owner_fqn(p), self.units) for p in self.view.params}
+            for use in order.param_uses:
+                for q in use.param_fqns:
+                    unit = holder.get(canonical.get(q, q), "")
+                    if unit == "" or unit not in self.units:
+                        continue
+                    running = chain(use.call_index)
+                    if not any(m in running for m in self.stated.get(unit, (unit,))):
+                        del self.units[unit]
+                        bypassed[unit] = (canonical.get(q, q), use.call_index)
+                        logger.debug(
+                            "dropping unit %r: used outside its calls by call %d",
+                            unit,
+                            use.call_index,
+                        )
+                        changed = True
+        return bypassed
 
     def _in_one_stated_group(self, fqns: Sequence[str]) -> bool:
         """Whether every module of ``fqns`` is inside members of one stated group

@@ -172,30 +172,41 @@ def stated_group_units(
 
 
 def bucket_between_groups(
-    units: Sequence[WrapUnit],
-    fixed: set[int],
+    atomic: Sequence[WrapUnit],
+    group_units: Sequence[WrapUnit],
     bucket: Callable[[Sequence[WrapUnit]], list[WrapUnit]],
 ) -> list[WrapUnit]:
     """Bucket each run of units between stated groups; keep the groups as they are.
 
+    A run is a stretch of atomic units consecutive in execution order with no
+    stated member among them: every member ends a run, also a later member of
+    a group that was already placed (with ``groups=[["blocks.0", "blocks.2"]]``,
+    ``blocks.1`` and ``blocks.3`` are in different runs, since ``blocks.2``
+    runs between them).
+
     Args:
-        units: units in execution order (stated groups merged).
-        fixed: indices of the stated groups in ``units``.
+        atomic: the planner's single-module units, in execution order.
+        group_units: the stated groups, merged (:func:`stated_group_units`).
         bucket: the bucketing of one run (:func:`execwrap.bucketing.bucket_units`
             with its cap and dtypes).
 
     Returns:
         All units, ordered by first use.
     """
+    member_of = {m: g for g in group_units for m in g.module_fqns}
     out: list[WrapUnit] = []
     run: list[WrapUnit] = []
-    for i, unit in enumerate(units):
-        if i in fixed:
-            out += bucket(run) if run else []
-            run = []
-            out.append(unit)
-        else:
+    placed: set[int] = set()
+    for unit in atomic:
+        group = member_of.get(unit.module_fqns[0])
+        if group is None:
             run.append(unit)
+            continue
+        out += bucket(run) if run else []
+        run = []
+        if id(group) not in placed:
+            placed.add(id(group))
+            out.append(group)
     out += bucket(run) if run else []
     out.sort(key=_first_use_key)
     return out

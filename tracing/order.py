@@ -127,6 +127,11 @@ class ExecutionOrder:
             forward/backward. Always ``False`` for symbolic capture.
         warnings: things the capture could not rule out, one sentence each
             (e.g. optional ``forward`` arguments that fx turned into Proxies).
+        module_call_depths: schema 2, one per :attr:`module_forward_order`
+            call: how many recorded calls it runs inside (``0`` for the
+            outermost). The calls are in pre-order, so a call's enclosing call
+            is the nearest earlier call one level up (:meth:`enclosing_calls`).
+            Empty in orders that did not record it (version 1, hand-built).
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
         forward_times_s: timing (schema 2; empty unless captured with
@@ -183,6 +188,7 @@ class ExecutionOrder:
     # ---- capture (schema version 2)
     zero_cost: bool = False
     warnings: list[str] = field(default_factory=list)
+    module_call_depths: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.method not in CAPTURE_METHODS:
@@ -194,6 +200,25 @@ class ExecutionOrder:
                 f"ExecutionOrder.timing_method must be one of {TIMING_METHODS}, got "
                 f"{self.timing_method!r}"
             )
+
+    def enclosing_calls(self) -> list[int]:
+        """For each call of :attr:`module_forward_order`, the index of the call it
+        runs inside (``-1`` for an outermost call), from :attr:`module_call_depths`.
+
+        Returns ``[]`` when the depths were not recorded.
+
+        Example:
+            >>> ExecutionOrder(module_forward_order=["", "a", "a.x", "b"],
+            ...                module_call_depths=[0, 1, 2, 1]).enclosing_calls()
+            [-1, 0, 1, 0]
+        """
+        out: list[int] = []
+        open_at: list[int] = []  # open_at[d]: the latest call at depth d
+        for i, depth in enumerate(self.module_call_depths):
+            del open_at[depth:]
+            out.append(open_at[-1] if open_at else -1)
+            open_at.append(i)
+        return out
 
     @property
     def has_timing(self) -> bool:
@@ -281,6 +306,7 @@ class ExecutionOrder:
             **_timing_dict(self),
             "zero_cost": self.zero_cost,
             "warnings": list(self.warnings),
+            "module_call_depths": list(self.module_call_depths),
         }
 
     @classmethod
@@ -325,6 +351,7 @@ class ExecutionOrder:
             torch_version=f["torch_version"],
             zero_cost=f["zero_cost"],
             warnings=f["warnings"],
+            module_call_depths=f["module_call_depths"],
             **{name: f[name] for name in TIMING_FIELDS},
         )
 

@@ -89,6 +89,7 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
         )
     fields = ORDER_FIELDS.check(data, source=source, prefix=prefix, what="ExecutionOrder")
     _check_call_indices(fields, source, prefix)
+    _check_call_depths(fields, source, prefix)
     return fields
 
 
@@ -163,6 +164,7 @@ ORDER_FIELDS = Record(
         "saved_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
         "timing_device": Field(string(), required=False, default=""),
         "timing_method": Field(one_of(*TIMING_METHODS), required=False, default=""),
+        "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
     }
 )
 
@@ -187,6 +189,32 @@ def _check_call_indices(fields: dict[str, Any], source: str, prefix: str) -> Non
             raise SchemaError(
                 field_path(field_path(field_path(prefix, "param_uses"), i), "call_index"),
                 f"call {use['call_index']} is past the end of module_forward_order ({calls} calls)",
+                source,
+                "ExecutionOrder",
+            )
+
+
+def _check_call_depths(fields: dict[str, Any], source: str, prefix: str) -> None:
+    """``module_call_depths`` (when present) has one depth per call, starts at 0
+    and goes at most one level deeper from one call to the next (a pre-order walk)."""
+    depths = fields["module_call_depths"]
+    if not depths:
+        return
+    path = field_path(prefix, "module_call_depths")
+    calls = len(fields["module_forward_order"])
+    if len(depths) != calls:
+        raise SchemaError(
+            path,
+            f"{len(depths)} depths for {calls} calls of module_forward_order",
+            source,
+            "ExecutionOrder",
+        )
+    for i, d in enumerate(depths):
+        if d > (depths[i - 1] + 1 if i else 0):
+            raise SchemaError(
+                field_path(path, i),
+                f"depth {d} after depth {depths[i - 1] if i else 'none'}: a call is at most one "
+                "level deeper than the call before it (0 for the first)",
                 source,
                 "ExecutionOrder",
             )

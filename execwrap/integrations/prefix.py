@@ -87,6 +87,9 @@ def lift_order(
     return dataclasses.replace(
         lifted,
         module_forward_order=["", *lifted.module_forward_order],
+        module_call_depths=[0, *(d + 1 for d in lifted.module_call_depths)]
+        if lifted.module_call_depths
+        else [],
         param_uses=[dataclasses.replace(u, call_index=u.call_index + 1) for u in lifted.param_uses],
         module_backward_order=[*lifted.module_backward_order, ""]
         if lifted.module_backward_order

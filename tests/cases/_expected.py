@@ -50,6 +50,8 @@ class Case:
         recompute_order: module calls re-run by activation checkpointing.
         symbolic_error: ``(module_fqn, module_class, error type name)`` when
             plain ``torch.fx`` tracing must fail, else ``None``.
+        module_call_depths: the expected depth of each call (``None``: not
+            checked): how many calls it runs inside.
         traces_with_inputs: symbolic tracing fails without inputs but works
             with the example inputs bound to ``forward`` (``*args`` of a known
             length), so the capture ladder stays symbolic.
@@ -65,6 +67,7 @@ class Case:
     recompute_order: list[str] = field(default_factory=list)
     symbolic_error: tuple[str, str, str] | None = None
     traces_with_inputs: bool = False
+    module_call_depths: list[int] | None = None
 
 
 def build(case: Case, seed: int = 0) -> nn.Module:
@@ -244,6 +247,52 @@ CASES: dict[str, Case] = {
             ("shared", 3, ("shared.weight", "shared.bias")),
             ("out", 4, ("out.weight", "out.bias")),
         ],
+        module_call_depths=[0, 1, 1, 1, 1],
+    ),
+    "called_outside_block": Case(
+        make=m.CalledOutsideBlock,
+        make_inputs=_x,
+        module_forward_order=[
+            "",
+            "block0",
+            "block0.fc1",
+            "block0.act",
+            "block0.fc2",
+            "block1",
+            "block1.fc1",
+            "block1.act",
+            "block1.fc2",
+            "block0.fc2",  # from the root, after block0 returned
+        ],
+        module_call_depths=[0, 1, 2, 2, 2, 1, 2, 2, 2, 1],
+        param_forward_order=[
+            "block0.fc1.weight",
+            "block0.fc1.bias",
+            "block0.fc2.weight",
+            "block0.fc2.bias",
+            "block1.fc1.weight",
+            "block1.fc1.bias",
+            "block1.fc2.weight",
+            "block1.fc2.bias",
+        ],
+        # block0.fc2's gradients are ready only after its first call's backward
+        param_backward_order=[
+            "block1.fc2.bias",
+            "block1.fc2.weight",
+            "block1.fc1.bias",
+            "block1.fc1.weight",
+            "block0.fc2.bias",
+            "block0.fc2.weight",
+            "block0.fc1.bias",
+            "block0.fc1.weight",
+        ],
+        param_uses=[
+            ("block0.fc1", 2, ("block0.fc1.weight", "block0.fc1.bias")),
+            ("block0.fc2", 4, ("block0.fc2.weight", "block0.fc2.bias")),
+            ("block1.fc1", 6, ("block1.fc1.weight", "block1.fc1.bias")),
+            ("block1.fc2", 8, ("block1.fc2.weight", "block1.fc2.bias")),
+            ("block0.fc2", 9, ("block0.fc2.weight", "block0.fc2.bias")),
+        ],
     ),
     "embed_read_by_head": Case(
         make=m.EmbedReadByHead,
@@ -422,6 +471,12 @@ class PlanCase:
     policy: Callable[[], object] | None = None
 
 
+def _block_policy() -> object:
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return ModuleWrapPolicy({m.MLPBlock})
+
+
 def _lora_policy() -> object:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -492,6 +547,33 @@ PLANS: dict[str, PlanCase] = {
             (("fc",), ("fc.weight", "fc.bias"), 1, 1),
         ],
         notes=[("Parameter 'scale' is 0-dim (a scalar)", "refuse this model before wrapping")],
+    ),
+    "called_outside_block": PlanCase(
+        "called_outside_block",
+        units=[
+            # the root's call of block0.fc2 runs outside every call of block0:
+            # block0 is not wrapped and the root holds its parameters
+            (
+                ("",),
+                ("block0.fc1.weight", "block0.fc1.bias", "block0.fc2.weight", "block0.fc2.bias"),
+                0,
+                9,
+            ),
+            (
+                ("block1",),
+                tuple(f"block1.fc{i}.{k}" for i in (1, 2) for k in ("weight", "bias")),
+                5,
+                8,
+            ),
+        ],
+        notes=[
+            (
+                "Module 'block0.fc2' (call 9, called from <root>) uses parameter "
+                "'block0.fc2.weight' outside every call of 'block0' (MLPBlock)",
+                "Not wrapped; its parameters (4 parameters, 40 elements) go to unit <root>.",
+            )
+        ],
+        policy=_block_policy,
     ),
     "called_twice": PlanCase(
         "called_twice",

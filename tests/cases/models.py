@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "Branch",
+    "CalledOutsideBlock",
     "CalledTwice",
     "CheckpointedBlocks",
     "EmbedReadByHead",
@@ -290,6 +291,19 @@ class MLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+class CalledOutsideBlock(nn.Module):
+    """The root calls ``block0.fc2`` again after both blocks ran: outside every
+    call of ``block0``, so a ``block0`` unit would have resharded it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block0 = MLPBlock()
+        self.block1 = MLPBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block0.fc2(self.block1(self.block0(x)))
 
 
 class CheckpointedBlocks(nn.Module):

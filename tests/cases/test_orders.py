@@ -45,6 +45,8 @@ def _assert_forward(order: ExecutionOrder, case: Case) -> None:
     assert order.param_forward_order == case.param_forward_order
     assert _uses(order) == case.param_uses
     assert order.shared_params == case.shared_params
+    if case.module_call_depths is not None:
+        assert order.module_call_depths == case.module_call_depths
 
 
 def _assert_runtime(order: ExecutionOrder, case: Case) -> None:

@@ -68,6 +68,7 @@ def _specs() -> dict[str, _Spec]:
         "embed_read_by_head": _case_spec("embed_read_by_head"),
         "multihead_attention": _case_spec("multihead_attention"),
         "lora": _case_spec("lora", ModuleWrapPolicy({m.LoRALinear})),
+        "called_outside_block": _case_spec("called_outside_block", ModuleWrapPolicy({m.MLPBlock})),
         "lora_always_wrap": _case_spec("lora", plan="lora_always_wrap"),
         "checkpoint_reentrant": _case_spec("checkpoint_reentrant"),
         "checkpoint_non_reentrant": _case_spec("checkpoint_non_reentrant"),
@@ -156,9 +157,27 @@ def _naive_out_proj(rank: int, world_size: int, mesh: Any) -> dict[str, Any]:
     return {"grad_diff": _max_diff(dtensor_full_grads(model), dtensor_full_grads(reference))}
 
 
+def _naive_blocks(rank: int, world_size: int, mesh: Any) -> str:
+    """Negative control: ``fully_shard`` per block on ``CalledOutsideBlock``
+    (the policy without the order): the root's later call of ``block0.fc2``
+    meets sharded parameters. Returns the error's first line."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = build(CASES["called_outside_block"])
+    for fqn in ("block0", "block1"):
+        fully_shard(model.get_submodule(fqn), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    try:
+        model(*_rank_inputs("called_outside_block", rank)).sum().backward()
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return "no error"
+
+
 def _worker(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (world_size,))
     out: dict[str, Any] = {"naive_out_proj": _naive_out_proj(rank, world_size, mesh)}
+    out["naive_blocks"] = _naive_blocks(rank, world_size, mesh)
     for name in names:
         try:
             out[name] = _parity(rank, world_size, name, mesh)
@@ -190,3 +209,13 @@ def test_naive_out_proj_unit_breaks_fsdp2(results: list[dict[str, Any]]) -> None
     for per_rank in results:
         res = per_rank["naive_out_proj"]
         assert "error" in res or res["grad_diff"] > TOL, res
+
+
+def test_blocks_without_the_order_break_fsdp2(results: list[dict[str, Any]]) -> None:
+    """Why the plan does not make ``block0`` a unit when the root calls
+    ``block0.fc2`` after ``block0`` returned: per-block FSDP2 then fails."""
+    for per_rank in results:
+        assert per_rank["naive_blocks"] == (
+            "RuntimeError: aten.addmm.default got mixed torch.Tensor and DTensor, need to "
+            "convert all torch.Tensor to DTensor before calling distributed operators!"
+        )

@@ -1,4 +1,5 @@
-"""Plans FSDP can build, on 2 gloo ranks: shared modules, scalar parameters.
+"""Plans FSDP can build, on 2 gloo ranks: shared modules, scalar parameters,
+a block's submodule called from outside the block.
 
 A module registered under two parents builds under FSDP1 and FSDP2 and trains
 like the unwrapped model; a model with a 0-dim parameter is refused by both
@@ -20,6 +21,7 @@ its names, and its parameters go to the innermost unit enclosing every name.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -38,6 +40,7 @@ from execwrap import (
     apply_fully_shard,
 )
 from tests._dist import run_ranks
+from tests.cases.models import CalledOutsideBlock, MLPBlock
 from tests.distributed._policy_cases import Case, _dense_batch, dtensor_full_grads, run_parity
 from tests.execwrap.factories import ClipHead, Conv, GainBlock, SharedBlocks, SharedEmbed
 
@@ -57,35 +60,44 @@ def _fsdp1_full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
 CASES = {
     "shared_embed": Case("shared_embed", SharedEmbed, _dense_batch, F.mse_loss),
     "shared_blocks": Case("shared_blocks", SharedBlocks, _dense_batch, F.mse_loss),
+    # the root calls block0.fc2 after block0 returned (tests/cases: called_outside_block)
+    "called_outside": Case(
+        "called_outside", CalledOutsideBlock, functools.partial(_dense_batch, dim=4), F.mse_loss
+    ),
 }
 POLICIES = {
     "always": always_wrap_policy,
     "conv": ModuleWrapPolicy({Conv, GainBlock}),
+    "blocks": ModuleWrapPolicy({MLPBlock}),
 }
+RUNS = [
+    *((c, p) for c in ("shared_embed", "shared_blocks") for p in ("always", "conv")),
+    ("called_outside", "blocks"),
+]
 
 
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (world_size,))
     out: dict[str, Any] = {}
-    for case_name, case in CASES.items():
-        for policy_name, init_policy in POLICIES.items():
-            for fsdp in ("fsdp1", "fsdp2"):
-                policy = ParamExecOrderWrapPolicy(init_policy, TracingConfig())
+    for case_name, policy_name in RUNS:
+        case, init_policy = CASES[case_name], POLICIES[policy_name]
+        for fsdp in ("fsdp1", "fsdp2"):
+            policy = ParamExecOrderWrapPolicy(init_policy, TracingConfig())
 
-                def wrap(model: nn.Module, p: Any = policy, f: str = fsdp) -> nn.Module:
-                    if f == "fsdp1":
-                        return FSDP(model, auto_wrap_policy=p, use_orig_params=True, device_id=CPU)
-                    apply_fully_shard(model, p, mesh=mesh)
-                    return model
+            def wrap(model: nn.Module, p: Any = policy, f: str = fsdp) -> nn.Module:
+                if f == "fsdp1":
+                    return FSDP(model, auto_wrap_policy=p, use_orig_params=True, device_id=CPU)
+                apply_fully_shard(model, p, mesh=mesh)
+                return model
 
-                grads = _fsdp1_full_grads if fsdp == "fsdp1" else dtensor_full_grads
-                res = run_parity(rank, world_size, case, wrap, grads)  # asserts parity
-                out[f"{case_name}/{policy_name}/{fsdp}"] = {
-                    "groups": policy.plan.groups,
-                    "losses": res["losses"],
-                    "diff": res["max_grad_diff"],
-                }
-                dist.barrier()
+            grads = _fsdp1_full_grads if fsdp == "fsdp1" else dtensor_full_grads
+            res = run_parity(rank, world_size, case, wrap, grads)  # asserts parity
+            out[f"{case_name}/{policy_name}/{fsdp}"] = {
+                "groups": policy.plan.groups,
+                "losses": res["losses"],
+                "diff": res["max_grad_diff"],
+            }
+            dist.barrier()
     # Negative control: FSDP1's own auto-wrap with the same policy (units conv1, conv2)
     model = FSDP(SharedEmbed(), auto_wrap_policy=POLICIES["conv"], device_id=CPU)
     try:
@@ -111,6 +123,9 @@ def test_shared_modules_build_and_train_like_the_unwrapped_model() -> None:
         "shared_blocks/always/fsdp2": [[""], ["layers.0.fc"], ["out"]],
         "shared_blocks/conv/fsdp1": [[""]],
         "shared_blocks/conv/fsdp2": [[""]],
+        # block0.fc2 is called from the root after block0 returned: block0 is not a unit
+        "called_outside/blocks/fsdp1": [[""], ["block1"]],
+        "called_outside/blocks/fsdp2": [[""], ["block1"]],
     }
     for key, value in r0.items():
         assert value["losses"] == r1[key]["losses"], key  # the mean loss over ranks

@@ -507,7 +507,8 @@ def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
     data = json.loads(demo_report.read_text())["order"]
     calls = data["module_forward_order"][:-1]
     uses = [u for u in data["param_uses"] if u["call_index"] < len(calls)]  # a consistent order
-    short = dict(data, module_forward_order=calls, param_uses=uses)
+    depths = data["module_call_depths"][:-1]
+    short = dict(data, module_forward_order=calls, param_uses=uses, module_call_depths=depths)
     (tmp_path / "short.json").write_text(json.dumps(short))
     assert main(["diff", str(demo_report), str(tmp_path / "short.json")]) == 1
     out = capsys.readouterr().out

@@ -49,6 +49,10 @@ def test_bucketing_fills_the_runs_between_stated_groups(gpt: tuple[nn.Module, ob
     assert "Module 'blocks.1' is a unit of its own, as stated in groups" in plan.notes[1]
     plan = plan_wrap(model, order, BLOCKS, groups=[["blocks.3", "ln_f"]], bucket_numel=10**9)
     assert plan.groups == [[""], ["blocks.0", "blocks.1", "blocks.2"], ["blocks.3", "ln_f"]]
+    # a group whose members are not adjacent: its later member ends a run too, so
+    # blocks.1 and blocks.3 (blocks.2 runs between them) are never merged
+    plan = plan_wrap(model, order, BLOCKS, groups=[["blocks.0", "blocks.2"]], bucket_numel=10**9)
+    assert plan.groups == [[""], ["blocks.0", "blocks.2"], ["blocks.1"], ["blocks.3"]]
 
 
 def test_a_tied_module_alone_cannot_be_a_group(gpt: tuple[nn.Module, object]) -> None:

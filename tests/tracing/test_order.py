@@ -242,3 +242,37 @@ def test_zero_cost_and_warnings_round_trip() -> None:
     assert (data["zero_cost"], data["warnings"]) == (True, ["optional 'mask'"])
     assert ExecutionOrder.from_dict(data) == order
     assert order.capture_step == "zero-cost runtime"
+
+
+def test_call_depths_give_each_call_its_enclosing_call() -> None:
+    order = ExecutionOrder(
+        module_forward_order=["", "a", "a.x", "a.y", "b", "a.x"],
+        module_call_depths=[0, 1, 2, 2, 1, 1],
+    )
+    assert order.enclosing_calls() == [-1, 0, 1, 1, 0, 0]
+    assert ExecutionOrder(module_forward_order=["", "a"]).enclosing_calls() == []
+    assert ExecutionOrder.from_dict(order.to_dict()).module_call_depths == [0, 1, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "depths,message",
+    [
+        ([0, 1], "field module_call_depths: 2 depths for 3 calls of module_forward_order"),
+        (
+            [1, 1, 2],
+            "field module_call_depths[0]: depth 1 after depth none: a call is at most "
+            "one level deeper than the call before it (0 for the first)",
+        ),
+        (
+            [0, 1, 3],
+            "field module_call_depths[2]: depth 3 after depth 1: a call is at most one "
+            "level deeper than the call before it (0 for the first)",
+        ),
+    ],
+)
+def test_bad_call_depths_are_refused(depths: list[int], message: str) -> None:
+    data = ExecutionOrder(module_forward_order=["", "a", "a.x"]).to_dict()
+    data["module_call_depths"] = depths
+    with pytest.raises(ValueError) as info:
+        ExecutionOrder.from_dict(data, source="o.json")
+    assert str(info.value) == f"o.json: malformed ExecutionOrder: {message}"

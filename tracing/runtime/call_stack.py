@@ -98,6 +98,11 @@ class CallStack:
         self._mode.target = frames[-1].target if frames else None
         return handling
 
+    def forward_depth(self) -> int:
+        """How many recorded forward calls are running (wrapper and
+        recomputation frames are not counted): the depth of the next call."""
+        return sum(1 for frame in self._frames if frame.target is not None)
+
     def suspend(self) -> None:
         """Torch calls until the next :meth:`push` or :meth:`pop` are no uses."""
         self._mode.target = None

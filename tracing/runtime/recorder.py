@@ -118,6 +118,7 @@ class RuntimeRecorder:
 
         self._params = ParamMap(model)
         self._module_forward_order: list[str] = []
+        self._module_call_depths: list[int] = []
         self._param_forward_order: list[str] = []
         self._seen_params: set[str] = set()
         self._param_uses: list[ParamUse] = []
@@ -163,6 +164,7 @@ class RuntimeRecorder:
             return
         target = (fqn, len(self._module_forward_order))
         self._module_forward_order.append(fqn)
+        self._module_call_depths.append(calls.forward_depth())
         calls.push(module, CallKind.FORWARD, target)
 
     def _post_forward(self, fqn: str, module: nn.Module, args: Any, output: Any) -> None:
@@ -275,6 +277,7 @@ class RuntimeRecorder:
         params = self._params
         return ExecutionOrder(
             module_forward_order=list(self._module_forward_order),
+            module_call_depths=list(self._module_call_depths),
             param_forward_order=list(self._param_forward_order),
             param_uses=list(self._param_uses),
             param_backward_order=list(self._backward.order),

@@ -125,6 +125,8 @@ class SymbolicRecorder:
         self.leaf_params = leaf_params
 
         self.module_forward_order: list[str] = [""]
+        #: per call, how many recorded calls enclose it (the stack's height)
+        self.module_call_depths: list[int] = [0]
         self.stack: list[tuple[str, int]] = [("", 0)]
         # Nodes that use parameters, with the (module FQN, call index) on top
         # of the stack when they were created. They are turned into ParamUses
@@ -161,6 +163,7 @@ class SymbolicRecorder:
         """``call_module`` that records the call and keeps the module stack."""
         module_fqns = self.module_fqns
         module_forward_order = self.module_forward_order
+        depths = self.module_call_depths
         stack = self.stack
         debug = self.debug
 
@@ -175,6 +178,7 @@ class SymbolicRecorder:
                 return orig_call_module(m, forward, args, kwargs)
             call_index = len(module_forward_order)
             module_forward_order.append(fqn)
+            depths.append(len(stack))
             stack.append((fqn, call_index))
             if debug:
                 logger.debug("call %d: %s (%s)", call_index, fqn, type(m).__name__)
@@ -255,6 +259,7 @@ class SymbolicRecorder:
                 )
         return ExecutionOrder(
             module_forward_order=list(self.module_forward_order),
+            module_call_depths=list(self.module_call_depths),
             param_forward_order=param_forward_order,
             param_uses=param_uses,
             param_backward_order=[],
