@@ -3,12 +3,22 @@
 Exit status: :data:`EXIT_OK` (0) success, :data:`EXIT_FINDING` (1) a finding
 (``diff``: the orders differ), :data:`EXIT_USAGE` (2) bad usage or bad input
 (one ``execwrap: error: ...`` line on stderr, never a traceback),
-:data:`EXIT_INTERRUPTED` (130) Ctrl-C.
+:data:`EXIT_INTERRUPTED` (130) Ctrl-C, :data:`EXIT_BROKEN_PIPE` (141, as a process
+killed by SIGPIPE) the reader of the output went away (``execwrap show r.json | head``):
+no traceback either.
 """
 
 from __future__ import annotations
 
-__all__ = ["EXIT_FINDING", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "PROG", "CLIError"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FINDING",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "PROG",
+    "CLIError",
+]
 
 #: The program name in usage lines and error messages.
 PROG = "execwrap"
@@ -17,6 +27,7 @@ EXIT_OK = 0
 EXIT_FINDING = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 class CLIError(Exception):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from execwrap.cli.calibrate_args import calibrate_options
-from execwrap.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
+from execwrap.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
 from execwrap.cli.options import diff_options, report_options, show_options
 from execwrap.cli.parser import build_parser
 from execwrap.cli.text import echo
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 success, 1 a finding (``diff``: orders differ), 2 bad
         usage or input (one ``execwrap: error: ...`` line printed to stderr),
-        130 interrupted.
+        130 interrupted, 141 the output pipe was closed early (``| head``).
     """
     parser = build_parser()
     try:
@@ -51,7 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     restore_logging = _configure_logging(getattr(args, "verbose", 0))
     try:
-        return _run(args)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler below
+        return status
+    except BrokenPipeError:
+        # The reader went away: stop quietly, and point stdout at devnull so the
+        # interpreter's final flush cannot fail again (Python docs, "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except CLIError as exc:
         logger.debug("error details", exc_info=True)
         echo(f"{PROG}: error: {exc}", file=sys.stderr)

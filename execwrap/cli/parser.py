@@ -35,8 +35,10 @@ defaults:         built-in model (no --model)   other models (--model)
   --bucket-size   {DEFAULT_DEMO_BUCKET:<30}none"""
 
 _REPORT_DESCRIPTION = (
-    "Capture a model's execution order (symbolic with torch.fx first, falling back "
-    "to one real forward/backward with the --input tensors), plan FSDP units, compare "
+    "Capture a model's execution order (symbolic with torch.fx first; where fx cannot "
+    "trace it, one forward/backward with the --input tensors on fake tensors, which "
+    "computes nothing; a real one only where the fake run cannot decide), plan FSDP "
+    "units, compare "
     "with baseline policies and write the report (report.json, calls.csv, "
     "params.csv, order.graphml, report.html). With no arguments: the built-in "
     "GPT-style model into ./execwrap-report/."

@@ -943,3 +943,17 @@ def test_dtype_table_names_torch_dtypes():
         assert isinstance(dtype, torch.dtype) and getattr(torch, name) is dtype
         assert parse_input_spec(f"{name}:2")[0].dtype is dtype
     assert {"long", "int", "float", "half", "bfloat16", "float64", "bool"} <= set(DTYPE_NAMES)
+
+
+def test_a_closed_output_pipe_ends_quietly(demo_report: Path) -> None:
+    """``execwrap show r.json | head``: the reader goes away; exit 141, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "execwrap", "show", str(demo_report)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has written anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""
