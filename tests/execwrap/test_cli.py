@@ -957,3 +957,21 @@ def test_a_closed_output_pipe_ends_quietly(demo_report: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_an_input_the_model_cannot_take_is_one_line_on_stderr(tmp_path: Path) -> None:
+    """The fake run fails inside torch's FakeTensorMode, which logs the kernel's
+    traceback at ERROR before raising: that log is dropped, the error is one line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "execwrap", "report", "--input", "long:2x999", "--out", "r"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "execwrap: error: capture failed: running GPT on --input 'long:2x999' raised "
+        "RuntimeError: The size of tensor a (999) must match the size of tensor b (64) at "
+        "non-singleton dimension 1 (in the root module <root> (GPT))"
+    ]

@@ -237,7 +237,7 @@ def record_zero_cost(
     rng = RngState()
     recorder: RuntimeRecorder | None = None
     try:
-        with _fake_stand_ins(model, mode):
+        with _quiet_fake_kernel_errors(), _fake_stand_ins(model, mode):
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
             with recorder, mode, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
@@ -250,6 +250,27 @@ def record_zero_cost(
     order = recorder.order
     order.zero_cost = True
     return order
+
+
+class _DropFakeKernelErrors(logging.Filter):
+    """Drops FakeTensorMode's own "failed while attempting to run meta for OP" log
+    (logged at ERROR with a traceback before it raises): the error reaches the
+    caller as one :class:`TracingError` instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextmanager
+def _quiet_fake_kernel_errors() -> Iterator[None]:
+    """:class:`_DropFakeKernelErrors` on torch's fake-tensor logger for one run."""
+    fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
+    drop = _DropFakeKernelErrors()
+    fake_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        fake_logger.removeFilter(drop)
 
 
 def fake_run_error(error: BaseException, where: tuple[str, str] | None) -> TracingError:
