@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -256,7 +257,7 @@ class WrapPlan:
         return runs_backward(self)
 
     def unsharded_timeline(
-        self, prefetch: int = 1, *, reshard_after_forward: bool = True
+        self, prefetch: int = 1, *, reshard_after_forward: bool | Sequence[bool] = True
     ) -> list[TimelineStep]:
         """Unsharded parameter bytes at each unit step of one training step.
 
@@ -270,7 +271,10 @@ class WrapPlan:
         Args:
             prefetch: units prefetched ahead (``>= 0``).
             reshard_after_forward: FSDP1 ``FULL_SHARD`` / FSDP2 default
-                (``True``), or ``SHARD_GRAD_OP`` / ``False``.
+                (``True``), or ``SHARD_GRAD_OP`` / ``False``; or one flag per
+                unit (FSDP2 per group: :attr:`reshard_after_forward` of an
+                auto plan). A unit that does not reshard stays unsharded
+                from its forward to its backward.
 
         Returns:
             ``2 * len(units)`` :class:`TimelineStep` tuples ``(step, phase,
@@ -278,7 +282,8 @@ class WrapPlan:
 
         Raises:
             TypeError: ``prefetch`` is not an int.
-            ValueError: ``prefetch`` is negative.
+            ValueError: ``prefetch`` is negative; a flag list of another length
+                than :attr:`units`.
         """
         return unsharded_timeline(self, prefetch, reshard_after_forward=reshard_after_forward)
 

@@ -57,6 +57,7 @@ them (an upper bound).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -157,16 +158,28 @@ def runs_backward(plan: WrapPlan) -> list[bool]:
 
 
 def unsharded_timeline(
-    plan: WrapPlan, prefetch: int = 1, *, reshard_after_forward: bool = True
+    plan: WrapPlan, prefetch: int = 1, *, reshard_after_forward: bool | Sequence[bool] = True
 ) -> list[TimelineStep]:
     """``2 * len(plan.units)`` steps, forward then backward (see
-    :meth:`WrapPlan.unsharded_timeline`)."""
+    :meth:`WrapPlan.unsharded_timeline`).
+
+    Raises:
+        ValueError: ``prefetch`` is negative, or ``reshard_after_forward`` is a
+            sequence whose length is not the number of units.
+    """
     check_prefetch(prefetch)
     if not plan.units:
         return []
-    return _timeline(
-        plan, prefetch, reshard_after_forward, enclosing_units(plan.units), runs_backward(plan)
-    )
+    n = len(plan.units)
+    if isinstance(reshard_after_forward, bool):
+        flags = [reshard_after_forward] * n
+    else:
+        flags = [bool(f) for f in reshard_after_forward]
+        if len(flags) != n:
+            raise ValueError(
+                f"unsharded_timeline: reshard_after_forward has {len(flags)} flags for {n} units"
+            )
+    return _timeline(plan, prefetch, flags, enclosing_units(plan.units), runs_backward(plan))
 
 
 def plan_stats(plan: WrapPlan, prefetch: int = 1) -> PlanStats:
@@ -213,20 +226,23 @@ def _peak(
     plan: WrapPlan, prefetch: int, reshard: bool, anc: list[set[int]], backward: list[bool]
 ) -> int:
     """The largest ``unsharded_bytes`` of the timeline (``0`` without units)."""
-    steps = _timeline(plan, prefetch, reshard, anc, backward) if plan.units else []
+    flags = [reshard] * len(plan.units)
+    steps = _timeline(plan, prefetch, flags, anc, backward) if plan.units else []
     return max((s.unsharded_bytes for s in steps), default=0)
 
 
 def _timeline(
     plan: WrapPlan,
     prefetch: int,
-    reshard_after_forward: bool,
+    reshard: Sequence[bool],
     anc: list[set[int]],
     active: list[bool],
 ) -> list[TimelineStep]:
-    """:func:`unsharded_timeline` given the enclosing units of each unit and
-    :func:`runs_backward` (computed once by :func:`plan_stats` for both
-    reshard settings)."""
+    """:func:`unsharded_timeline` given one reshard-after-forward flag per unit,
+    the enclosing units of each unit and :func:`runs_backward` (computed once
+    by :func:`plan_stats` for both reshard settings). A unit that does not
+    reshard after forward stays unsharded from its forward until its backward
+    (to the end of the step when autograd skips it)."""
     n = len(plan.units)
     nbytes = [u.bytes for u in plan.units]
     root = plan.root_index
@@ -238,15 +254,10 @@ def _timeline(
         )
 
     for j in range(n):
-        if reshard_after_forward:
-            add("forward", j, {j, root, *anc[j], *range(j + 1, min(n, j + 1 + prefetch))})
-        else:
-            add("forward", j, {root, *anc[j], *range(0, min(n, j + 1 + prefetch))})
-    skipped = {i for i in range(n) if not active[i]}
+        kept = {i for i in range(j) if not reshard[i]}
+        add("forward", j, {j, root, *anc[j], *range(j + 1, min(n, j + 1 + prefetch)), *kept})
     for j in range(n - 1, -1, -1):
-        if reshard_after_forward:
-            before = [i for i in range(j - 1, -1, -1) if active[i]][:prefetch]
-            add("backward", j, {i for i in (j, *anc[j], *before) if active[i]} | {root})
-        else:
-            add("backward", j, {root, *anc[j], *range(0, j + 1), *skipped})
+        before = [i for i in range(j - 1, -1, -1) if active[i]][:prefetch]
+        kept = {i for i in range(n) if not reshard[i] and (i < j or not active[i])}
+        add("backward", j, {i for i in (j, *anc[j], *before) if active[i]} | {root} | kept)
     return steps

@@ -176,12 +176,11 @@ def _summary_rows(
             if order.has_timing
             else []
         ),
-        ("fallback reason", short_reason(order.fallback_reason) if order.fallback_reason else "-"),
+        ("fallback reason", _fallback_text(order)),
         ("policy", options.policy.text),
         ("bucket size", bucket_text),
         ("units", str(stats.num_units)),
-        ("all-gathers/step", str(stats.all_gathers_per_step)),
-        (f"peak unsharded (prefetch {options.prefetch})", format_bytes(stats.peak_unsharded_bytes)),
+        *_collective_rows(plan, stats, options.prefetch),
     ]
     rows += _estimate_rows(plan)
     for name, base in baselines.items():
@@ -194,6 +193,33 @@ def _summary_rows(
             )
         )
     return rows
+
+
+def _fallback_text(order: ExecutionOrder) -> str:
+    """Why capture did not stay symbolic: the ladder's reason, or that a timed
+    runtime capture was asked for (``--bucket-size auto`` with an input)."""
+    if order.fallback_reason:
+        return short_reason(order.fallback_reason)
+    if order.method == "runtime" and order.has_timing:
+        return "- (not tried: the auto-planner needs compute times, recorded at run time)"
+    return "-"
+
+
+def _collective_rows(plan: WrapPlan, stats: Any, prefetch: int) -> list[tuple[str, str]]:
+    """All-gathers per step and the peak of unsharded parameters: at the auto
+    plan's own prefetch depth and per-group reshard flags when it chose them,
+    else at ``--prefetch`` with reshard after forward."""
+    if plan.estimate is None or plan.prefetch is None or plan.reshard_after_forward is None:
+        return [
+            ("all-gathers/step", str(stats.all_gathers_per_step)),
+            (f"peak unsharded (prefetch {prefetch})", format_bytes(stats.peak_unsharded_bytes)),
+        ]
+    steps = plan.unsharded_timeline(plan.prefetch, reshard_after_forward=plan.reshard_after_forward)
+    peak = max((s.unsharded_bytes for s in steps), default=0)
+    return [
+        ("all-gathers/step", f"{plan.estimate.all_gathers} (the auto plan's choices)"),
+        (f"peak unsharded (prefetch {plan.prefetch}, as chosen)", format_bytes(peak)),
+    ]
 
 
 def _estimate_rows(plan: WrapPlan) -> list[tuple[str, str]]:

@@ -137,6 +137,19 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     chosen = plan["search"]["candidates"][plan["search"]["chosen"]]
     assert chosen["step_time_s"] == plan["estimate"]["step_time_s"]
     assert plan["prefetch"] == chosen["prefetch"]
+    # the summary's collectives and peak are the chosen plan's, not --prefetch's
+    rows = {
+        line.split("  ")[1]: line.rsplit("  ", 1)[1]
+        for line in text.splitlines()
+        if "  " in line[2:]
+    }
+    assert (
+        rows["all-gathers/step"] == f"{plan['estimate']['all_gathers']} (the auto plan's choices)"
+    )
+    assert f"peak unsharded (prefetch {plan['prefetch']}, as chosen)" in rows
+    assert rows["fallback reason"] == (
+        "- (not tried: the auto-planner needs compute times, recorded at run time)"
+    )
     for base in data["baselines"].values():
         assert base["estimate"]["world_size"] == 2
     page = (out / "report.html").read_text()

@@ -139,6 +139,14 @@ def test_layer_order_stats_and_timeline() -> None:
     assert [s.unsharded_bytes for s in plan.unsharded_timeline(0, reshard_after_forward=False)] == [
         0, 160, 736, 1008, 1008, 736, 160, 0,
     ]  # fmt: skip
+    # one flag per unit (an auto plan's per-group choice): layer2 (576 B) stays
+    # unsharded from its forward to its backward, the others reshard
+    keep_layer2 = [True, True, False, True]  # <root>, layer0, layer2, layer1
+    assert [s.unsharded_bytes for s in plan.unsharded_timeline(0, reshard_after_forward=keep_layer2)] == [
+        0, 160, 576, 576 + 272, 272 + 576, 576, 160, 0,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="reshard_after_forward has 2 flags for 4 units"):
+        plan.unsharded_timeline(0, reshard_after_forward=[True, False])
     with pytest.raises(ValueError, match="prefetch must be an int >= 0"):
         plan.stats(prefetch=-1)
 
