@@ -157,8 +157,9 @@ def check_auto_options(
         if value is not None
     ]
     if given:
+        verb = "applies" if len(given) == 1 else "apply"
         raise ValueError(
-            f'{where}: {", ".join(given)} only apply with bucket_numel="auto" (got '
+            f'{where}: {", ".join(given)} only {verb} with bucket_numel="auto" (got '
             f"bucket_numel={bucket_numel!r}); to predict a fixed plan's step call "
             "execwrap.simulate_step(plan, cost_model, world_size=...)"
         )

@@ -342,7 +342,8 @@ def _auto_options(
             if value is not None
         ]
         if given:
-            raise CLIError(f"{', '.join(given)} only apply with --bucket-size auto")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise CLIError(f"{', '.join(given)} only {verb} with --bucket-size auto")
         return None, None, None
     if not cost_model:
         raise CLIError(

@@ -140,12 +140,12 @@ def _model_and_order() -> tuple[nn.Module, object]:
         (
             dict(cost_model=cost_model()),
             ValueError,
-            r'plan_wrap: cost_model only apply with bucket_numel="auto" \(got bucket_numel=None\)',
+            r'plan_wrap: cost_model only applies with bucket_numel="auto" \(got bucket_numel=None\)',
         ),
         (
             dict(bucket_numel=1000, memory_budget=10**9),
             ValueError,
-            r'memory_budget only apply with bucket_numel="auto" \(got bucket_numel=1000\)',
+            r'memory_budget only applies with bucket_numel="auto" \(got bucket_numel=1000\)',
         ),
         (
             dict(bucket_numel="Auto"),

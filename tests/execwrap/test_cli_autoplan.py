@@ -63,7 +63,7 @@ def test_parse_bytes_refuses(text: str, match: str) -> None:
     "args, message",
     [
         (["--bucket-size", "auto"], "--bucket-size auto needs --cost-model FILE|PRESET"),
-        (["--cost-model", "h100-nvlink-8"], "--cost-model only apply with --bucket-size auto"),
+        (["--cost-model", "h100-nvlink-8"], "--cost-model only applies with --bucket-size auto"),
         (
             ["--memory-budget", "1GiB", "--world-size", "8"],
             "--world-size, --memory-budget only apply with --bucket-size auto",
