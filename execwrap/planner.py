@@ -256,6 +256,9 @@ def plan_wrap_unwatched(
     candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
     planner = Planner(view, OrderView.build(view, order), candidates, target, stated)
     plan = _bucketed_plan(planner, bucket_numel, stated, policy_name(init_policy), ignored_top)
+    if init_policy is not None and policy_fqns == [""] and not stated and len(view.modules) > 1:
+        plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
+        logger.warning("plan_wrap: %s", plan.notes[0])
     if bucket_numel == "auto":
         plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget)
     if target != "fsdp2":
@@ -339,6 +342,16 @@ def _outermost_ignored(model: nn.Module, ignored: set[nn.Module]) -> tuple[str, 
     """FQNs of the ignored modules not inside another ignored module."""
     fqns = [fqn for fqn, m in model.named_modules() if m in ignored]
     return tuple(f for f in fqns if not any(o != f and is_within(f, o) for o in fqns))
+
+
+def root_only_note(policy: str, model_name: str) -> str:
+    """The note on a policy that chose no module but the root."""
+    return (
+        f"The policy {policy} chose no module of {model_name} but the root, so the plan is "
+        "one FSDP unit holding every parameter: nothing is gathered per block, and no "
+        "all-gather overlaps compute. Check the policy's module classes (do they occur in "
+        "this model?) or its size threshold."
+    )
 
 
 def _note_fsdp1_splits(plan: WrapPlan) -> None:

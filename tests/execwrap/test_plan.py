@@ -993,3 +993,20 @@ def test_planning_with_the_default_policy_imports_no_fsdp() -> None:
         "always_wrap_policy [[''], ['0', '2'], ['1']]",
         "[]",
     ]
+
+
+def test_a_policy_that_chooses_only_the_root_is_noted_and_logged(caplog) -> None:
+    model = GPT(GPTConfig(n_blocks=2))
+    with caplog.at_level("WARNING", logger="execwrap.planner"):
+        plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.GRU}))
+    note = (
+        "The policy ModuleWrapPolicy({GRU}) chose no module of GPT but the root, so the plan is "
+        "one FSDP unit holding every parameter: nothing is gathered per block, and no all-gather "
+        "overlaps compute. Check the policy's module classes (do they occur in this model?) or "
+        "its size threshold."
+    )
+    assert plan.groups == [[""]]
+    assert plan.notes[0] == note
+    assert [r.getMessage() for r in caplog.records] == [f"plan_wrap: {note}"]
+    # init_policy=None asks for the root alone: nothing to say
+    assert not any("chose no module" in n for n in plan_wrap(model, plan.order, None).notes)
