@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn as nn
@@ -157,3 +159,31 @@ def test_estimated_timing_under_fake_tensors() -> None:
     assert (order.timing_method, order.timing_device) == ("estimated", "cuda")
     assert order.forward_times_s == pytest.approx([2.25, 2.25])
     assert order.saved_activation_bytes == [0, 48]
+
+
+class _Stall(nn.Module):
+    """Sleeps for the next of ``delays`` (seconds) on each forward."""
+
+    def __init__(self, delays: list[float]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.delays = delays
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delays.pop(0))
+        return self.fc(x)
+
+
+def test_a_disturbed_timing_step_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    # the recorded step, then three timed steps: the last one stalls for 60 ms
+    model = _Stall([0.0, 0.0, 0.0, 0.06])
+    with caplog.at_level("WARNING", logger="tracing.runtime.record"):
+        order = record_execution_order(model, torch.randn(2, 4), timing=True)
+    assert order.has_timing and model.delays == []
+    (record,) = caplog.records
+    assert record.getMessage().startswith("record_execution_order: the 3 timed steps took ")
+    assert record.getMessage().endswith(
+        "the machine may be busy. The median step is kept; time again on a quiet machine "
+        "before planning from these times"
+    )
+    assert order.forward_times_s[0] < 0.03  # the median step, not the stalled one

@@ -34,6 +34,11 @@ __all__ = ["TIMED_STEPS", "record_execution_order"]
 
 #: Steps timed by ``record_execution_order(..., timing=True)``; the median one is kept.
 TIMED_STEPS = 3
+#: Slowest / fastest timed step above which the timing gets a WARNING (a busy machine),
+#: when they also differ by more than :data:`TIMING_SPREAD_MIN_S` (steps of a few
+#: milliseconds vary by more than this ratio on any machine).
+TIMING_SPREAD_WARN = 1.5
+TIMING_SPREAD_MIN_S = 0.005
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +161,17 @@ def _timed_step(
     finally:
         params.clear()
     timed.sort(key=_step_seconds)
+    fastest, slowest = _step_seconds(timed[0]), _step_seconds(timed[-1])
+    if slowest - fastest > TIMING_SPREAD_MIN_S and slowest > TIMING_SPREAD_WARN * fastest:
+        logger.warning(
+            "record_execution_order: the %d timed steps took %.1f to %.1f ms (the slowest "
+            "%.2fx the fastest); the machine may be busy. The median step is kept; time "
+            "again on a quiet machine before planning from these times",
+            len(timed),
+            fastest * 1e3,
+            slowest * 1e3,
+            slowest / fastest,
+        )
     return dataclasses.replace(order, **timed[len(timed) // 2])
 
 
