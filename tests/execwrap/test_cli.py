@@ -25,6 +25,7 @@ from execwrap.cli.loading import parse_policy
 from execwrap.cli.options import parse_numel
 from execwrap.demo_models import Block, build_demo_model
 from execwrap.report.file_set import SET_FOLDER
+from tests._saved import swap_calls, swap_uses
 from tracing import ExecutionOrder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -485,8 +486,7 @@ def test_diff_same_and_different(demo_report, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("orders are the same: 40 module calls")
 
     data = json.loads(demo_report.read_text())
-    calls = data["order"]["module_forward_order"]
-    calls[5], calls[6] = calls[6], calls[5]
+    swap_calls(data["order"], 5, 6)
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data["order"]))  # a bare order works too
     assert main(["diff", str(demo_report), str(other), "--context", "1"]) == 1
@@ -513,9 +513,8 @@ def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first divergence at forward call 39: A runs lm_head, B runs (end)" in out
 
-    params = list(data["param_forward_order"])
-    params[0], params[1] = params[1], params[0]
-    (tmp_path / "p.json").write_text(json.dumps(dict(data, param_forward_order=params)))
+    swap_uses(data, 0, 1)  # wpe is now used first
+    (tmp_path / "p.json").write_text(json.dumps(data))
     assert main(["diff", str(demo_report), str(tmp_path / "p.json")]) == 1
     assert "parameter forward order differs at position 0: A wte.weight, B wpe" in (
         capsys.readouterr().out
@@ -855,8 +854,7 @@ def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
 
 def test_subprocess_diff_exit_1(demo_report, tmp_path):
     data = json.loads(demo_report.read_text())
-    calls = data["order"]["module_forward_order"]
-    calls[3], calls[4] = calls[4], calls[3]
+    swap_calls(data["order"], 3, 4)
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data))
     proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)
