@@ -852,6 +852,49 @@ def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
     assert proc.stdout == ""
 
 
+def _param_edit(tmp_path: Path, data: dict, name: str, **info: object) -> Path:
+    edited = json.loads(json.dumps(data))
+    edited["params"][name].update(info)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(edited))
+    return path
+
+
+def test_diff_reports_parameter_metadata(demo_report, tmp_path, capsys):
+    data = json.loads(demo_report.read_text())["order"]
+    same = "orders differ: same 40 module calls and parameter order, but "
+    shape = _param_edit(tmp_path, data, "wte.weight", shape=[64, 256])  # same numel
+    assert main(["diff", str(demo_report), str(shape)]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wte.weight' differs: shape A [256, 64], B [64, 256]\n"
+    )
+    frozen = _param_edit(tmp_path, data, "wpe", dtype="bfloat16", requires_grad=False)
+    assert main(["diff", str(frozen), str(demo_report)]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wpe' differs: dtype A bfloat16, B float32; requires_grad A False, "
+        "B True\n"
+    )
+    both = json.loads(frozen.read_text())
+    both["params"]["blocks.0.ln1.bias"].update(numel=32, shape=[32])
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    assert main(["diff", str(demo_report), str(tmp_path / "both.json")]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wpe' differs: dtype A float32, B bfloat16; requires_grad A True, "
+        "B False (1 more parameter differs)\n"
+    )
+    extra = json.loads(json.dumps(data))
+    extra["params"]["extra"] = {"numel": 4, "dtype": "float32", "requires_grad": True, "shape": [4]}
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    assert main(["diff", str(demo_report), str(tmp_path / "extra.json")]) == 1
+    assert capsys.readouterr().out == same + "parameter 'extra' is only in B\n"
+    untied = dict(data, shared_params={})
+    (tmp_path / "untied.json").write_text(json.dumps(untied))
+    assert main(["diff", str(demo_report), str(tmp_path / "untied.json")]) == 1
+    assert capsys.readouterr().out == (
+        same + "the tied names of parameter 'wte.weight' differ: A lm_head.weight, B none\n"
+    )
+
+
 def test_subprocess_diff_exit_1(demo_report, tmp_path):
     data = json.loads(demo_report.read_text())
     swap_calls(data["order"], 3, 4)
