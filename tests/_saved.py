@@ -27,6 +27,4 @@ def swap_uses(order: dict[str, Any], i: int, j: int) -> None:
     """Swap ``param_uses`` entries ``i`` and ``j`` and derive ``param_forward_order`` again."""
     uses = order["param_uses"]
     uses[i], uses[j] = uses[j], uses[i]
-    order["param_forward_order"] = list(
-        dict.fromkeys(p for use in uses for p in use["param_fqns"])
-    )
+    order["param_forward_order"] = list(dict.fromkeys(p for use in uses for p in use["param_fqns"]))
