@@ -376,6 +376,32 @@ CASES: list[tuple[str, Any, Any, str]] = [
         "malformed ExecutionOrder: field order.shared_params.wpe[0]: names 'lm_head.weight', "
         "which order.shared_params['wte.weight'] names too; a name is an alias of one parameter",
     ),
+    (
+        "model-class-not-the-orders",
+        _set(("model_class",), "Llama"),
+        None,
+        "malformed report: field model_class: is 'Llama', but order.module_classes[''] is 'GPT'",
+    ),
+    (
+        "plan-stats-at-another-prefetch",
+        _set(("plan", "stats", "prefetch"), 2),
+        None,
+        "malformed report: field plan.stats.prefetch: is 2, but the report's prefetch is 1",
+    ),
+    (
+        "baseline-stats-at-another-prefetch",
+        _set(("baselines", "always", "stats", "prefetch"), 0),
+        None,
+        "malformed report: field baselines.always.stats.prefetch: is 0, but the report's "
+        "prefetch is 1",
+    ),
+    (
+        "baseline-group-of-unknown-module",
+        _set(("baselines", "always", "groups", 1), ["ghost"]),
+        None,
+        "malformed report: field baselines.always.groups[1][0]: names module 'ghost', which the "
+        "order does not have",
+    ),
 ]
 
 
