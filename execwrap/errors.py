@@ -54,18 +54,19 @@ class OrderDivergenceError(ExecwrapError):
 
 
 class ParamMismatchError(OrderDivergenceError):
-    """Ranks hold different parameters: another name, shape, dtype or
-    ``requires_grad`` at the same position of ``named_parameters()``.
+    """Ranks hold different parameters: a parameter one rank has and another
+    lacks, or another shape, dtype or ``requires_grad`` of the same parameter.
 
     FSDP flattens, shards and all-gathers each unit's parameters by shape and
     dtype on every rank, so such ranks exchange buffers of different sizes.
 
     Attributes:
         ranks: the two ranks compared (``(reference, other)``).
-        index: position in ``named_parameters()`` order of the first difference.
-        expected: the parameter FQN there on the reference rank (``None``: it has
-            fewer parameters).
-        found: the parameter FQN there on the other rank (``None``: fewer).
+        index: position in ``named_parameters()`` order of the first difference
+            (of a missing parameter: on the rank that has it).
+        expected: the parameter FQN on the reference rank (``None``: it lacks
+            the parameter the other rank has).
+        found: the parameter FQN on the other rank (``None``: it lacks it).
         expected_param: ``(shape, dtype, requires_grad)`` on the reference rank,
             or ``None``.
         found_param: the same on the other rank, or ``None``.

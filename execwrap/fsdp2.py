@@ -48,6 +48,7 @@ from execwrap.apply_watch import mark_applied, warn_if_other_model
 from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
+from execwrap.plan_consistency import first_overlap, overlap_error
 from execwrap.prefetch import prefetch_schedule
 from execwrap.shardable import check_shardable
 from tracing.checks import check_int
@@ -113,6 +114,7 @@ def apply_fully_shard(
             parameter outside ``ignored_params``, which ``fully_shard``
             refuses (:func:`execwrap.shardable.check_shardable`; raised before
             anything is wrapped).
+        PlanError: a ready plan puts a module or parameter in two units.
         TypeError: ``prefetch`` is neither an int nor ``"auto"``;
             ``policy_or_plan`` is neither a policy nor a plan.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture
@@ -171,6 +173,9 @@ def _build_plan(
             target="fsdp2",
         )
     if isinstance(policy_or_plan, WrapPlan):
+        overlap = first_overlap(policy_or_plan.units)
+        if overlap is not None:
+            raise overlap_error(overlap, policy_or_plan.units, "apply_fully_shard")
         warn_if_other_model(policy_or_plan, model, "apply_fully_shard")
         return policy_or_plan
     raise TypeError(

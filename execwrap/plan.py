@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView
 from execwrap.plan_check import check_plan
+from execwrap.plan_consistency import check_derived
 from execwrap.plan_fields import PLAN_SCHEMA_VERSION, plan_fields
 from execwrap.plan_notes import reordered_note
 from execwrap.plan_search import PlanSearch
@@ -366,9 +367,14 @@ class WrapPlan:
         Every field is checked against :data:`PLAN_FIELDS` in one pass (the
         units against :data:`~execwrap.unit.UNIT_FIELDS`), and against
         ``order``: every unit's modules and parameters are ones the order has
-        (when it lists them) and its calls are calls of the order. ``groups``,
-        ``fsdp1_modules`` and ``stats`` are derived from the units and not read
-        (``stats`` is checked, for readers of the saved numbers).
+        (when it lists them) and its calls are calls of the order. Then the
+        fields against each other (:mod:`execwrap.plan_consistency`): each
+        module and parameter in at most one unit, a root unit, each unit's
+        ``numel``, ``bytes``, ``first_use`` and ``last_use`` what its
+        parameters and the order give, units the unions of ``atomic_units``,
+        ``policy_fqns`` / ``ignored_modules`` modules of the order. ``groups``,
+        ``fsdp1_modules`` and ``stats`` are derived from the units and not read;
+        when present they must equal what the units give.
 
         Args:
             data: the dict (parsed JSON).
@@ -383,4 +389,6 @@ class WrapPlan:
             ValueError: ``data`` is of another schema version or malformed; the
                 one-line message names ``source`` and the field.
         """
-        return cls(order=order, **plan_fields(data, order, source=source, prefix=prefix))
+        plan = cls(order=order, **plan_fields(data, order, source=source, prefix=prefix))
+        check_derived(plan, data, source=source, prefix=prefix)
+        return plan

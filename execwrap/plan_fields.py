@@ -3,13 +3,15 @@
 :data:`PLAN_FIELDS` says how each field of ``WrapPlan.to_dict()`` is checked
 (one pass, strict JSON types, one-line errors naming the file and the field;
 see :mod:`tracing.schema`); :func:`plan_fields` also checks every unit against
-its order and reads the auto-planner's estimate and search.
+its order, the fields against each other (:mod:`execwrap.plan_consistency`)
+and reads the auto-planner's estimate and search.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from execwrap.plan_consistency import check_module_names, check_units
 from execwrap.plan_search import PlanSearch
 from execwrap.unit import WrapUnit
 from tracing.checks import is_int
@@ -60,6 +62,9 @@ def plan_fields(data: Any, order: ExecutionOrder, *, source: str, prefix: str) -
             _unit(u, order, field_path(prefix, "atomic_units"), i)
             for i, u in enumerate(f["atomic_units"])
         ]
+        check_units(units, atomic, order, prefix)
+        for key in ("policy_fqns", "ignored_modules"):
+            check_module_names(f[key], order, field_path(prefix, key))
     except SchemaError as e:
         raise SchemaError(e.path, e.problem, source, what) from None
     return dict(

@@ -19,9 +19,11 @@ Algorithm: every rank hashes its order and its parameter table (SHA-256 over
 their JSON, :func:`order_fingerprint`) and the hashes are exchanged with one
 ``all_gather_object``. Only when they differ is a second ``all_gather_object``
 of the full orders and tables made, on every rank (each rank sees every hash,
-so all ranks take the same branch and the same collectives), to name the
-first divergent call (:func:`execwrap.graph.first_divergence`, each rank
-against the lowest rank), else the first parameter that differs. Both
+so all ranks take the same branch and the same collectives), to name, each
+rank against the lowest rank, first the parameter that differs (one that only
+one rank has, by FQN, else a shape, dtype or ``requires_grad``: a missing
+parameter also shifts the parameter order, and naming it says what to fix),
+else the first divergent call (:func:`execwrap.graph.first_divergence`). Both
 collectives run under the process group's own timeout, so a rank that never
 arrives fails the call instead of hanging it forever.
 """
@@ -131,9 +133,10 @@ def check_order_across_ranks(
     and holds the same parameters.
 
     Collective: every rank of ``group`` must call it (with its own order).
-    Compares ``module_forward_order`` first, then ``param_forward_order``,
-    then the parameter table (:func:`param_table`: each parameter's FQN,
-    shape, dtype and ``requires_grad``). Without an initialised process group,
+    Compares the parameter table first (:func:`param_table`: the FQNs one
+    rank has and another lacks, then each parameter's shape, numel, dtype and
+    ``requires_grad``), then ``module_forward_order``, then
+    ``param_forward_order``. Without an initialised process group,
     or with a group of one rank, there is nothing to compare and it returns at
     once.
 
@@ -154,9 +157,12 @@ def check_order_across_ranks(
             ``param_forward_order`` when only that differs), ``expected`` /
             ``found`` the module (parameter) FQNs on each side, ``None`` where
             an order ended early. A :class:`ParamMismatchError` (a subclass)
-            when only the parameters differ: ``index`` is the position in
-            ``named_parameters()`` order, and the message names the parameter
-            and its shape, dtype and ``requires_grad`` on each rank.
+            when the parameters differ: a parameter only one rank has (the
+            message names it and the rank that has it; ``expected`` or
+            ``found`` is ``None`` on the side that lacks it; ``index`` is its
+            position in ``named_parameters()`` order on the rank that has it),
+            else the first parameter whose shape, dtype or ``requires_grad``
+            differs (named with both ranks' values).
         RuntimeError: from ``torch.distributed`` when a rank does not take
             part before the process group's timeout (it never hangs longer).
 
@@ -191,17 +197,19 @@ def _raise_first_divergence(entries: list[_RankOrder]) -> None:
     order differs from the lowest rank's; return if none does."""
     ref_rank, ref_modules, ref_params, ref_table = entries[0]
     for other_rank, modules, params, table in entries[1:]:
+        differing = sorted(
+            r for r, *rest in entries if rest != [ref_modules, ref_params, ref_table]
+        )
+        # The parameters first: a parameter one rank lacks also shifts the
+        # parameter order, and naming the parameter tells the user what to fix.
+        if table != ref_table:
+            raise _param_mismatch(ref_rank, ref_table, other_rank, table, differing)
         what = "module"
         divergence = first_divergence(ref_modules, modules, context=_CONTEXT)
         if divergence is None:
             what = "parameter"
             divergence = first_divergence(ref_params, params, context=_CONTEXT)
-        differing = sorted(
-            r for r, *rest in entries if rest != [ref_modules, ref_params, ref_table]
-        )
         if divergence is None:
-            if table != ref_table:
-                raise _param_mismatch(ref_rank, ref_table, other_rank, table, differing)
             continue  # equal lists cannot have different digests; be safe
         raise OrderDivergenceError(
             _message(divergence, what, ref_rank, other_rank, differing),
@@ -233,9 +241,7 @@ def _message(
     )
 
 
-def _describe(entry: ParamEntry | None) -> str:
-    if entry is None:
-        return "no parameter there (it has fewer)"
+def _describe(entry: ParamEntry) -> str:
     fqn, shape, numel, dtype, requires_grad = entry
     elements = f"{numel} element{'' if numel == 1 else 's'}"
     return f"{fqn!r} of shape {shape} ({elements}), {dtype}, requires_grad={requires_grad}"
@@ -248,22 +254,49 @@ def _param_mismatch(
     table: list[ParamEntry],
     differing: list[int],
 ) -> ParamMismatchError:
-    """The error naming the first parameter the two tables disagree on."""
-    index = next(
-        (i for i, (a, b) in enumerate(zip(ref_table, table, strict=False)) if a != b),
-        min(len(ref_table), len(table)),
-    )
-    a = ref_table[index] if index < len(ref_table) else None
-    b = table[index] if index < len(table) else None
-    message = (
+    """The error naming the first parameter the two tables disagree on: one
+    that only one rank has (the reference rank's first missing one, else the
+    other rank's first extra one), else the first (in the reference rank's
+    order) whose shape, numel, dtype or ``requires_grad`` differs, else the
+    first position where the two orders of the same parameters part."""
+    by_name = {e[0]: e for e in table}
+    ref_by_name = {e[0]: e for e in ref_table}
+    head = (
         f"Ranks {ref_rank} and {other_rank} hold different parameters (ranks differing from "
-        f"rank {ref_rank}: {differing}). First difference at parameter {index} in "
-        f"named_parameters() order: rank {ref_rank} has {_describe(a)}, rank {other_rank} has "
-        f"{_describe(b)}.\n"
+        f"rank {ref_rank}: {differing}). "
+    )
+    lacking = [(i, e, ref_rank, other_rank) for i, e in enumerate(ref_table) if e[0] not in by_name]
+    lacking += [
+        (i, e, other_rank, ref_rank) for i, e in enumerate(table) if e[0] not in ref_by_name
+    ]
+    if lacking:
+        index, entry, has, lacks = lacking[0]
+        counts = (
+            f"rank {ref_rank} has {len(ref_table)} parameters, rank {other_rank} has {len(table)}"
+        )
+        message = (
+            f"{head}Parameter {_describe(entry)} (parameter {index} in named_parameters() order "
+            f"on rank {has}) is on rank {has} but not on rank {lacks} ({counts}).\n"
+        )
+        a = entry if has == ref_rank else None
+        b = entry if has == other_rank else None
+    else:
+        index = next(
+            (i for i, e in enumerate(ref_table) if by_name[e[0]] != e),
+            next(i for i, (x, y) in enumerate(zip(ref_table, table, strict=True)) if x != y),
+        )
+        a = ref_table[index]
+        b = by_name[a[0]] if by_name[a[0]] != a else table[index]
+        message = (
+            f"{head}First difference at parameter {index} in named_parameters() order: rank "
+            f"{ref_rank} has {_describe(a)}, rank {other_rank} has {_describe(b)}.\n"
+        )
+    message += (
         "FSDP flattens, shards and all-gathers each unit's parameters by shape and dtype on "
         "every rank, so these ranks would exchange buffers of different sizes and fail (gloo: "
         '"Received data size doesn\'t match expected size") or hang. Fix: build the same model '
-        "on every rank (the same config, widths, dtype and frozen parameters) before wrapping."
+        "on every rank (the same config, widths, dtype, bias and frozen parameters) before "
+        "wrapping."
     )
     return ParamMismatchError(
         message,

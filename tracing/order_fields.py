@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tracing.checks import is_int
+from tracing.order_consistency import check_consistency
 from tracing.schema import (
     Field,
     Record,
@@ -57,7 +58,8 @@ TIMING_METHODS: tuple[str, ...] = ("", "measured", "estimated")
 
 def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any]:
     """The fields of an order's dict, checked: layout version, then :data:`ORDER_FIELDS`,
-    then every ``param_uses[i].call_index`` against ``module_forward_order``.
+    then every ``param_uses[i].call_index`` against ``module_forward_order``, then
+    the fields against each other (:func:`~tracing.order_consistency.check_consistency`).
 
     Raises:
         ValueError: not an order, another layout version, or a malformed field
@@ -90,6 +92,10 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     fields = ORDER_FIELDS.check(data, source=source, prefix=prefix, what="ExecutionOrder")
     _check_call_indices(fields, source, prefix)
     _check_call_depths(fields, source, prefix)
+    try:
+        check_consistency(fields, prefix=prefix)
+    except SchemaError as e:
+        raise SchemaError(e.path, e.problem, source, "ExecutionOrder") from None
     return fields
 
 

@@ -3,7 +3,9 @@
 Exit 1 when they differ (a finding), 0 when they are the same: first the
 forward module calls are compared (and an aligned view around the first
 divergence printed), then the parameter forward order, then the parameter
-backward order when both captures recorded one.
+backward order when both captures recorded one, then each parameter's
+metadata (shape, dtype, ``requires_grad``, numel: what decides FSDP's flat
+buffers), then the tied parameters.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from execwrap.cli.saved import call_label, load_saved
 from execwrap.cli.text import echo
 from execwrap.divergence import Divergence, first_divergence
 from tracing import ExecutionOrder
+from tracing.order import ParamInfo
 
 __all__ = ["run_diff"]
 
@@ -41,6 +44,11 @@ def run_diff(options: DiffOptions) -> int:
             f"orders differ: same {calls} module calls, but the {label} differs at position "
             f"{at.index}: A {call_label(at.expected)}, B {call_label(at.found)}"
         )
+        return EXIT_FINDING
+    same = f"same {calls} module calls and parameter order"
+    param = _param_info_difference(order_a, order_b) or _tie_difference(order_a, order_b)
+    if param is not None:
+        echo(f"orders differ: {same}, but {param}")
         return EXIT_FINDING
     echo(
         f"orders are the same: {calls} module calls, "
@@ -90,4 +98,54 @@ def _param_divergence(
         div = first_divergence(xs, ys, context=0)
         if div is not None:
             return label, div
+    return None
+
+
+#: The metadata of a parameter ``diff`` compares, as printed, in this order.
+_INFO_FIELDS = ("shape", "dtype", "requires_grad", "numel")
+
+
+def _info_value(info: ParamInfo, name: str) -> str:
+    value = getattr(info, name)
+    return str(list(value)) if name == "shape" else str(value)
+
+
+def _param_info_difference(order_a: ExecutionOrder, order_b: ExecutionOrder) -> str | None:
+    """The first parameter (A's ``params`` order, then B's) whose metadata
+    differs, or that only one order has, as a phrase; ``None`` if none does."""
+    a, b = order_a.params, order_b.params
+    differing: list[str] = []
+    first = ""
+    for fqn in [*a, *(f for f in b if f not in a)]:
+        if fqn in a and fqn in b:
+            fields = [
+                f"{name} A {_info_value(a[fqn], name)}, B {_info_value(b[fqn], name)}"
+                for name in _INFO_FIELDS
+                if getattr(a[fqn], name) != getattr(b[fqn], name)
+            ]
+            if not fields:
+                continue
+            phrase = f"parameter {fqn!r} differs: {'; '.join(fields)}"
+        else:
+            phrase = f"parameter {fqn!r} is only in {'A' if fqn in a else 'B'}"
+        differing.append(fqn)
+        first = first or phrase
+    if not differing:
+        return None
+    more = len(differing) - 1
+    if not more:
+        return first
+    return first + (
+        " (1 more parameter differs)" if more == 1 else f" ({more} more parameters differ)"
+    )
+
+
+def _tie_difference(order_a: ExecutionOrder, order_b: ExecutionOrder) -> str | None:
+    """The first parameter whose tied names differ, as a phrase; ``None`` if none does."""
+    a, b = order_a.shared_params, order_b.shared_params
+    for fqn in [*a, *(f for f in b if f not in a)]:
+        names_a, names_b = a.get(fqn, []), b.get(fqn, [])
+        if list(names_a) != list(names_b):
+            shown = [", ".join(names) or "none" for names in (names_a, names_b)]
+            return f"the tied names of parameter {fqn!r} differ: A {shown[0]}, B {shown[1]}"
     return None

@@ -23,6 +23,7 @@ from tracing.checks import is_int
 from tracing.fqn import display
 from tracing.order import ExecutionOrder
 from tracing.order_fields import parse_json
+from tracing.schema import SchemaError, field_path
 
 __all__ = ["SavedReport", "call_label", "load_saved"]
 
@@ -65,8 +66,10 @@ def load_saved(path: Path) -> SavedReport:
         raise CLIError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     source = str(path)
     try:
-        order_data, plan_data, prefix = _unwrap(parse_json(text, source), path)
+        order_data, plan_data, prefix, report = _unwrap(parse_json(text, source), path)
         order = ExecutionOrder.from_dict(order_data, source=source, prefix=prefix)
+        if report is not None:
+            _check_report(report, order, source)
         if plan_data is None:
             return SavedReport(order, None, None)
         plan = WrapPlan.from_dict(plan_data, order, source=source, prefix="plan")
@@ -76,9 +79,9 @@ def load_saved(path: Path) -> SavedReport:
     return SavedReport(order, plan, stats)
 
 
-def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str]:
-    """``(order data, plan data or None, where the order sits)`` of a report,
-    its own fields checked; ``(data, None, "")`` of a bare order."""
+def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str, dict[str, Any] | None]:
+    """``(order data, plan data or None, where the order sits, the report's
+    checked fields)`` of a report; ``(data, None, "", None)`` of a bare order."""
     not_ours = f"{path} is not an execwrap report or order"
     if not isinstance(data, dict):
         raise CLIError(f"{not_ours} (a JSON {type(data).__name__}, not an object)")
@@ -93,10 +96,57 @@ def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str]:
                 "with this version's 'execwrap report'"
             )
         fields = REPORT_FIELDS.check(data, source=str(path), what="report")
-        return fields["order"], fields["plan"], "order"
+        return fields["order"], fields["plan"], "order", fields
     if "schema_version" not in data and "module_forward_order" not in data:
         raise CLIError(f"{not_ours} (no 'schema_version' / 'module_forward_order')")
-    return data, None, ""
+    return data, None, "", None
+
+
+def _check_report(fields: dict[str, Any], order: ExecutionOrder, source: str) -> None:
+    """The report's own fields against its order: ``model_class`` is the
+    order's root class, every stats block (the plan's and each baseline's) is
+    at the report's ``prefetch``, and every module of a baseline's groups is a
+    module of the order.
+
+    Raises:
+        SchemaError: naming ``source``, the field path and the value.
+    """
+    classes = order.module_classes
+    root = classes.get("")
+    if fields["model_class"] and root is not None and fields["model_class"] != root:
+        raise SchemaError(
+            "model_class",
+            f"is {fields['model_class']!r}, but order.module_classes[''] is {root!r}",
+            source,
+            "report",
+        )
+    prefetch = fields["prefetch"]
+    plan = fields["plan"]
+    blocks = [("plan", plan.get("stats") if isinstance(plan, dict) else None)]
+    blocks += [(field_path("baselines", n), b["stats"]) for n, b in fields["baselines"].items()]
+    for where, stats in blocks:
+        if (
+            isinstance(stats, dict)
+            and is_int(stats.get("prefetch"))
+            and stats["prefetch"] != prefetch
+        ):
+            raise SchemaError(
+                field_path(field_path(where, "stats"), "prefetch"),
+                f"is {stats['prefetch']!r}, but the report's prefetch is {prefetch}",
+                source,
+                "report",
+            )
+    for name, baseline in fields["baselines"].items():
+        for i, group in enumerate(baseline["groups"]):
+            for k, fqn in enumerate(group):
+                if classes and fqn not in classes:
+                    path = field_path(field_path(field_path("baselines", name), "groups"), i)
+                    raise SchemaError(
+                        field_path(path, k),
+                        f"names module {fqn!r}, which the order does not have",
+                        source,
+                        "report",
+                    )
 
 
 def call_label(fqn: str | None) -> str:

@@ -196,3 +196,72 @@ def test_ranks_whose_parameters_differ_in_shape_fail_before_wrapping() -> None:
             assert e["msg"].startswith(expected)
             assert "Received data size doesn't match expected size" in e["msg"]
         assert r["after"] == 2.0
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self, bias_a: bool = True) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4, bias=bias_a)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+class _TwoPairs(torch.nn.Module):
+    """``b1.a`` without a bias on one rank: the same modules run in the same
+    order, but that rank lacks parameter 5, ``b1.a.bias``."""
+
+    def __init__(self, bias_a: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.b0 = _Pair()
+        self.b1 = _Pair(bias_a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b1(self.b0(x))
+
+
+def _missing_worker(rank: int, world_size: int) -> dict[str, Any]:
+    def model() -> torch.nn.Module:
+        return _TwoPairs(bias_a=rank == 0)
+
+    x = (torch.randn(2, 4),)
+    out: dict[str, Any] = {}
+    out["check"] = _mismatch(
+        lambda: check_order_across_ranks(trace_execution_order(model()), model=model())
+    )
+    out["order_only"] = _mismatch(lambda: check_order_across_ranks(trace_execution_order(model())))
+    out["fsdp2"] = _mismatch(
+        lambda: apply_fully_shard(
+            model(),
+            ParamExecOrderWrapPolicy(always_wrap_policy, example_inputs=x),
+            mesh=init_device_mesh("cpu", (world_size,)),
+        )
+    )
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the ranks are still in step
+    out["after"] = float(t)
+    return out
+
+
+def test_a_parameter_one_rank_lacks_is_named_with_the_rank_that_has_it() -> None:
+    r0, r1 = run_ranks(_missing_worker, world_size=2, timeout_s=30)
+    expected = (
+        "Ranks 0 and 1 hold different parameters (ranks differing from rank 0: [1]). Parameter "
+        "'b1.a.bias' of shape (4,) (4 elements), float32, requires_grad=True (parameter 5 in "
+        "named_parameters() order on rank 0) is on rank 0 but not on rank 1 (rank 0 has 8 "
+        "parameters, rank 1 has 7).\n"
+    )
+    for r in (r0, r1):
+        for key in ("check", "order_only", "fsdp2"):
+            e = r[key]
+            assert e is not None, key
+            assert (e["ranks"], e["index"], e["names"]) == ((0, 1), 5, ("b1.a.bias", None))
+            assert e["params"] == (((4,), "float32", True), None)
+            assert e["msg"].startswith(expected)
+            assert e["msg"].endswith(
+                "Fix: build the same model on every rank (the same config, widths, dtype, bias "
+                "and frozen parameters) before wrapping."
+            )
+        assert r["after"] == 2.0

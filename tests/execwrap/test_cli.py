@@ -25,6 +25,7 @@ from execwrap.cli.loading import parse_policy
 from execwrap.cli.options import parse_numel
 from execwrap.demo_models import Block, build_demo_model
 from execwrap.report.file_set import SET_FOLDER
+from tests._saved import swap_calls, swap_uses
 from tracing import ExecutionOrder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -485,8 +486,7 @@ def test_diff_same_and_different(demo_report, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("orders are the same: 40 module calls")
 
     data = json.loads(demo_report.read_text())
-    calls = data["order"]["module_forward_order"]
-    calls[5], calls[6] = calls[6], calls[5]
+    swap_calls(data["order"], 5, 6)
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data["order"]))  # a bare order works too
     assert main(["diff", str(demo_report), str(other), "--context", "1"]) == 1
@@ -514,9 +514,8 @@ def test_diff_prefix_and_param_order(demo_report, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first divergence at forward call 39: A runs lm_head, B runs (end)" in out
 
-    params = list(data["param_forward_order"])
-    params[0], params[1] = params[1], params[0]
-    (tmp_path / "p.json").write_text(json.dumps(dict(data, param_forward_order=params)))
+    swap_uses(data, 0, 1)  # wpe is now used first
+    (tmp_path / "p.json").write_text(json.dumps(data))
     assert main(["diff", str(demo_report), str(tmp_path / "p.json")]) == 1
     assert "parameter forward order differs at position 0: A wte.weight, B wpe" in (
         capsys.readouterr().out
@@ -854,10 +853,52 @@ def test_subprocess_bad_input_one_line_exit_2(args, message, tmp_path):
     assert proc.stdout == ""
 
 
+def _param_edit(tmp_path: Path, data: dict, name: str, **info: object) -> Path:
+    edited = json.loads(json.dumps(data))
+    edited["params"][name].update(info)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(edited))
+    return path
+
+
+def test_diff_reports_parameter_metadata(demo_report, tmp_path, capsys):
+    data = json.loads(demo_report.read_text())["order"]
+    same = "orders differ: same 40 module calls and parameter order, but "
+    shape = _param_edit(tmp_path, data, "wte.weight", shape=[64, 256])  # same numel
+    assert main(["diff", str(demo_report), str(shape)]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wte.weight' differs: shape A [256, 64], B [64, 256]\n"
+    )
+    frozen = _param_edit(tmp_path, data, "wpe", dtype="bfloat16", requires_grad=False)
+    assert main(["diff", str(frozen), str(demo_report)]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wpe' differs: dtype A bfloat16, B float32; requires_grad A False, "
+        "B True\n"
+    )
+    both = json.loads(frozen.read_text())
+    both["params"]["blocks.0.ln1.bias"].update(numel=32, shape=[32])
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    assert main(["diff", str(demo_report), str(tmp_path / "both.json")]) == 1
+    assert capsys.readouterr().out == (
+        same + "parameter 'wpe' differs: dtype A float32, B bfloat16; requires_grad A True, "
+        "B False (1 more parameter differs)\n"
+    )
+    extra = json.loads(json.dumps(data))
+    extra["params"]["extra"] = {"numel": 4, "dtype": "float32", "requires_grad": True, "shape": [4]}
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    assert main(["diff", str(demo_report), str(tmp_path / "extra.json")]) == 1
+    assert capsys.readouterr().out == same + "parameter 'extra' is only in B\n"
+    untied = dict(data, shared_params={})
+    (tmp_path / "untied.json").write_text(json.dumps(untied))
+    assert main(["diff", str(demo_report), str(tmp_path / "untied.json")]) == 1
+    assert capsys.readouterr().out == (
+        same + "the tied names of parameter 'wte.weight' differ: A lm_head.weight, B none\n"
+    )
+
+
 def test_subprocess_diff_exit_1(demo_report, tmp_path):
     data = json.loads(demo_report.read_text())
-    calls = data["order"]["module_forward_order"]
-    calls[3], calls[4] = calls[4], calls[3]
+    swap_calls(data["order"], 3, 4)
     other = tmp_path / "b.json"
     other.write_text(json.dumps(data))
     proc = _run(["diff", str(demo_report), str(other)], cwd=tmp_path)

@@ -21,6 +21,7 @@ from execwrap.report import write_report
 from execwrap.report.csv_files import csv_cell
 from execwrap.report.graphml_file import graphml_escape, graphml_unescape
 from execwrap.report.html_page import html_text
+from tests._saved import swap_calls
 from tests.execwrap.factories import HOSTILE_NAMES, HostileNames
 from tracing import ExecutionOrder, trace_execution_order
 
@@ -143,8 +144,7 @@ def test_show_prints_controls_escaped(out, capsys):
 
 def test_diff_prints_controls_escaped(out, order, tmp_path, capsys):
     data = order.to_dict()
-    calls = data["module_forward_order"]
-    calls[9], calls[10] = calls[10], calls[9]
+    swap_calls(data, 9, 10)
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
     assert main(["diff", str(out), str(other), "--context", "1"]) == 1
