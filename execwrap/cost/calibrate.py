@@ -21,7 +21,7 @@ The measurements, in about 10 to 30 s:
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
 * FSDP2's fixed costs: steps (forward, backward) of stacks of 4, 12 and 24
-  groups of 1 or 4 ``Linear(16, 16)`` layers, each group its own
+  groups of 1 or 8 ``Linear(16, 16)`` layers, each group its own
   ``fully_shard`` unit, and of the same stacks unsharded, in interleaved
   rounds; the slope over the group count of the difference, minus what the
   curves and copies predict for a group's collectives, is three collectives'
@@ -108,13 +108,12 @@ def calibration_fields(
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
-    ag = [_collective_time("all_gather", n, group, dev) for n in sizes]
-    rs = [_collective_time("reduce_scatter", n, group, dev) for n in sizes]
+    ag, rs, copies = _sweep(sizes, group, dev)
     ag_curve = CollectiveCurve.from_samples(sizes, ag)
     rs_curve = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
-    copies = [_fresh_copy_time(n, dev) for n in sizes]
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
+    optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
     group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
         group, dev, ag_curve, rs_curve, copy_rate
@@ -132,6 +131,7 @@ def calibration_fields(
         "overlap": overlap,
         "compute": rates,
         "optimizer_param_overhead_s": opt_overhead,
+        "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
         f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s",
         "torch_version": str(torch.__version__),
@@ -199,30 +199,66 @@ def _median_time(
 
 def _repeats(nbytes: int) -> int:
     """More runs for small (noisy, cheap) sizes than for large ones."""
-    return 15 if nbytes <= 2**20 else 7 if nbytes <= 16 * 2**20 else 5
+    return 21 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
 
 
-def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device) -> float:
-    """Median seconds of one all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``)."""
+def _collective_fn(
+    kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device
+) -> Callable[[], None]:
+    """One all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``) as FSDP2
+    issues it: into a freshly allocated output, reduce-scatters of float32 with AVG."""
     world = dist.get_world_size(group)
     full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
-    # FSDP2 allocates every all-gather output and reduce-scatter output anew
     if kind == "all_gather":
 
         def run() -> None:
             dist.all_gather_single(torch.empty_like(full), shard, group=group)
 
-    else:  # FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG
+    else:
 
         def run() -> None:
             dist.reduce_scatter_single(
                 torch.empty_like(shard), full, op=dist.ReduceOp.AVG, group=group
             )
 
-    dist.barrier(group=group)
-    seconds = _median_time(run, dev, repeats=_repeats(nbytes))
-    return max(seconds, 1e-7)
+    return run
+
+
+def _sweep(
+    sizes: list[int], group: dist.ProcessGroup, dev: torch.device
+) -> tuple[list[float], list[float], list[float]]:
+    """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
+    buffer (:func:`_fresh_copy_fn`), measured in interleaved rounds: each round runs every
+    size still short of its :func:`_repeats` once, a barrier before each collective, so
+    that a passing disturbance (another process on a shared host) costs one sample of
+    many sizes instead of every sample of one size."""
+    fns: dict[tuple[str, int], Callable[[], None]] = {}
+    for n in sizes:
+        fns[("all_gather", n)] = _collective_fn("all_gather", n, group, dev)
+        fns[("reduce_scatter", n)] = _collective_fn("reduce_scatter", n, group, dev)
+        fns[("copy", n)] = _fresh_copy_fn(n, dev)
+    samples: dict[tuple[str, int], list[float]] = {k: [] for k in fns}
+    for key, fn in fns.items():  # warm-up
+        if key[0] != "copy":
+            dist.barrier(group=group)
+        fn()
+    for r in range(max(_repeats(n) for n in sizes)):
+        for key, fn in fns.items():
+            if r >= _repeats(key[1]):
+                continue
+            if key[0] != "copy":
+                dist.barrier(group=group)
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            samples[key].append(time.perf_counter() - t0)
+
+    def medians(kind: str, floor: float) -> list[float]:
+        return [max(float(statistics.median(samples[(kind, n)])), floor) for n in sizes]
+
+    return medians("all_gather", 1e-7), medians("reduce_scatter", 1e-7), medians("copy", 1e-9)
 
 
 def _copy_rate(dev: torch.device) -> float:
@@ -233,13 +269,53 @@ def _copy_rate(dev: torch.device) -> float:
     return _COPY_BYTES / max(seconds, 1e-9)
 
 
-def _fresh_copy_time(nbytes: int, dev: torch.device) -> float:
-    """Median seconds to copy ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out
-    fills new unsharded storage (allocation and first-touch page faults included)."""
+def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
+    """A copy of ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out fills new
+    unsharded storage (allocation and first-touch page faults included)."""
     src = torch.ones(max(1, nbytes // 4), device=dev)
-    return max(
-        _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=_repeats(nbytes)), 1e-9
-    )
+
+    def run() -> None:
+        torch.empty_like(src).copy_(src)
+
+    return run
+
+
+#: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
+#: factor 16 (on CPU: cached tensors up to ones above glibc's mmap threshold).
+_OPT_SIZES = (2**10, 2**14, 2**18, 2**22)
+
+
+def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
+    """Seconds of the size-dependent part of one ``AdamW.step`` over one tensor, by bytes.
+
+    ``AdamW.step`` (torch's default implementation for the device: a for-loop
+    on CPU, ``foreach`` on CUDA) over 4 tensors of each of :data:`_OPT_SIZES`
+    elements and over 4 tensors of 16 elements, in interleaved rounds (median
+    of 9 after 2 warm-up steps); per size, the difference to the 16-element
+    step over 4 (the fixed part per tensor is ``optimizer_param_overhead_s``,
+    measured on DTensors). The step's temporaries (``exp_avg_sq.sqrt()``, the
+    bias-corrected denominator) are fresh allocations of the tensor's size
+    each step, which a copy between allocated buffers does not pay.
+    """
+    steps = {}
+    for n in (16, *_OPT_SIZES):
+        params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(4)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        steps[n] = torch.optim.AdamW(params, lr=1e-3).step
+    samples: dict[int, list[float]] = {n: [] for n in steps}
+    for r in range(11):
+        for n, step in steps.items():
+            _sync(dev)
+            t0 = time.perf_counter()
+            step()
+            _sync(dev)
+            if r >= 2:  # warm-up: the states are allocated in the first step
+                samples[n].append(time.perf_counter() - t0)
+    del steps
+    med = {n: float(statistics.median(v)) for n, v in samples.items()}
+    per_tensor = [max((med[n] - med[16]) / 4, 1e-9) for n in _OPT_SIZES]
+    return CollectiveCurve.from_samples([4 * n for n in _OPT_SIZES], per_tensor)
 
 
 def _matmul_rate(dev: torch.device) -> float:
@@ -302,8 +378,12 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
 
 #: Group counts of the tiny FSDP2 models whose step times give the fixed costs.
 _GROUPS = (4, 12, 24)
-#: Linear(16, 16) layers per group (2 and 8 parameter tensors per group).
-_LAYERS_PER_GROUP = (1, 4)
+#: Interleaved rounds of the tiny FSDP2 steps; the fixed costs use the median round, as
+#: a training step's time is read as the median of its steps.
+_FIXED_COST_ROUNDS = 15
+#: Linear(16, 16) layers per group (2 and 16 parameter tensors per group: a wide contrast,
+#: so that the split of the fixed cost into per group and per tensor is well conditioned).
+_LAYERS_PER_GROUP = (1, 8)
 
 
 def _fsdp_overheads(
@@ -316,7 +396,7 @@ def _fsdp_overheads(
     """Fixed seconds per FSDP2 group per collective, per parameter tensor per collective,
     and per parameter tensor per optimizer step.
 
-    Stacks of 4, 12 and 24 groups of 1 or 4 ``Linear(16, 16)`` layers, each
+    Stacks of 4, 12 and 24 groups of 1 or 8 ``Linear(16, 16)`` layers, each
     group a ``fully_shard`` unit, and the same stacks unsharded, measured in
     interleaved rounds. The slope over the group count (least squares) of
     sharded minus unsharded step time is one group's cost: two all-gathers and
@@ -342,7 +422,7 @@ def _fsdp_overheads(
                 fns[f"{k}/{n}/{sharded}"] = step
                 if sharded:
                     fns[f"opt {k}/{n}"] = update
-    times = _interleaved(fns, dev, group, rounds=9, fastest=True)
+    times = _interleaved(fns, dev, group, rounds=_FIXED_COST_ROUNDS)
     # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
     # worker thread that drops a backward-time collective while the interpreter shuts
     # down aborts the process (torch 2.13; see tests/_dist.py).
@@ -380,9 +460,9 @@ def _tiny_step(
     def step() -> None:
         model(x).sum().backward()
 
-    def update() -> None:
+    def update() -> None:  # as a training step: the next backward makes fresh gradients
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=True)
 
     step()
     update()

@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,12 @@ class CostModel:
         optimizer_param_overhead_s: fixed cost of the optimizer step per
             parameter tensor (a for-loop optimizer over DTensors on CPU pays
             per tensor), seconds.
+        optimizer_curve: seconds of the size-dependent part of one
+            ``AdamW.step`` (7 elementwise passes) over one tensor, by its
+            bytes, when measured (:mod:`execwrap.cost.calibrate`: on CPU small
+            tensors stay in cache while large ones pay the page faults of the
+            step's fresh temporaries, e.g. ``exp_avg_sq.sqrt()``); ``None``:
+            the passes at ``compute.memory_bytes_per_s``.
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -96,6 +103,7 @@ class CostModel:
     optimizer_param_overhead_s: float = 0.0
     param_overhead_s: float = 0.0
     copy_curve: CollectiveCurve | None = None
+    optimizer_curve: CollectiveCurve | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -144,6 +152,29 @@ class CostModel:
         if self.copy_curve is not None:
             return self.copy_curve.time(nbytes)
         return max(0, nbytes) / self.copy_bytes_per_s
+
+    def optimizer_time(self, passes: int, tensor_bytes: Sequence[int]) -> float:
+        """Seconds of an optimizer step with ``passes`` elementwise passes per parameter
+        byte over sharded trainable tensors of ``tensor_bytes`` bytes each.
+
+        Per tensor: ``optimizer_param_overhead_s`` plus, with an
+        ``optimizer_curve``, ``passes / 7`` of the curve at its bytes (the curve
+        is AdamW's 7 passes), else ``passes * bytes / compute.memory_bytes_per_s``.
+        ``passes == 0`` (no optimizer): 0 s.
+
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.optimizer_time(0, [1024]), cm.optimizer_time(7, []) == 0.0
+        (0.0, True)
+        """
+        if passes <= 0:
+            return 0.0
+        total = len(tensor_bytes) * self.optimizer_param_overhead_s
+        if self.optimizer_curve is not None:
+            curve = self.optimizer_curve
+            return total + passes / 7 * sum(curve.time(max(0, b)) for b in tensor_bytes)
+        return total + passes * sum(max(0, b) for b in tensor_bytes) / (
+            self.compute.memory_bytes_per_s
+        )
 
     @property
     def synchronous_collectives(self) -> bool:
@@ -257,6 +288,9 @@ class CostModel:
             "overlap": self.overlap,
             "compute": self.compute.to_dict(),
             "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
+            "optimizer_curve": None
+            if self.optimizer_curve is None
+            else self.optimizer_curve.to_dict(),
             "source": self.source,
             "created": self.created,
             "torch_version": self.torch_version,
@@ -297,6 +331,9 @@ class CostModel:
                 overlap=float(data["overlap"]),
                 compute=ComputeRates.from_dict(data["compute"]),
                 optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),
+                optimizer_curve=None
+                if data.get("optimizer_curve") is None
+                else CollectiveCurve.from_dict(data["optimizer_curve"]),
                 source=str(data.get("source", "")),
                 created=str(data.get("created", "")),
                 torch_version=str(data.get("torch_version", "")),
