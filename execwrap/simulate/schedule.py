@@ -160,11 +160,12 @@ class StepProgram:
         deps: tuple[int, ...],
         phase: str,
         on_end: tuple[MemEvent, ...] = (),
+        on_start: tuple[MemEvent, ...] = (),
     ) -> int:
         """A collective on its stream; on CPU the training thread waits for it right away."""
         if self.sync and self._last_compute is not None:
             deps = (*deps, self._last_compute)
-        op = self._add(Op(stream, label, seconds, "comm", deps, phase, (), on_end))
+        op = self._add(Op(stream, label, seconds, "comm", deps, phase, on_start, on_end))
         if self.sync:
             self._on_compute(f"wait {label}", 0.0, phase, "wait", deps=(op,))
         return op
@@ -189,8 +190,19 @@ class StepProgram:
             copy = self._add(
                 Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
             )
+        # gloo's all-gather receives into a flat buffer of the output's size and copies it
+        # into the output chunks (ProcessGroupGloo.cpp, AsyncAllgatherWork: newLikeFlat)
+        flat: tuple[MemEvent, ...] = ()
+        if self.cm.backend == "gloo":
+            flat = (MemEvent("all_gather_buffers", f"{label} (gloo flat output)", spec.nbytes),)
         ag = self._collective(
-            ALL_GATHER, f"all-gather {label}", self.cm.all_gather_time(spec.nbytes), (copy,), phase
+            ALL_GATHER,
+            f"all-gather {label}",
+            self.cm.all_gather_time(spec.nbytes),
+            (copy,),
+            phase,
+            on_end=tuple(MemEvent(e.category, e.key) for e in flat),
+            on_start=flat,
         )
         self._pending[i] = ag
 
