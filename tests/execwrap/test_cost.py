@@ -76,6 +76,28 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert CostModel.from_dict(cm.to_dict()) == cm
 
 
+def test_optimizer_time_per_tensor() -> None:
+    # no curve: 7 passes over the bytes at the memory rate (1e10 B/s) + 80 us per tensor
+    cm = _model()
+    assert cm.optimizer_time(7, [10**6, 10**6]) == pytest.approx(7 * 2e6 / 1e10 + 2 * 8e-5)
+    assert cm.optimizer_time(0, [10**6]) == 0.0
+    # the calibrated curve is AdamW's 7 passes per tensor by its bytes; SGD (3 passes) 3/7 of it
+    curve = CollectiveCurve.from_samples([4096, 2**20], [1e-5, 1e-3])
+    cm = _model(optimizer_curve=curve)
+    assert cm.optimizer_time(7, [4096, 2**20]) == pytest.approx(1e-5 + 1e-3 + 2 * 8e-5)
+    assert cm.optimizer_time(3, [2**20]) == pytest.approx(3 / 7 * 1e-3 + 8e-5)
+    assert cm.optimizer_time(7, [2048]) == pytest.approx(1e-5 + 8e-5)  # the floor below 4 KiB
+    assert CostModel.from_dict(cm.to_dict()) == cm
+    assert cm.to_dict()["optimizer_curve"][0] == {
+        "up_to_bytes": 4096,
+        "latency_s": 1e-5,
+        "seconds_per_byte": 0.0,
+    }
+    old = cm.to_dict()
+    del old["optimizer_curve"]  # a file written before the curve existed
+    assert CostModel.from_dict(old).optimizer_curve is None
+
+
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
