@@ -8,9 +8,10 @@ The measurements, in about 10 to 30 s:
 * collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
   ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
   ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
-  float32), a barrier before each size, the median of several
-  runs per size; the curve is piecewise-linear through the medians
-  (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
+  float32), each size's runs back to back with a barrier before each (the
+  allocator's steady state, as in a training loop), the median per size; the
+  curve is piecewise-linear through the medians, a size slower than a larger
+  one dropped (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
 * copies: the same sweep of copies into freshly allocated buffers (as
   FSDP2's copy-out fills new unsharded storage: on CPU small buffers stay in
   cache, large fresh ones pay their page faults), and the bandwidth of a
@@ -20,14 +21,12 @@ The measurements, in about 10 to 30 s:
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* FSDP2's fixed costs: steps (forward, backward) of stacks of 4, 12 and 24
-  groups of 1 or 8 ``Linear(16, 16)`` layers, each group its own
-  ``fully_shard`` unit, and of the same stacks unsharded, in interleaved
-  rounds; the slope over the group count of the difference, minus what the
-  curves and copies predict for a group's collectives, is three collectives'
-  fixed cost, ``group + tensors * per_tensor``, solved for the two group
-  sizes; and the optimizer's cost per parameter tensor (the slope of
-  ``AdamW.step``, whose parameters FSDP2 made DTensors).
+* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): the fixed
+  cost per group and per parameter tensor of each collective and the
+  optimizer's cost per DTensor parameter, from real ``fully_shard`` steps of
+  synthetic stacks;
+* the optimizer: ``AdamW.step`` over tensors of 4 KiB to 16 MiB (its
+  size-dependent cost per tensor).
 
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
@@ -37,7 +36,6 @@ and frees what it allocated.
 from __future__ import annotations
 
 import datetime
-import gc
 import logging
 import math
 import statistics
@@ -50,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.fixed_costs import fsdp_fixed_costs
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -115,8 +114,9 @@ def calibration_fields(
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
-    group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
-        group, dev, ag_curve, rs_curve, copy_rate
+    copy_curve = CollectiveCurve.from_samples(sizes, copies)
+    group_overhead, tensor_overhead, opt_overhead = fsdp_fixed_costs(
+        group, dev, ag_curve, rs_curve, copy_curve
     )
     fields: dict[str, Any] = {
         "device_type": dev.type,
@@ -125,7 +125,7 @@ def calibration_fields(
         "all_gather": ag_curve,
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
-        "copy_curve": CollectiveCurve.from_samples(sizes, copies),
+        "copy_curve": copy_curve,
         "group_overhead_s": group_overhead,
         "param_overhead_s": tensor_overhead,
         "overlap": overlap,
@@ -229,36 +229,28 @@ def _sweep(
     sizes: list[int], group: dist.ProcessGroup, dev: torch.device
 ) -> tuple[list[float], list[float], list[float]]:
     """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
-    buffer (:func:`_fresh_copy_fn`), measured in interleaved rounds: each round runs every
-    size still short of its :func:`_repeats` once, a barrier before each collective, so
-    that a passing disturbance (another process on a shared host) costs one sample of
-    many sizes instead of every sample of one size."""
-    fns: dict[tuple[str, int], Callable[[], None]] = {}
+    buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
+    collective), so the allocator hands the freed buffer back as a training loop's steady
+    state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
+    25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
+    Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
+    slower than a larger one."""
+    out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
     for n in sizes:
-        fns[("all_gather", n)] = _collective_fn("all_gather", n, group, dev)
-        fns[("reduce_scatter", n)] = _collective_fn("reduce_scatter", n, group, dev)
-        fns[("copy", n)] = _fresh_copy_fn(n, dev)
-    samples: dict[tuple[str, int], list[float]] = {k: [] for k in fns}
-    for key, fn in fns.items():  # warm-up
-        if key[0] != "copy":
-            dist.barrier(group=group)
-        fn()
-    for r in range(max(_repeats(n) for n in sizes)):
-        for key, fn in fns.items():
-            if r >= _repeats(key[1]):
-                continue
-            if key[0] != "copy":
-                dist.barrier(group=group)
-            _sync(dev)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            samples[key].append(time.perf_counter() - t0)
-
-    def medians(kind: str, floor: float) -> list[float]:
-        return [max(float(statistics.median(samples[(kind, n)])), floor) for n in sizes]
-
-    return medians("all_gather", 1e-7), medians("reduce_scatter", 1e-7), medians("copy", 1e-9)
+        for kind in out:
+            fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
+            fn()  # warm-up
+            samples = []
+            for _ in range(_repeats(n)):
+                if kind != "copy":
+                    dist.barrier(group=group)
+                _sync(dev)
+                t0 = time.perf_counter()
+                fn()
+                _sync(dev)
+                samples.append(time.perf_counter() - t0)
+            out[kind].append(max(float(statistics.median(samples)), 1e-9))
+    return out["all_gather"], out["reduce_scatter"], out["copy"]
 
 
 def _copy_rate(dev: torch.device) -> float:
@@ -374,122 +366,6 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
     t_both = _median_time(both, dev, repeats=5)
     hidden = t_compute + t_gather - t_both
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
-
-
-#: Group counts of the tiny FSDP2 models whose step times give the fixed costs.
-_GROUPS = (4, 12, 24)
-#: Interleaved rounds of the tiny FSDP2 steps; the fixed costs use the median round, as
-#: a training step's time is read as the median of its steps.
-_FIXED_COST_ROUNDS = 15
-#: Linear(16, 16) layers per group (2 and 16 parameter tensors per group: a wide contrast,
-#: so that the split of the fixed cost into per group and per tensor is well conditioned).
-_LAYERS_PER_GROUP = (1, 8)
-
-
-def _fsdp_overheads(
-    group: dist.ProcessGroup,
-    dev: torch.device,
-    ag: CollectiveCurve,
-    rs: CollectiveCurve,
-    copy_rate: float,
-) -> tuple[float, float, float]:
-    """Fixed seconds per FSDP2 group per collective, per parameter tensor per collective,
-    and per parameter tensor per optimizer step.
-
-    Stacks of 4, 12 and 24 groups of 1 or 8 ``Linear(16, 16)`` layers, each
-    group a ``fully_shard`` unit, and the same stacks unsharded, measured in
-    interleaved rounds. The slope over the group count (least squares) of
-    sharded minus unsharded step time is one group's cost: two all-gathers and
-    one reduce-scatter of its bytes (the curves), their copies, and three times
-    ``group + tensors * per_tensor`` (solved from the two group sizes).
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = DeviceMesh.from_group(group, dev.type)
-    fns: dict[str, Callable[[], None]] = {}
-    for k in _LAYERS_PER_GROUP:
-        for n in _GROUPS:
-            for sharded in (True, False):
-                model = nn.Sequential(
-                    *[nn.Sequential(*[nn.Linear(16, 16) for _ in range(k)]) for _ in range(n)]
-                ).to(dev)
-                if sharded:
-                    for unit in model:
-                        fully_shard(unit, mesh=mesh)
-                    fully_shard(model, mesh=mesh)
-                step, update = _tiny_step(model, dev)
-                fns[f"{k}/{n}/{sharded}"] = step
-                if sharded:
-                    fns[f"opt {k}/{n}"] = update
-    times = _interleaved(fns, dev, group, rounds=_FIXED_COST_ROUNDS)
-    # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
-    # worker thread that drops a backward-time collective while the interpreter shuts
-    # down aborts the process (torch 2.13; see tests/_dist.py).
-    del fns, model, step, update
-    gc.collect()
-    per_collective: list[float] = []
-    for k in _LAYERS_PER_GROUP:
-        extra = [times[f"{k}/{n}/True"] - times[f"{k}/{n}/False"] for n in _GROUPS]
-        nbytes = k * (16 * 16 + 16) * 4  # one group's parameters, float32
-        predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
-        per_collective.append((_slope(list(_GROUPS), extra) - predicted) / 3)
-    tensors = [2 * k for k in _LAYERS_PER_GROUP]
-    per_tensor = max(0.0, (per_collective[1] - per_collective[0]) / (tensors[1] - tensors[0]))
-    per_group = max(0.0, per_collective[0] - tensors[0] * per_tensor)
-    k = _LAYERS_PER_GROUP[-1]
-    opt = _slope([2 * k * n for n in _GROUPS], [times[f"opt {k}/{n}"] for n in _GROUPS])
-    return per_group, per_tensor, max(0.0, opt)
-
-
-def _slope(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` over ``xs``."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
-
-
-def _tiny_step(
-    model: nn.Module, dev: torch.device
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(forward + backward, ``AdamW.step``) of ``model`` on a 4x16 batch, warmed up."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(4, 16, device=dev)
-
-    def step() -> None:
-        model(x).sum().backward()
-
-    def update() -> None:  # as a training step: the next backward makes fresh gradients
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
-    update()
-    return step, update
-
-
-def _interleaved(
-    fns: dict[str, Callable[[], None]],
-    dev: torch.device,
-    group: dist.ProcessGroup,
-    *,
-    rounds: int,
-    fastest: bool = False,
-) -> dict[str, float]:
-    """Median (``fastest``: smallest) seconds of each function, run in rounds (each once per
-    round, in the same order on every rank: they may issue collectives), a barrier before
-    each run. The fixed costs are small differences of larger times: the fastest round is
-    the one least disturbed by other load."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(min(v) if fastest else statistics.median(v)) for k, v in times.items()}
 
 
 def _machine() -> str:

@@ -176,6 +176,22 @@ class CostModel:
             self.compute.memory_bytes_per_s
         )
 
+    def copy_out_time(self, param_bytes: Sequence[int]) -> float:
+        """Seconds of FSDP2's all-gather copy-out into parameters of ``param_bytes`` bytes.
+
+        FSDP2 copies the all-gather output into one unsharded storage per
+        parameter (``split_with_sizes_copy`` into ``all_gather_outputs``, whose
+        storages it frees at reshard and allocates again at the next unshard),
+        so the copy is priced per parameter: a group of many small parameters
+        reuses allocator blocks where one buffer of the group's size would,
+        on CPU, page-fault fresh memory (above glibc's 32 MiB mmap threshold).
+
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.copy_out_time([2**20, 2**20]) == 2 * cm.copy_time(2**20)
+        True
+        """
+        return sum(self.copy_time(b) for b in param_bytes)
+
     @property
     def synchronous_collectives(self) -> bool:
         """Whether FSDP2's collectives block the thread that computes.

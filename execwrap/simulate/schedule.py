@@ -42,6 +42,9 @@ class UnitSpec:
         enclosing: indices of the units enclosing it.
         tensors: its parameter tensors.
         grad_tensors: its trainable parameter tensors.
+        param_bytes: padded unsharded bytes of each parameter tensor (the
+            copy-out is priced per parameter, ``CostModel.copy_out_time``;
+            empty: one copy of ``nbytes``).
     """
 
     label: str
@@ -53,6 +56,7 @@ class UnitSpec:
     enclosing: frozenset[int]
     tensors: int = 0
     grad_tensors: int = 0
+    param_bytes: tuple[int, ...] = ()
 
 
 def prefetch_lists(
@@ -223,7 +227,12 @@ class StepProgram:
             self._ag_wait = prev_copy
             self._deferred = None
         freed = () if phase == "forward" else (MemEvent("all_gather_buffers", label),)
-        copy_s = self.cm.copy_time(self.specs[i].nbytes)
+        spec = self.specs[i]
+        copy_s = (
+            self.cm.copy_out_time(spec.param_bytes)
+            if spec.param_bytes
+            else self.cm.copy_time(spec.nbytes)
+        )
         copy = self._on_compute(
             f"copy-out {label}",
             copy_s,

@@ -28,8 +28,10 @@ sets, and nothing else:
   it; the root's final callback waits for every reduce-scatter; then the
   optimizer step runs on the sharded parameters;
 * costs: collectives from the cost model's curves (all-gather by padded
-  unsharded bytes, reduce-scatter by padded trainable bytes), copies at its
-  copy bandwidth, ``group_overhead_s`` plus ``param_overhead_s`` per
+  unsharded bytes, reduce-scatter by padded trainable bytes), copies from
+  its copy curve (the copy-in of the shard and the reduce-scatter's copy-in
+  as one buffer each, the copy-out per parameter: FSDP2 copies into one
+  unsharded storage per parameter), ``group_overhead_s`` plus ``param_overhead_s`` per
   parameter tensor on the compute stream per collective a group issues, compute from ``compute``, the optimizer from
   ``compute.optimizer_s`` or :meth:`~execwrap.cost.CostModel.optimizer_time`
   (per trainable tensor: ``optimizer_param_overhead_s`` and its shard's
@@ -251,7 +253,8 @@ def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[Un
     enclosing = enclosing_units(plan.units)
     specs = []
     for i, u in enumerate(plan.units):
-        nbytes = sum(_param_padded(order, p, world_size) for p in u.param_fqns)
+        param_bytes = tuple(_param_padded(order, p, world_size) for p in u.param_fqns)
+        nbytes = sum(param_bytes)
         grad = sum(
             _param_padded(order, p, world_size) for p in u.param_fqns if _requires_grad(order, p)
         )
@@ -266,6 +269,7 @@ def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[Un
                 enclosing=frozenset(enclosing[i]),
                 tensors=len(u.param_fqns),
                 grad_tensors=sum(1 for p in u.param_fqns if _requires_grad(order, p)),
+                param_bytes=param_bytes,
             )
         )
     return specs

@@ -36,8 +36,12 @@ def _model(**changes: object) -> CostModel:
 
 def test_curve_from_samples_is_piecewise_linear_and_monotone() -> None:
     curve = CollectiveCurve.from_samples([1024, 4096, 2048], [2e-4, 1e-4, 1.5e-4])
-    # times made non-decreasing: 1024 -> 2e-4, 2048 -> 2e-4, 4096 -> 2e-4 (flat)
-    assert [curve.time(n) for n in (1, 1024, 3000, 4096)] == [2e-4] * 4
+    # times made non-decreasing by the suffix minimum (noise only adds time):
+    # 1024 -> 1e-4, 2048 -> 1e-4, 4096 -> 1e-4 (flat)
+    assert [curve.time(n) for n in (1, 1024, 3000, 4096)] == [1e-4] * 4
+    # one disturbed point in the middle does not spread to larger sizes
+    curve = CollectiveCurve.from_samples([1024, 2048, 4096, 8192], [1e-4, 9e-4, 2e-4, 3e-4])
+    assert [curve.time(n) for n in (1024, 2048, 4096, 8192)] == [1e-4, 2e-4, 2e-4, 3e-4]
     curve = CollectiveCurve.from_samples([1024, 2048, 4096], [1e-4, 1.5e-4, 2.5e-4])
     assert curve.time(1536) == pytest.approx(1.25e-4)
     assert curve.time(8192) == pytest.approx(4.5e-4)  # the last segment continues
@@ -96,6 +100,24 @@ def test_optimizer_time_per_tensor() -> None:
     old = cm.to_dict()
     del old["optimizer_curve"]  # a file written before the curve existed
     assert CostModel.from_dict(old).optimizer_curve is None
+
+
+def test_copy_out_time_sums_parameters() -> None:
+    cm = _model(copy_curve=CollectiveCurve.from_samples([4096, 2**20], [1e-6, 1e-4]))
+    assert cm.copy_out_time([2**20, 4096]) == pytest.approx(1e-4 + 1e-6)
+    assert cm.copy_out_time([]) == 0.0
+
+
+def test_nonnegative_least_squares() -> None:
+    from execwrap.cost.fixed_costs import nonnegative_least_squares
+
+    # exact solution inside the feasible set
+    assert nonnegative_least_squares([[3, 3], [3, 24]], [3.0, 10.0]) == pytest.approx(
+        [2 / 3, 1 / 3]
+    )
+    # the free solution has a negative per-group cost: the best with it at 0 instead
+    x = nonnegative_least_squares([[3, 6], [3, 48]], [1.0, 20.0])
+    assert x[0] == 0.0 and x[1] == pytest.approx((6 * 1 + 48 * 20) / (6**2 + 48**2))
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:

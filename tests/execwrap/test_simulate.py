@@ -187,6 +187,17 @@ def test_optimizer_on_the_calibrated_curve_per_tensor() -> None:
     assert none.optimizer_time_s == 0.0
 
 
+def test_copy_out_is_priced_per_parameter() -> None:
+    one, _ = _plans()
+    cm = _cost().replace(copy_curve=_flat(0.5))  # every copy 0.5 s, whatever its size
+    est = simulate_step(one, cm, world_size=2, compute=ONE)
+    # forward: overhead .25 + copy-in .5 + all-gather 1 + copy-out of 2 parameters 2 * .5
+    # + compute 6; backward: compute 12 + overhead .25 + RS copy-in (one buffer) .5 + RS 2
+    assert est.step_time_s == pytest.approx(23.5)
+    copy_out = next(e for e in est.timeline if e.label == "copy-out <root>")
+    assert copy_out.end_s - copy_out.start_s == pytest.approx(1.0)
+
+
 def test_cuda_overlap_hides_all_gathers() -> None:
     _, two = _plans()
     hidden = simulate_step(two, _cost("cuda", overlap=1.0), world_size=2, prefetch=1, compute=TWO)
