@@ -199,7 +199,9 @@ def test_presets() -> None:
 
 
 def test_sweep_sizes() -> None:
-    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(8)]
+    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(5)] + [
+        2**20 * 2**k for k in range(1, 7)
+    ]
     assert sweep_sizes(2**20, 3) == [4104, 16392, 65544, 262152, 1048584]
 
 
