@@ -240,11 +240,13 @@ class CostModel:
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
-        Runs, in about 10 to 30 s: a log sweep of all-gather and reduce-scatter
-        sizes (medians), a large copy, a matmul loop, a tiny-op loop, a matmul
-        loop alone and beside an async all-gather (the overlap factor), and
-        FSDP2 steps of tiny models with 4 and 16 groups (the fixed cost per
-        group). Every rank must call it; rank 0's numbers are broadcast, so
+        Runs, in about 15 to 30 s: a log sweep of all-gather, reduce-scatter
+        and fresh-copy sizes (medians), a large copy, a matmul loop, a tiny-op
+        loop, ``AdamW.step`` over tensors of 4 KiB to 16 MiB (the optimizer
+        curve), a matmul loop alone and beside an async all-gather (the overlap
+        factor), and real FSDP2 steps of synthetic stacks (the fixed cost per
+        group and per parameter tensor of each collective,
+        :mod:`execwrap.cost.fixed_costs`). Every rank must call it; rank 0's numbers are broadcast, so
         every rank gets the same model and plans alike. Details:
         :mod:`execwrap.cost.calibrate`.
 
