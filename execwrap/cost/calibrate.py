@@ -5,7 +5,8 @@ collectives) and returns the model's constructor arguments, measured on rank
 0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
 The measurements, in about 10 to 30 s:
 
-* collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then 2)
+* collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then
+  denser)
   of buffer sizes from 4 KiB to ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
   ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
   float32), each size's runs back to back with a barrier before each (the
@@ -68,22 +69,30 @@ _COPY_BYTES = 64 * 2**20
 
 def sweep_sizes(max_bytes: int, world_size: int) -> list[int]:
     """Buffer sizes of the sweep: 4 KiB times powers of 4 up to 1 MiB, then powers of 2
-    up to ``max_bytes``, each a multiple of ``4 * world_size`` bytes (whole float32
-    shards). Large sizes are denser: on CPU a collective's time bends where its
-    buffers outgrow the caches and glibc's mmap threshold (32 MiB), and a line from
-    16 to 64 MiB overprices a 25 MiB all-gather by half (measured inside FSDP2 steps).
+    and the midpoints 1.5 times each (1, 1.5, 2, 3, 4, 6 MiB, ...) up to ``max_bytes``,
+    each a multiple of ``4 * world_size`` bytes (whole float32 shards). Large sizes
+    are denser: on CPU a collective's time bends where its buffers outgrow the caches
+    and glibc's mmap threshold (32 MiB: a fresh 33.6 MiB all-gather output took 32 ms,
+    a 31 MiB one 16 ms, 2 gloo ranks), and a line from 16 to 64 MiB overpriced a
+    25 MiB all-gather by half against FSDP2 steps.
 
     >>> sweep_sizes(2**20, 2)
     [4096, 16384, 65536, 262144, 1048576]
-    >>> sweep_sizes(8 * 2**20, 2)[4:]
-    [1048576, 2097152, 4194304, 8388608]
+    >>> [n / 2**20 for n in sweep_sizes(8 * 2**20, 2)[4:]]
+    [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]
     """
     step = 4 * world_size
     sizes: list[int] = []
     size = _SMALLEST
     while size <= max(max_bytes, _SMALLEST * 4):
         sizes.append(-(-size // step) * step)
-        size *= 4 if size < 2**20 else 2
+        if size < 2**20:
+            size *= 4
+        else:
+            half = size * 3 // 2
+            if half <= max_bytes:
+                sizes.append(-(-half // step) * step)
+            size *= 2
     return sizes
 
 

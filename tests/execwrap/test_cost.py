@@ -199,9 +199,8 @@ def test_presets() -> None:
 
 
 def test_sweep_sizes() -> None:
-    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(5)] + [
-        2**20 * 2**k for k in range(1, 7)
-    ]
+    large = [2**20 * m for m in (1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)]
+    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(5)] + [int(n) for n in large]
     assert sweep_sizes(2**20, 3) == [4104, 16392, 65544, 262152, 1048584]
 
 
