@@ -66,6 +66,15 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / math.sqrt(va * vb)
 
 
+def _typical_spread(rows: Sequence[dict[str, Any]]) -> float:
+    """The median over plans of a plan's interquartile range of step times over its
+    median step time (``nan`` when the rows carry no ``spread_s``)."""
+    spreads = [
+        (r["spread_s"][1] - r["spread_s"][0]) / r["measured_s"] for r in rows if r.get("spread_s")
+    ]
+    return statistics.median(spreads) if spreads else math.nan
+
+
 def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The figures of one model's rows (one row per plan, see ``benchmarks.autoplan``).
 
@@ -76,7 +85,9 @@ def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         0 and 1), ``auto_vs_always``, ``memory_within`` (plans whose predicted
         peak is within :data:`MEMORY_TOLERANCE` of the measured one),
         ``plans``, ``budget`` and ``budget_peak`` (the budgeted auto plan's
-        budget and measured peak), and ``all_met``.
+        budget and measured peak), ``spread`` (the median over plans of the
+        interquartile range of a plan's step times over its median: how much
+        of a difference between plans is noise) and ``all_met``.
     """
     by_name = {r["name"]: r for r in rows}
     predicted = [r["predicted_s"] for r in rows]
@@ -104,6 +115,7 @@ def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "plans": len(rows),
         "budget": budgeted["budget"],
         "budget_peak": budgeted["measured_peak"],
+        "spread": _typical_spread(rows),
     }
     out["all_met"] = bool(
         out["spearman"] >= 0.9

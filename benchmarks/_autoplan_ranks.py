@@ -11,6 +11,7 @@ import datetime
 import os
 import pickle
 import random
+import statistics
 import tempfile
 import time
 import traceback
@@ -222,6 +223,7 @@ def _bench_model(
                 "kept": kept,
                 "predicted_s": float(estimate.step_time_s),
                 "measured_s": median(per_step),
+                "spread_s": _quartiles(per_step),
                 "predicted_peak": int(estimate.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][p.name][0] for g in gathered),
                 "cuda_peak": max(cuda_peaks) if cuda_peaks[0] is not None else None,
@@ -231,6 +233,15 @@ def _bench_model(
             }
         )
     return rows
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """The 25th and 75th percentiles of ``values`` (inclusive method; both the value
+    when there is one)."""
+    if len(values) < 2:
+        return (values[0], values[0])
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return (q[0], q[2])
 
 
 # ------------------------------------------------------------------ processes

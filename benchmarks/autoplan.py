@@ -19,7 +19,7 @@ processes, in this order:
 4. every plan applied to its own copy of the model (same initial weights)
    with ``apply_fully_shard``, AdamW; the plans take turns step by step (in
    an order shuffled per round, so no plan always follows the same one)
-   after a barrier; a step's time is the slowest rank's; medians over
+   after a barrier; a step's time is the slowest rank's; medians (and quartiles) over
    ``--steps`` steps after ``--warmup`` rounds;
 5. the peak memory of one step of each plan under
    ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (max over
@@ -35,7 +35,7 @@ budget.
 
 Usage::
 
-    python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 5 minutes)
+    python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 7 minutes)
     python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 1 minute)
     python -m benchmarks.autoplan --device cuda   # 2 GPUs, NCCL
 """
@@ -68,6 +68,15 @@ from benchmarks._bench import (
 __all__ = ["main", "spearman"]
 
 
+def _with_spread(row: dict[str, Any]) -> str:
+    """``"250.3 [241.0, 262.5]"``: the median step and its quartiles, ms."""
+    text = f"{row['measured_s'] * 1e3:.1f}"
+    if row.get("spread_s"):
+        low, high = row["spread_s"]
+        text += f" [{low * 1e3:.1f}, {high * 1e3:.1f}]"
+    return text
+
+
 def _plan_table(rows: list[dict[str, Any]], cuda: bool) -> str:
     header = [
         "plan",
@@ -75,7 +84,7 @@ def _plan_table(rows: list[dict[str, Any]], cuda: bool) -> str:
         "prefetch",
         "not resharded",
         "predicted step (ms)",
-        "measured step (ms)",
+        "measured step (ms): median [p25, p75]",
         "error",
         "predicted peak",
         "measured peak (FSDPMemTracker)",
@@ -92,7 +101,7 @@ def _plan_table(rows: list[dict[str, Any]], cuda: bool) -> str:
             r["prefetch"],
             r["kept"],
             f"{r['predicted_s'] * 1e3:.1f}",
-            f"{r['measured_s'] * 1e3:.1f}",
+            _with_spread(r),
             f"{(r['predicted_s'] / r['measured_s'] - 1) * 100:+.1f}%",
             fmt_bytes(r["predicted_peak"]),
             fmt_bytes(r["measured_peak"]),
@@ -115,6 +124,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
         "auto / always-wrap",
         "peak within 10% of tracker (>= 3 plans)",
         "budget: measured peak / budget (<= 1)",
+        "step-time spread (IQR / median, median over plans)",
         "all met",
     ]
     rows = []
@@ -130,6 +140,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
                 f"{c['memory_within']} of {c['plans']}",
                 f"{fmt_bytes(c['budget_peak'])} / {fmt_bytes(c['budget'])} = "
                 f"{c['budget_peak'] / c['budget']:.3f}",
+                f"{c['spread'] * 100:.1f}%",
                 "yes" if c["all_met"] else "no",
             ]
         )
@@ -216,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 40)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -235,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         "models": models,
         "sizes": {m: (MODELS[m].quick if quick else MODELS[m].full) for m in models},
         "plans": [p.name for p in grid()],
-        "steps": args.steps or (2 if quick else 20),
-        "warmup": args.warmup if args.warmup is not None else (1 if quick else 2),
+        "steps": args.steps or (2 if quick else 40),
+        "warmup": args.warmup if args.warmup is not None else (1 if quick else 3),
         "threads": args.threads,
         "quick": quick,
         "timeout_s": 900,
@@ -276,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         "`record_execution_order(..., timing=True)` after warm-up steps (rank 0's, broadcast). "
         f"Plans take turns step by step (order shuffled per round); step time = slowest rank, "
         f"median of {job['steps']} "
-        f"steps after {job['warmup']} warm-up rounds; AdamW. Peak memory: one step under "
+        f"steps after {job['warmup']} warm-up rounds, with the quartiles of the steps in brackets "
+        "(the spread column: how large a difference between plans is noise); AdamW. Peak memory: one step under "
         "`FSDPMemTracker` (max over ranks). Predicted: `execwrap.simulate_step` (the auto "
         "plans: their own `plan.estimate`). Equal last losses show every plan trains the "
         "same model.\n"

@@ -79,6 +79,9 @@ class SearchSpace:
         tensors: parameter tensors per mergeable unit (the fixed cost of a
             collective grows with them: ``CostModel.collective_overhead``).
         grad_tensors: trainable parameter tensors per mergeable unit.
+        copy_out_s: seconds of its all-gather copy-out
+            (``CostModel.copy_out_time`` of its parameters: FSDP2 copies per
+            parameter, so a group's copy-out is the sum of its units').
     """
 
     plan: WrapPlan
@@ -94,9 +97,10 @@ class SearchSpace:
     backward_s: list[float]
     tensors: list[int] = field(default_factory=list)
     grad_tensors: list[int] = field(default_factory=list)
+    copy_out_s: list[float] = field(default_factory=list)
     _prefix: list[list[float]] = field(default_factory=list, repr=False)
     _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
-    _seconds: dict[tuple[int, int, int, int], tuple[float, float]] = field(
+    _seconds: dict[tuple[int, int, int, int, float], tuple[float, float]] = field(
         default_factory=dict, repr=False
     )
 
@@ -147,6 +151,10 @@ class SearchSpace:
             backward_s=backward,
             tensors=[len(units[i].param_fqns) for i in movable],
             grad_tensors=[_trainable_count(plan, units[i]) for i in movable],
+            copy_out_s=[
+                cost_model.copy_out_time(_param_padded_bytes(plan, units[i], ranks))
+                for i in movable
+            ],
         )
         space._prefix = [
             _prefix_sums(v)
@@ -157,6 +165,7 @@ class SearchSpace:
                 space.backward_s,
                 space.tensors,
                 space.grad_tensors,
+                space.copy_out_s,
             )
         ]
         return space
@@ -240,7 +249,12 @@ class SearchSpace:
         return (1,) if cm.synchronous_collectives or cm.overlap == 0 else (0, 1)
 
     def group_seconds(
-        self, nbytes: int, grad_bytes: int, tensors: int, grad_tensors: int
+        self,
+        nbytes: int,
+        grad_bytes: int,
+        tensors: int,
+        grad_tensors: int,
+        copy_out_s: float | None = None,
     ) -> tuple[float, float]:
         """Seconds the simulator charges one group of ``nbytes`` (padded) parameter
         bytes in ``tensors`` tensors, ``grad_bytes`` (padded) of them trainable in
@@ -248,20 +262,24 @@ class SearchSpace:
         :class:`execwrap.simulate.schedule.StepProgram`'s
         ``unshard``/``wait_for_unshard`` and ``post_backward`` charge them: the
         fixed cost of a collective (``CostModel.collective_overhead``), copy-in
-        of the shard, the all-gather, copy-out of every byte; the fixed cost,
+        of the shard, the all-gather, the copy-out (``copy_out_s``: the sum of
+        its parameters' ``CostModel.copy_out_time``; ``None``: one copy of
+        ``nbytes``); the fixed cost,
         the gradients' copy-in, the reduce-scatter (``0`` without trainable
         bytes)."""
-        key = (nbytes, grad_bytes, tensors, grad_tensors)
+        cm = self.cost_model
+        if copy_out_s is None:
+            copy_out_s = cm.copy_time(nbytes)
+        key = (nbytes, grad_bytes, tensors, grad_tensors, copy_out_s)
         if key in self._seconds:
             return self._seconds[key]
-        cm = self.cost_model
         all_gather = 0.0
         if nbytes > 0:
             all_gather = (
                 cm.collective_overhead(tensors)
                 + cm.copy_time(nbytes // self.world_size)
                 + cm.all_gather_time(nbytes)
-                + cm.copy_time(nbytes)
+                + copy_out_s
             )
         reduce_scatter = 0.0
         if grad_bytes > 0:
@@ -278,7 +296,7 @@ class SearchSpace:
         :mod:`execwrap.autoplan`: its compute plus the communication its own
         compute does not hide (nothing on CPU, where FSDP2's collectives block
         the training thread); without ``reshard`` no backward all-gather."""
-        p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors = self._prefix
+        p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors, p_copy = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
         all_gather, reduce_scatter = self.group_seconds(
@@ -286,6 +304,7 @@ class SearchSpace:
             int(p_grads[j] - p_grads[i]),
             int(p_tensors[j] - p_tensors[i]),
             int(p_grad_tensors[j] - p_grad_tensors[i]),
+            p_copy[j] - p_copy[i],
         )
         cm = self.cost_model
         overlap = 0.0 if cm.synchronous_collectives else cm.overlap
@@ -384,6 +403,16 @@ def _trainable_count(plan: WrapPlan, unit: WrapUnit) -> int:
     as the simulator counts them)."""
     params = plan.order.params
     return sum(1 for p in unit.param_fqns if p not in params or params[p].requires_grad)
+
+
+def _param_padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> list[int]:
+    """Padded bytes of each parameter of ``unit`` (as FSDP2 pads dim 0)."""
+    params = plan.order.params
+    return [
+        padded_bytes(info.shape, info.numel, info.bytes, world_size)
+        for info in (params.get(p) for p in unit.param_fqns)
+        if info is not None
+    ]
 
 
 def _padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> tuple[int, int]:

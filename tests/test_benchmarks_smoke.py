@@ -65,3 +65,34 @@ def test_benchmark_quick(name: str, command: list[str], writes: bool, tmp_path: 
         assert "- torch:" in text and "- cpu:" in text and "- cores:" in text
         assert "Mode: quick" in text
     assert _results_listing() == before, f"{name} --quick wrote into {RESULTS}"
+
+
+def test_autoplan_claims_report_the_spread_of_step_times() -> None:
+    from benchmarks._autoplan_metrics import claims
+    from benchmarks._autoplan_ranks import _quartiles
+
+    assert _quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+    assert _quartiles([7.0]) == (7.0, 7.0)
+    names = ["per-block, prefetch 0", "per-block, prefetch 1", "always-wrap units"]
+    rows = [
+        {
+            "name": n,
+            "predicted_s": p,
+            "measured_s": m,
+            "spread_s": (m - d, m + d),
+            "predicted_peak": 100,
+            "measured_peak": 100,
+            "budget": None,
+        }
+        for n, p, m, d in zip(
+            names, [1.0, 2.0, 4.0], [1.0, 2.0, 4.0], [0.05, 0.2, 0.2], strict=True
+        )
+    ]
+    rows += [
+        {**rows[0], "name": "auto", "spread_s": (0.95, 1.05)},
+        {**rows[0], "name": "auto, under a budget", "budget": 100},
+    ]
+    c = claims(rows)
+    # IQR / median per plan: 0.1, 0.2, 0.1, 0.1, 0.1 -> median 0.1
+    assert c["spread"] == pytest.approx(0.1)
+    assert c["spearman"] == pytest.approx(1.0) and c["median_abs_error"] == 0.0

@@ -81,6 +81,14 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
         ("cost per op", f"{model.compute.op_overhead_s * 1e6:.2f} us"),
         ("optimizer cost per parameter tensor", f"{model.optimizer_param_overhead_s * 1e6:.1f} us"),
     ]
+    if model.optimizer_curve is not None:
+        rows.append(
+            (
+                "  AdamW per tensor of 1 / 16 MiB",
+                " / ".join(f"{model.optimizer_curve.time(n) * 1e3:.3f}" for n in (2**20, 2**24))
+                + " ms",
+            )
+        )
     return rows
 
 

@@ -5,12 +5,14 @@ collectives) and returns the model's constructor arguments, measured on rank
 0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
 The measurements, in about 10 to 30 s:
 
-* collectives: a log sweep (factor 4) of buffer sizes from 4 KiB to
-  ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
+* collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then
+  denser)
+  of buffer sizes from 4 KiB to ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
   ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
-  float32), a barrier before each size, the median of several
-  runs per size; the curve is piecewise-linear through the medians
-  (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
+  float32), each size's runs back to back with a barrier before each (the
+  allocator's steady state, as in a training loop), the median per size; the
+  curve is piecewise-linear through the medians, a size slower than a larger
+  one dropped (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
 * copies: the same sweep of copies into freshly allocated buffers (as
   FSDP2's copy-out fills new unsharded storage: on CPU small buffers stay in
   cache, large fresh ones pay their page faults), and the bandwidth of a
@@ -20,14 +22,12 @@ The measurements, in about 10 to 30 s:
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* FSDP2's fixed costs: steps (forward, backward) of stacks of 4, 12 and 24
-  groups of 1 or 4 ``Linear(16, 16)`` layers, each group its own
-  ``fully_shard`` unit, and of the same stacks unsharded, in interleaved
-  rounds; the slope over the group count of the difference, minus what the
-  curves and copies predict for a group's collectives, is three collectives'
-  fixed cost, ``group + tensors * per_tensor``, solved for the two group
-  sizes; and the optimizer's cost per parameter tensor (the slope of
-  ``AdamW.step``, whose parameters FSDP2 made DTensors).
+* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): the fixed
+  cost per group and per parameter tensor of each collective and the
+  optimizer's cost per DTensor parameter, from real ``fully_shard`` steps of
+  synthetic stacks;
+* the optimizer: ``AdamW.step`` over tensors of 4 KiB to 16 MiB (its
+  size-dependent cost per tensor).
 
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
@@ -37,7 +37,6 @@ and frees what it allocated.
 from __future__ import annotations
 
 import datetime
-import gc
 import logging
 import math
 import statistics
@@ -50,6 +49,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.fixed_costs import fsdp_fixed_costs
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -68,18 +68,31 @@ _COPY_BYTES = 64 * 2**20
 
 
 def sweep_sizes(max_bytes: int, world_size: int) -> list[int]:
-    """Buffer sizes of the sweep: 4 KiB times powers of 4 up to ``max_bytes``,
-    each a multiple of ``4 * world_size`` bytes (whole float32 shards).
+    """Buffer sizes of the sweep: 4 KiB times powers of 4 up to 1 MiB, then powers of 2
+    and the midpoints 1.5 times each (1, 1.5, 2, 3, 4, 6 MiB, ...) up to ``max_bytes``,
+    each a multiple of ``4 * world_size`` bytes (whole float32 shards). Large sizes
+    are denser: on CPU a collective's time bends where its buffers outgrow the caches
+    and glibc's mmap threshold (32 MiB: a fresh 33.6 MiB all-gather output took 32 ms,
+    a 31 MiB one 16 ms, 2 gloo ranks), and a line from 16 to 64 MiB overpriced a
+    25 MiB all-gather by half against FSDP2 steps.
 
     >>> sweep_sizes(2**20, 2)
     [4096, 16384, 65536, 262144, 1048576]
+    >>> [n / 2**20 for n in sweep_sizes(8 * 2**20, 2)[4:]]
+    [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]
     """
     step = 4 * world_size
     sizes: list[int] = []
     size = _SMALLEST
     while size <= max(max_bytes, _SMALLEST * 4):
         sizes.append(-(-size // step) * step)
-        size *= 4
+        if size < 2**20:
+            size *= 4
+        else:
+            half = size * 3 // 2
+            if half <= max_bytes:
+                sizes.append(-(-half // step) * step)
+            size *= 2
     return sizes
 
 
@@ -108,16 +121,16 @@ def calibration_fields(
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
-    ag = [_collective_time("all_gather", n, group, dev) for n in sizes]
-    rs = [_collective_time("reduce_scatter", n, group, dev) for n in sizes]
+    ag, rs, copies = _sweep(sizes, group, dev)
     ag_curve = CollectiveCurve.from_samples(sizes, ag)
     rs_curve = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
-    copies = [_fresh_copy_time(n, dev) for n in sizes]
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
+    optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
-    group_overhead, tensor_overhead, opt_overhead = _fsdp_overheads(
-        group, dev, ag_curve, rs_curve, copy_rate
+    copy_curve = CollectiveCurve.from_samples(sizes, copies)
+    group_overhead, tensor_overhead, opt_overhead = fsdp_fixed_costs(
+        group, dev, ag_curve, rs_curve, copy_curve
     )
     fields: dict[str, Any] = {
         "device_type": dev.type,
@@ -126,12 +139,13 @@ def calibration_fields(
         "all_gather": ag_curve,
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
-        "copy_curve": CollectiveCurve.from_samples(sizes, copies),
+        "copy_curve": copy_curve,
         "group_overhead_s": group_overhead,
         "param_overhead_s": tensor_overhead,
         "overlap": overlap,
         "compute": rates,
         "optimizer_param_overhead_s": opt_overhead,
+        "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
         f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s",
         "torch_version": str(torch.__version__),
@@ -199,30 +213,58 @@ def _median_time(
 
 def _repeats(nbytes: int) -> int:
     """More runs for small (noisy, cheap) sizes than for large ones."""
-    return 15 if nbytes <= 2**20 else 7 if nbytes <= 16 * 2**20 else 5
+    return 21 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
 
 
-def _collective_time(kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device) -> float:
-    """Median seconds of one all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``)."""
+def _collective_fn(
+    kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device
+) -> Callable[[], None]:
+    """One all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``) as FSDP2
+    issues it: into a freshly allocated output, reduce-scatters of float32 with AVG."""
     world = dist.get_world_size(group)
     full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
-    # FSDP2 allocates every all-gather output and reduce-scatter output anew
     if kind == "all_gather":
 
         def run() -> None:
             dist.all_gather_single(torch.empty_like(full), shard, group=group)
 
-    else:  # FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG
+    else:
 
         def run() -> None:
             dist.reduce_scatter_single(
                 torch.empty_like(shard), full, op=dist.ReduceOp.AVG, group=group
             )
 
-    dist.barrier(group=group)
-    seconds = _median_time(run, dev, repeats=_repeats(nbytes))
-    return max(seconds, 1e-7)
+    return run
+
+
+def _sweep(
+    sizes: list[int], group: dist.ProcessGroup, dev: torch.device
+) -> tuple[list[float], list[float], list[float]]:
+    """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
+    buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
+    collective), so the allocator hands the freed buffer back as a training loop's steady
+    state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
+    25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
+    Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
+    slower than a larger one."""
+    out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
+    for n in sizes:
+        for kind in out:
+            fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
+            fn()  # warm-up
+            samples = []
+            for _ in range(_repeats(n)):
+                if kind != "copy":
+                    dist.barrier(group=group)
+                _sync(dev)
+                t0 = time.perf_counter()
+                fn()
+                _sync(dev)
+                samples.append(time.perf_counter() - t0)
+            out[kind].append(max(float(statistics.median(samples)), 1e-9))
+    return out["all_gather"], out["reduce_scatter"], out["copy"]
 
 
 def _copy_rate(dev: torch.device) -> float:
@@ -233,13 +275,53 @@ def _copy_rate(dev: torch.device) -> float:
     return _COPY_BYTES / max(seconds, 1e-9)
 
 
-def _fresh_copy_time(nbytes: int, dev: torch.device) -> float:
-    """Median seconds to copy ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out
-    fills new unsharded storage (allocation and first-touch page faults included)."""
+def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
+    """A copy of ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out fills new
+    unsharded storage (allocation and first-touch page faults included)."""
     src = torch.ones(max(1, nbytes // 4), device=dev)
-    return max(
-        _median_time(lambda: torch.empty_like(src).copy_(src), dev, repeats=_repeats(nbytes)), 1e-9
-    )
+
+    def run() -> None:
+        torch.empty_like(src).copy_(src)
+
+    return run
+
+
+#: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
+#: factor 16 (on CPU: cached tensors up to ones above glibc's mmap threshold).
+_OPT_SIZES = (2**10, 2**14, 2**18, 2**22)
+
+
+def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
+    """Seconds of the size-dependent part of one ``AdamW.step`` over one tensor, by bytes.
+
+    ``AdamW.step`` (torch's default implementation for the device: a for-loop
+    on CPU, ``foreach`` on CUDA) over 4 tensors of each of :data:`_OPT_SIZES`
+    elements and over 4 tensors of 16 elements, in interleaved rounds (median
+    of 9 after 2 warm-up steps); per size, the difference to the 16-element
+    step over 4 (the fixed part per tensor is ``optimizer_param_overhead_s``,
+    measured on DTensors). The step's temporaries (``exp_avg_sq.sqrt()``, the
+    bias-corrected denominator) are fresh allocations of the tensor's size
+    each step, which a copy between allocated buffers does not pay.
+    """
+    steps = {}
+    for n in (16, *_OPT_SIZES):
+        params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(4)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        steps[n] = torch.optim.AdamW(params, lr=1e-3).step
+    samples: dict[int, list[float]] = {n: [] for n in steps}
+    for r in range(11):
+        for n, step in steps.items():
+            _sync(dev)
+            t0 = time.perf_counter()
+            step()
+            _sync(dev)
+            if r >= 2:  # warm-up: the states are allocated in the first step
+                samples[n].append(time.perf_counter() - t0)
+    del steps
+    med = {n: float(statistics.median(v)) for n, v in samples.items()}
+    per_tensor = [max((med[n] - med[16]) / 4, 1e-9) for n in _OPT_SIZES]
+    return CollectiveCurve.from_samples([4 * n for n in _OPT_SIZES], per_tensor)
 
 
 def _matmul_rate(dev: torch.device) -> float:
@@ -298,118 +380,6 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
     t_both = _median_time(both, dev, repeats=5)
     hidden = t_compute + t_gather - t_both
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
-
-
-#: Group counts of the tiny FSDP2 models whose step times give the fixed costs.
-_GROUPS = (4, 12, 24)
-#: Linear(16, 16) layers per group (2 and 8 parameter tensors per group).
-_LAYERS_PER_GROUP = (1, 4)
-
-
-def _fsdp_overheads(
-    group: dist.ProcessGroup,
-    dev: torch.device,
-    ag: CollectiveCurve,
-    rs: CollectiveCurve,
-    copy_rate: float,
-) -> tuple[float, float, float]:
-    """Fixed seconds per FSDP2 group per collective, per parameter tensor per collective,
-    and per parameter tensor per optimizer step.
-
-    Stacks of 4, 12 and 24 groups of 1 or 4 ``Linear(16, 16)`` layers, each
-    group a ``fully_shard`` unit, and the same stacks unsharded, measured in
-    interleaved rounds. The slope over the group count (least squares) of
-    sharded minus unsharded step time is one group's cost: two all-gathers and
-    one reduce-scatter of its bytes (the curves), their copies, and three times
-    ``group + tensors * per_tensor`` (solved from the two group sizes).
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = DeviceMesh.from_group(group, dev.type)
-    fns: dict[str, Callable[[], None]] = {}
-    for k in _LAYERS_PER_GROUP:
-        for n in _GROUPS:
-            for sharded in (True, False):
-                model = nn.Sequential(
-                    *[nn.Sequential(*[nn.Linear(16, 16) for _ in range(k)]) for _ in range(n)]
-                ).to(dev)
-                if sharded:
-                    for unit in model:
-                        fully_shard(unit, mesh=mesh)
-                    fully_shard(model, mesh=mesh)
-                step, update = _tiny_step(model, dev)
-                fns[f"{k}/{n}/{sharded}"] = step
-                if sharded:
-                    fns[f"opt {k}/{n}"] = update
-    times = _interleaved(fns, dev, group, rounds=9, fastest=True)
-    # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
-    # worker thread that drops a backward-time collective while the interpreter shuts
-    # down aborts the process (torch 2.13; see tests/_dist.py).
-    del fns, model, step, update
-    gc.collect()
-    per_collective: list[float] = []
-    for k in _LAYERS_PER_GROUP:
-        extra = [times[f"{k}/{n}/True"] - times[f"{k}/{n}/False"] for n in _GROUPS]
-        nbytes = k * (16 * 16 + 16) * 4  # one group's parameters, float32
-        predicted = 2 * ag.time(nbytes) + rs.time(nbytes) + 3 * nbytes / copy_rate
-        per_collective.append((_slope(list(_GROUPS), extra) - predicted) / 3)
-    tensors = [2 * k for k in _LAYERS_PER_GROUP]
-    per_tensor = max(0.0, (per_collective[1] - per_collective[0]) / (tensors[1] - tensors[0]))
-    per_group = max(0.0, per_collective[0] - tensors[0] * per_tensor)
-    k = _LAYERS_PER_GROUP[-1]
-    opt = _slope([2 * k * n for n in _GROUPS], [times[f"opt {k}/{n}"] for n in _GROUPS])
-    return per_group, per_tensor, max(0.0, opt)
-
-
-def _slope(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` over ``xs``."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
-
-
-def _tiny_step(
-    model: nn.Module, dev: torch.device
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(forward + backward, ``AdamW.step``) of ``model`` on a 4x16 batch, warmed up."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(4, 16, device=dev)
-
-    def step() -> None:
-        model(x).sum().backward()
-
-    def update() -> None:
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    step()
-    update()
-    return step, update
-
-
-def _interleaved(
-    fns: dict[str, Callable[[], None]],
-    dev: torch.device,
-    group: dist.ProcessGroup,
-    *,
-    rounds: int,
-    fastest: bool = False,
-) -> dict[str, float]:
-    """Median (``fastest``: smallest) seconds of each function, run in rounds (each once per
-    round, in the same order on every rank: they may issue collectives), a barrier before
-    each run. The fixed costs are small differences of larger times: the fastest round is
-    the one least disturbed by other load."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(min(v) if fastest else statistics.median(v)) for k, v in times.items()}
 
 
 def _machine() -> str:

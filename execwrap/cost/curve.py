@@ -105,10 +105,13 @@ class CollectiveCurve:
     def from_samples(cls, sizes: Sequence[int], times_s: Sequence[float]) -> CollectiveCurve:
         """Piecewise-linear through measured ``(size, median time)`` points.
 
-        Times are first made non-decreasing in size (a running maximum: noise
-        must not make a larger message cheaper). Below the smallest size the
-        time is the smallest measured one (the latency floor); above the
-        largest, the last segment's line continues.
+        Times are first made non-decreasing in size by the smallest time
+        measured at that size or any larger one (a suffix minimum): timing noise
+        only ever adds time (another process, a late wake-up), so a point above
+        a larger message's time is a disturbed one, and a running maximum would
+        carry one disturbed point to every larger size. Below the smallest size
+        the time is the smallest size's (the latency floor); above the largest,
+        the last segment's line continues.
 
         Args:
             sizes: buffer sizes in bytes (distinct, > 0).
@@ -131,8 +134,9 @@ class CollectiveCurve:
         if any(not math.isfinite(t) or t <= 0 for _, t in points):
             raise ValueError(f"CollectiveCurve.from_samples: times must be > 0: {times_s}")
         monotone: list[tuple[int, float]] = []
-        for s, t in points:
-            monotone.append((s, max(t, monotone[-1][1]) if monotone else t))
+        for s, t in reversed(points):
+            monotone.append((s, min(t, monotone[-1][1]) if monotone else t))
+        monotone.reverse()
         segments = [CurveSegment(monotone[0][0], monotone[0][1], 0.0)]
         for k, ((s0, t0), (s1, t1)) in enumerate(zip(monotone, monotone[1:], strict=False)):
             slope = (t1 - t0) / (s1 - s0)

@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,12 @@ class CostModel:
         optimizer_param_overhead_s: fixed cost of the optimizer step per
             parameter tensor (a for-loop optimizer over DTensors on CPU pays
             per tensor), seconds.
+        optimizer_curve: seconds of the size-dependent part of one
+            ``AdamW.step`` (7 elementwise passes) over one tensor, by its
+            bytes, when measured (:mod:`execwrap.cost.calibrate`: on CPU small
+            tensors stay in cache while large ones pay the page faults of the
+            step's fresh temporaries, e.g. ``exp_avg_sq.sqrt()``); ``None``:
+            the passes at ``compute.memory_bytes_per_s``.
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -96,6 +103,7 @@ class CostModel:
     optimizer_param_overhead_s: float = 0.0
     param_overhead_s: float = 0.0
     copy_curve: CollectiveCurve | None = None
+    optimizer_curve: CollectiveCurve | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -145,6 +153,45 @@ class CostModel:
             return self.copy_curve.time(nbytes)
         return max(0, nbytes) / self.copy_bytes_per_s
 
+    def optimizer_time(self, passes: int, tensor_bytes: Sequence[int]) -> float:
+        """Seconds of an optimizer step with ``passes`` elementwise passes per parameter
+        byte over sharded trainable tensors of ``tensor_bytes`` bytes each.
+
+        Per tensor: ``optimizer_param_overhead_s`` plus, with an
+        ``optimizer_curve``, ``passes / 7`` of the curve at its bytes (the curve
+        is AdamW's 7 passes), else ``passes * bytes / compute.memory_bytes_per_s``.
+        ``passes == 0`` (no optimizer): 0 s.
+
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.optimizer_time(0, [1024]), cm.optimizer_time(7, []) == 0.0
+        (0.0, True)
+        """
+        if passes <= 0:
+            return 0.0
+        total = len(tensor_bytes) * self.optimizer_param_overhead_s
+        if self.optimizer_curve is not None:
+            curve = self.optimizer_curve
+            return total + passes / 7 * sum(curve.time(max(0, b)) for b in tensor_bytes)
+        return total + passes * sum(max(0, b) for b in tensor_bytes) / (
+            self.compute.memory_bytes_per_s
+        )
+
+    def copy_out_time(self, param_bytes: Sequence[int]) -> float:
+        """Seconds of FSDP2's all-gather copy-out into parameters of ``param_bytes`` bytes.
+
+        FSDP2 copies the all-gather output into one unsharded storage per
+        parameter (``split_with_sizes_copy`` into ``all_gather_outputs``, whose
+        storages it frees at reshard and allocates again at the next unshard),
+        so the copy is priced per parameter: a group of many small parameters
+        reuses allocator blocks where one buffer of the group's size would,
+        on CPU, page-fault fresh memory (above glibc's 32 MiB mmap threshold).
+
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.copy_out_time([2**20, 2**20]) == 2 * cm.copy_time(2**20)
+        True
+        """
+        return sum(self.copy_time(b) for b in param_bytes)
+
     @property
     def synchronous_collectives(self) -> bool:
         """Whether FSDP2's collectives block the thread that computes.
@@ -193,11 +240,13 @@ class CostModel:
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
-        Runs, in about 10 to 30 s: a log sweep of all-gather and reduce-scatter
-        sizes (medians), a large copy, a matmul loop, a tiny-op loop, a matmul
-        loop alone and beside an async all-gather (the overlap factor), and
-        FSDP2 steps of tiny models with 4 and 16 groups (the fixed cost per
-        group). Every rank must call it; rank 0's numbers are broadcast, so
+        Runs, in about 15 to 30 s: a log sweep of all-gather, reduce-scatter
+        and fresh-copy sizes (medians), a large copy, a matmul loop, a tiny-op
+        loop, ``AdamW.step`` over tensors of 4 KiB to 16 MiB (the optimizer
+        curve), a matmul loop alone and beside an async all-gather (the overlap
+        factor), and real FSDP2 steps of synthetic stacks (the fixed cost per
+        group and per parameter tensor of each collective,
+        :mod:`execwrap.cost.fixed_costs`). Every rank must call it; rank 0's numbers are broadcast, so
         every rank gets the same model and plans alike. Details:
         :mod:`execwrap.cost.calibrate`.
 
@@ -257,6 +306,9 @@ class CostModel:
             "overlap": self.overlap,
             "compute": self.compute.to_dict(),
             "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
+            "optimizer_curve": None
+            if self.optimizer_curve is None
+            else self.optimizer_curve.to_dict(),
             "source": self.source,
             "created": self.created,
             "torch_version": self.torch_version,
@@ -297,6 +349,9 @@ class CostModel:
                 overlap=float(data["overlap"]),
                 compute=ComputeRates.from_dict(data["compute"]),
                 optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),
+                optimizer_curve=None
+                if data.get("optimizer_curve") is None
+                else CollectiveCurve.from_dict(data["optimizer_curve"]),
                 source=str(data.get("source", "")),
                 created=str(data.get("created", "")),
                 torch_version=str(data.get("torch_version", "")),

@@ -42,6 +42,9 @@ class UnitSpec:
         enclosing: indices of the units enclosing it.
         tensors: its parameter tensors.
         grad_tensors: its trainable parameter tensors.
+        param_bytes: padded unsharded bytes of each parameter tensor (the
+            copy-out is priced per parameter, ``CostModel.copy_out_time``;
+            empty: one copy of ``nbytes``).
     """
 
     label: str
@@ -53,6 +56,7 @@ class UnitSpec:
     enclosing: frozenset[int]
     tensors: int = 0
     grad_tensors: int = 0
+    param_bytes: tuple[int, ...] = ()
 
 
 def prefetch_lists(
@@ -160,11 +164,12 @@ class StepProgram:
         deps: tuple[int, ...],
         phase: str,
         on_end: tuple[MemEvent, ...] = (),
+        on_start: tuple[MemEvent, ...] = (),
     ) -> int:
         """A collective on its stream; on CPU the training thread waits for it right away."""
         if self.sync and self._last_compute is not None:
             deps = (*deps, self._last_compute)
-        op = self._add(Op(stream, label, seconds, "comm", deps, phase, (), on_end))
+        op = self._add(Op(stream, label, seconds, "comm", deps, phase, on_start, on_end))
         if self.sync:
             self._on_compute(f"wait {label}", 0.0, phase, "wait", deps=(op,))
         return op
@@ -189,8 +194,19 @@ class StepProgram:
             copy = self._add(
                 Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
             )
+        # gloo's all-gather receives into a flat buffer of the output's size and copies it
+        # into the output chunks (ProcessGroupGloo.cpp, AsyncAllgatherWork: newLikeFlat)
+        flat: tuple[MemEvent, ...] = ()
+        if self.cm.backend == "gloo":
+            flat = (MemEvent("all_gather_buffers", f"{label} (gloo flat output)", spec.nbytes),)
         ag = self._collective(
-            ALL_GATHER, f"all-gather {label}", self.cm.all_gather_time(spec.nbytes), (copy,), phase
+            ALL_GATHER,
+            f"all-gather {label}",
+            self.cm.all_gather_time(spec.nbytes),
+            (copy,),
+            phase,
+            on_end=tuple(MemEvent(e.category, e.key) for e in flat),
+            on_start=flat,
         )
         self._pending[i] = ag
 
@@ -211,7 +227,12 @@ class StepProgram:
             self._ag_wait = prev_copy
             self._deferred = None
         freed = () if phase == "forward" else (MemEvent("all_gather_buffers", label),)
-        copy_s = self.cm.copy_time(self.specs[i].nbytes)
+        spec = self.specs[i]
+        copy_s = (
+            self.cm.copy_out_time(spec.param_bytes)
+            if spec.param_bytes
+            else self.cm.copy_time(spec.nbytes)
+        )
         copy = self._on_compute(
             f"copy-out {label}",
             copy_s,

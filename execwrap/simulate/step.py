@@ -28,11 +28,15 @@ sets, and nothing else:
   it; the root's final callback waits for every reduce-scatter; then the
   optimizer step runs on the sharded parameters;
 * costs: collectives from the cost model's curves (all-gather by padded
-  unsharded bytes, reduce-scatter by padded trainable bytes), copies at its
-  copy bandwidth, ``group_overhead_s`` plus ``param_overhead_s`` per
+  unsharded bytes, reduce-scatter by padded trainable bytes), copies from
+  its copy curve (the copy-in of the shard and the reduce-scatter's copy-in
+  as one buffer each, the copy-out per parameter: FSDP2 copies into one
+  unsharded storage per parameter), ``group_overhead_s`` plus ``param_overhead_s`` per
   parameter tensor on the compute stream per collective a group issues, compute from ``compute``, the optimizer from
-  ``compute.optimizer_s`` or its memory traffic at the cost model's memory
-  bandwidth plus ``optimizer_param_overhead_s`` per parameter tensor;
+  ``compute.optimizer_s`` or :meth:`~execwrap.cost.CostModel.optimizer_time`
+  (per trainable tensor: ``optimizer_param_overhead_s`` and its shard's
+  bytes on the calibrated ``optimizer_curve``, else its passes at the memory
+  bandwidth);
 * on CPU (``cost_model.synchronous_collectives``) FSDP2's collectives run
   synchronously on the training thread (gloo, ``async_op=False``, no real
   streams), so they never overlap compute and prefetching changes memory,
@@ -45,7 +49,10 @@ sets, and nothing else:
   from their reduce-scatter on (``zero_grad(set_to_none=True)`` before
   forward); each all-gather output from its issue until the next group's
   copy-out in forward (FSDP2's ``all_gather_state``), until its own
-  copy-out in backward; unsharded parameters from copy-out to reshard;
+  copy-out in backward (with gloo, a second buffer of the output's size
+  while the all-gather runs: gloo receives into a flat tensor and copies it
+  into the output, ``ProcessGroupGloo.cpp``'s ``AsyncAllgatherWork``);
+  unsharded parameters from copy-out to reshard;
   activations from the unit's forward to the end of its backward;
   unsharded gradients from the start of its backward to the reduce-scatter
   copy-in; reduce-scatter inputs until the next group's post-backward.
@@ -159,13 +166,11 @@ def simulate_step(
     specs = _unit_specs(plan, world_size, reshard)
     program = _program(plan, specs, compute, cost_model, world_size, prefetch)
     opt_states, opt_passes = OPTIMIZERS[optimizer]
-    trainable_shard = _trainable_shard_bytes(plan.order, plan, world_size)
+    shards = _trainable_shards(plan.order, plan, world_size)
+    trainable_shard = sum(shards)
     optimizer_s = compute.optimizer_s
     if optimizer_s is None:
-        tensors = sum(1 for u in plan.units for p in u.param_fqns if _requires_grad(plan.order, p))
-        optimizer_s = opt_passes * trainable_shard / cost_model.compute.memory_bytes_per_s + (
-            tensors * cost_model.optimizer_param_overhead_s if opt_passes else 0.0
-        )
+        optimizer_s = cost_model.optimizer_time(opt_passes, shards)
     program.optimizer(optimizer_s)
     base = {
         "sharded_params": sum(s.nbytes for s in specs) // world_size,
@@ -249,7 +254,8 @@ def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[Un
     enclosing = enclosing_units(plan.units)
     specs = []
     for i, u in enumerate(plan.units):
-        nbytes = sum(_param_padded(order, p, world_size) for p in u.param_fqns)
+        param_bytes = tuple(_param_padded(order, p, world_size) for p in u.param_fqns)
+        nbytes = sum(param_bytes)
         grad = sum(
             _param_padded(order, p, world_size) for p in u.param_fqns if _requires_grad(order, p)
         )
@@ -264,21 +270,20 @@ def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[Un
                 enclosing=frozenset(enclosing[i]),
                 tensors=len(u.param_fqns),
                 grad_tensors=sum(1 for p in u.param_fqns if _requires_grad(order, p)),
+                param_bytes=param_bytes,
             )
         )
     return specs
 
 
-def _trainable_shard_bytes(order: ExecutionOrder, plan: WrapPlan, world_size: int) -> int:
-    return (
-        sum(
-            _param_padded(order, p, world_size)
-            for u in plan.units
-            for p in u.param_fqns
-            if _requires_grad(order, p)
-        )
-        // world_size
-    )
+def _trainable_shards(order: ExecutionOrder, plan: WrapPlan, world_size: int) -> list[int]:
+    """Bytes of each trainable parameter's shard on one rank (padded dim 0 / world size)."""
+    return [
+        _param_padded(order, p, world_size) // world_size
+        for u in plan.units
+        for p in u.param_fqns
+        if _requires_grad(order, p)
+    ]
 
 
 def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool] | None) -> list[bool]:

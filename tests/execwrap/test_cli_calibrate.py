@@ -90,3 +90,14 @@ def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
     assert (cm.world_size, cm.backend, cm.device_type) == (2, "gloo", "cpu")
     assert proc.stdout.count("wrote cost.json") == 1  # rank 0 only
     assert "fixed cost per group per collective" in proc.stdout
+
+
+def test_summary_shows_the_optimizer_curve() -> None:
+    from execwrap.cli.calibrate import summary_rows
+    from execwrap.cost import CollectiveCurve, CostModel
+
+    cm = CostModel.preset("h100-nvlink-8")
+    assert not any(label.startswith("  AdamW") for label, _ in summary_rows(cm))
+    curve = CollectiveCurve.from_samples([2**20, 2**24], [1e-3, 2e-2])
+    rows = dict(summary_rows(cm.replace(optimizer_curve=curve)))
+    assert rows["  AdamW per tensor of 1 / 16 MiB"] == "1.000 / 20.000 ms"

@@ -36,8 +36,12 @@ def _model(**changes: object) -> CostModel:
 
 def test_curve_from_samples_is_piecewise_linear_and_monotone() -> None:
     curve = CollectiveCurve.from_samples([1024, 4096, 2048], [2e-4, 1e-4, 1.5e-4])
-    # times made non-decreasing: 1024 -> 2e-4, 2048 -> 2e-4, 4096 -> 2e-4 (flat)
-    assert [curve.time(n) for n in (1, 1024, 3000, 4096)] == [2e-4] * 4
+    # times made non-decreasing by the suffix minimum (noise only adds time):
+    # 1024 -> 1e-4, 2048 -> 1e-4, 4096 -> 1e-4 (flat)
+    assert [curve.time(n) for n in (1, 1024, 3000, 4096)] == [1e-4] * 4
+    # one disturbed point in the middle does not spread to larger sizes
+    curve = CollectiveCurve.from_samples([1024, 2048, 4096, 8192], [1e-4, 9e-4, 2e-4, 3e-4])
+    assert [curve.time(n) for n in (1024, 2048, 4096, 8192)] == [1e-4, 2e-4, 2e-4, 3e-4]
     curve = CollectiveCurve.from_samples([1024, 2048, 4096], [1e-4, 1.5e-4, 2.5e-4])
     assert curve.time(1536) == pytest.approx(1.25e-4)
     assert curve.time(8192) == pytest.approx(4.5e-4)  # the last segment continues
@@ -74,6 +78,46 @@ def test_json_round_trip(tmp_path: Path) -> None:
     }
     assert [p.name for p in path.parent.iterdir()] == ["cost.json"]
     assert CostModel.from_dict(cm.to_dict()) == cm
+
+
+def test_optimizer_time_per_tensor() -> None:
+    # no curve: 7 passes over the bytes at the memory rate (1e10 B/s) + 80 us per tensor
+    cm = _model()
+    assert cm.optimizer_time(7, [10**6, 10**6]) == pytest.approx(7 * 2e6 / 1e10 + 2 * 8e-5)
+    assert cm.optimizer_time(0, [10**6]) == 0.0
+    # the calibrated curve is AdamW's 7 passes per tensor by its bytes; SGD (3 passes) 3/7 of it
+    curve = CollectiveCurve.from_samples([4096, 2**20], [1e-5, 1e-3])
+    cm = _model(optimizer_curve=curve)
+    assert cm.optimizer_time(7, [4096, 2**20]) == pytest.approx(1e-5 + 1e-3 + 2 * 8e-5)
+    assert cm.optimizer_time(3, [2**20]) == pytest.approx(3 / 7 * 1e-3 + 8e-5)
+    assert cm.optimizer_time(7, [2048]) == pytest.approx(1e-5 + 8e-5)  # the floor below 4 KiB
+    assert CostModel.from_dict(cm.to_dict()) == cm
+    assert cm.to_dict()["optimizer_curve"][0] == {
+        "up_to_bytes": 4096,
+        "latency_s": 1e-5,
+        "seconds_per_byte": 0.0,
+    }
+    old = cm.to_dict()
+    del old["optimizer_curve"]  # a file written before the curve existed
+    assert CostModel.from_dict(old).optimizer_curve is None
+
+
+def test_copy_out_time_sums_parameters() -> None:
+    cm = _model(copy_curve=CollectiveCurve.from_samples([4096, 2**20], [1e-6, 1e-4]))
+    assert cm.copy_out_time([2**20, 4096]) == pytest.approx(1e-4 + 1e-6)
+    assert cm.copy_out_time([]) == 0.0
+
+
+def test_nonnegative_least_squares() -> None:
+    from execwrap.cost.fixed_costs import nonnegative_least_squares
+
+    # exact solution inside the feasible set
+    assert nonnegative_least_squares([[3, 3], [3, 24]], [3.0, 10.0]) == pytest.approx(
+        [2 / 3, 1 / 3]
+    )
+    # the free solution has a negative per-group cost: the best with it at 0 instead
+    x = nonnegative_least_squares([[3, 6], [3, 48]], [1.0, 20.0])
+    assert x[0] == 0.0 and x[1] == pytest.approx((6 * 1 + 48 * 20) / (6**2 + 48**2))
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
@@ -155,7 +199,8 @@ def test_presets() -> None:
 
 
 def test_sweep_sizes() -> None:
-    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(8)]
+    large = [2**20 * m for m in (1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)]
+    assert sweep_sizes(64 * 2**20, 2) == [4096 * 4**k for k in range(5)] + [int(n) for n in large]
     assert sweep_sizes(2**20, 3) == [4104, 16392, 65544, 262152, 1048584]
 
 

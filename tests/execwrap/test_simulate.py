@@ -29,13 +29,17 @@ from execwrap.simulate.schedule import prefetch_lists
 from tracing import record_execution_order, trace_execution_order
 
 
-def _cost(device: str = "cpu", *, overlap: float = 0.0, world_size: int = 2) -> CostModel:
-    def flat(seconds: float) -> CollectiveCurve:
-        return CollectiveCurve((CurveSegment(None, seconds, 0.0),))
+def _flat(seconds: float) -> CollectiveCurve:
+    return CollectiveCurve((CurveSegment(None, seconds, 0.0),))
 
+
+def _cost(
+    device: str = "cpu", *, overlap: float = 0.0, world_size: int = 2, backend: str = "test"
+) -> CostModel:
+    flat = _flat
     return CostModel(
         device_type=device,
-        backend="test",
+        backend=backend,
         world_size=world_size,
         all_gather=flat(1.0),
         reduce_scatter=flat(2.0),
@@ -151,6 +155,47 @@ def test_prefetch_depth_does_not_change_cpu_time_but_memory() -> None:
         est = simulate_step(two, _cost(), world_size=2, prefetch=prefetch, compute=TWO)
         times.add(round(est.step_time_s, 9))
     assert times == {35.5}  # gloo collectives block the training thread
+
+
+def test_gloo_all_gather_holds_a_flat_output_while_it_runs() -> None:
+    _, two = _plans()
+    no_acts = dataclasses.replace(TWO, activation_bytes=(0, 0, 0))
+    other = simulate_step(two, _cost(), world_size=2, prefetch=1, compute=no_acts)
+    gloo = simulate_step(two, _cost(backend="gloo"), world_size=2, prefetch=1, compute=no_acts)
+    # without: the peak is in backward at unit 0's reduce-scatter (416 bytes); with gloo, in
+    # forward when unit 0's pre-forward prefetches unit 1: shard 64 + AdamW state 128, unit 0
+    # unsharded 64 and its kept AG output 64, unit 1's AG output 64 and gloo's flat copy 64
+    assert (other.peak_memory_bytes, other.peak_phase) == (416, "backward")
+    assert gloo.peak_memory_bytes == 448
+    assert gloo.peak_phase == "forward"
+    assert gloo.memory.all_gather_buffers == 192
+    assert gloo.step_time_s == other.step_time_s  # memory only
+
+
+def test_optimizer_on_the_calibrated_curve_per_tensor() -> None:
+    _, two = _plans()
+    cm = _cost().replace(optimizer_curve=_flat(0.5), optimizer_param_overhead_s=0.125)
+    compute = dataclasses.replace(TWO, optimizer_s=None)
+    # two trainable tensors (32-byte shards): 2 * (0.5 on the AdamW curve + 0.125)
+    adamw = simulate_step(two, cm, world_size=2, compute=compute)
+    assert adamw.optimizer_time_s == pytest.approx(1.25)
+    assert adamw.step_time_s == pytest.approx(35.5 + 1.25)
+    # SGD makes 3 of AdamW's 7 passes
+    sgd = simulate_step(two, cm, world_size=2, compute=compute, optimizer="sgd")
+    assert sgd.optimizer_time_s == pytest.approx(2 * (3 / 7 * 0.5 + 0.125))
+    none = simulate_step(two, cm, world_size=2, compute=compute, optimizer="none")
+    assert none.optimizer_time_s == 0.0
+
+
+def test_copy_out_is_priced_per_parameter() -> None:
+    one, _ = _plans()
+    cm = _cost().replace(copy_curve=_flat(0.5))  # every copy 0.5 s, whatever its size
+    est = simulate_step(one, cm, world_size=2, compute=ONE)
+    # forward: overhead .25 + copy-in .5 + all-gather 1 + copy-out of 2 parameters 2 * .5
+    # + compute 6; backward: compute 12 + overhead .25 + RS copy-in (one buffer) .5 + RS 2
+    assert est.step_time_s == pytest.approx(23.5)
+    copy_out = next(e for e in est.timeline if e.label == "copy-out <root>")
+    assert copy_out.end_s - copy_out.start_s == pytest.approx(1.0)
 
 
 def test_cuda_overlap_hides_all_gathers() -> None:
