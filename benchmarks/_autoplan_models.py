@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -193,7 +194,7 @@ class PlanSpec:
     name: str
     policy: str = "block"
     bucket_blocks: int = 0
-    prefetch: int | str = 1
+    prefetch: int | Literal["auto"] = 1
     reshard: bool | None = True
     auto: str = "none"
 

@@ -7,25 +7,18 @@ result. See the docstring of ``benchmarks/autoplan.py`` for what is measured.
 
 from __future__ import annotations
 
-import datetime
-import os
-import pickle
 import random
 import statistics
-import tempfile
 import time
-import traceback
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 from benchmarks._autoplan_models import MODELS, ModelSpec, PlanSpec, block_numel, grid
 from benchmarks._bench import median
+from benchmarks._ranks import barrier, rank_main, spawn_ranks
 
 __all__ = ["spawn"]
 
@@ -131,14 +124,6 @@ def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Mo
         return spec.build(size)
 
 
-def _barrier(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
 def _time_interleaved(
     trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
 ) -> dict[str, list[float]]:
@@ -150,7 +135,7 @@ def _time_interleaved(
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(job["warmup"] + job["steps"]):
         for n in random.Random(r).sample(names, len(names)):
-            _barrier(device)
+            barrier(device)
             start = time.perf_counter()
             trainers[n].step()
             elapsed = time.perf_counter() - start
@@ -163,7 +148,7 @@ def _tracked_peak(trainer: _Trainer, device: torch.device) -> tuple[int, int | N
     """Peak bytes of one step under ``FSDPMemTracker`` (and CUDA's own peak)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    _barrier(device)
+    barrier(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracker = FSDPMemTracker(trainer.model, trainer.opt)
@@ -245,50 +230,24 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------ processes
+def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """One rank's job: calibrate once, then benchmark every model."""
+    from execwrap.cost import CostModel
+
+    t0 = time.perf_counter()
+    cm = CostModel.calibrate(device=device, max_bytes=4 * 2**20 if job["quick"] else None)
+    result: dict[str, Any] = {
+        "cost_model": cm.to_dict(),
+        "calibrate_s": time.perf_counter() - t0,
+        "models": {},
+    }
+    for name in job["models"]:
+        result["models"][name] = _bench_model(name, job, cm, mesh, device)
+    return result
+
+
 def _entry(rank: int, world: int, tmpdir: str, job: dict[str, Any]) -> None:
-    """Rank process: init the process group, run the job, pickle rank 0's result."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(job["threads"])
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    cuda = job["device"] == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    payload: tuple[str, Any] = ("error", f"rank {rank}: did not finish")
-    try:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"file://{tmpdir}/rendezvous",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=job["timeout_s"]),
-        )
-        from execwrap.cost import CostModel
-
-        mesh = init_device_mesh(device.type, (world,))
-        t0 = time.perf_counter()
-        cm = CostModel.calibrate(device=device, max_bytes=4 * 2**20 if job["quick"] else None)
-        result: dict[str, Any] = {
-            "cost_model": cm.to_dict(),
-            "calibrate_s": time.perf_counter() - t0,
-            "models": {},
-        }
-        for name in job["models"]:
-            result["models"][name] = _bench_model(name, job, cm, mesh, device)
-        payload = ("ok", result)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        payload = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-    finally:
-        if dist.is_initialized():
-            try:
-                if payload[0] == "ok":
-                    _barrier(device)
-            finally:
-                dist.destroy_process_group()
-    with open(Path(tmpdir) / f"rank{rank}.pkl", "wb") as f:
-        pickle.dump(payload, f)
-    os._exit(0)  # see tests/_dist.py: gloo worker threads and interpreter finalization
+    rank_main(rank, world, tmpdir, job, _body)
 
 
 def spawn(job: dict[str, Any], world: int) -> dict[str, Any]:
@@ -297,29 +256,6 @@ def spawn(job: dict[str, Any], world: int) -> dict[str, Any]:
     Raises:
         RuntimeError: a rank failed (its traceback is in the message).
     """
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(job["threads"])
-    try:
-        with tempfile.TemporaryDirectory(prefix="execwrap-autoplan-") as tmpdir:
-            from benchmarks._autoplan_ranks import _entry as entry  # importable by name
+    from benchmarks._autoplan_ranks import _entry as entry  # importable by name
 
-            mp.spawn(entry, args=(world, tmpdir, job), nprocs=world, join=True)
-            results: list[Any] = []
-            errors: list[str] = []
-            for rank in range(world):
-                path = Path(tmpdir) / f"rank{rank}.pkl"
-                if not path.exists():
-                    errors.append(f"rank {rank}: no result written")
-                    continue
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
-                (results if status == "ok" else errors).append(value)
-            if errors:
-                raise RuntimeError("autoplan: a rank failed:\n" + "\n".join(errors))
-            return results[0]
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return spawn_ranks(entry, job, world, name="autoplan")[0]
