@@ -56,14 +56,10 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman's rank correlation of ``a`` and ``b`` (``nan`` if a side is constant)."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError("spearman needs two sequences of the same length >= 2")
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    va = sum((x - ma) ** 2 for x in ra)
-    vb = sum((y - mb) ** 2 for y in rb)
-    if va == 0 or vb == 0:
+    try:
+        return statistics.correlation(ranks(a), ranks(b))
+    except statistics.StatisticsError:  # a constant side
         return math.nan
-    return cov / math.sqrt(va * vb)
 
 
 def _typical_spread(rows: Sequence[dict[str, Any]]) -> float:

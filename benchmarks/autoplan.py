@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import torch
 
-from benchmarks._autoplan_metrics import claims, spearman
+from benchmarks._autoplan_metrics import claims
 from benchmarks._autoplan_models import MODELS, grid
 from benchmarks._autoplan_ranks import spawn
 from benchmarks._bench import (
@@ -65,7 +65,7 @@ from benchmarks._bench import (
     publish,
 )
 
-__all__ = ["main", "spearman"]
+__all__ = ["main"]
 
 
 def _with_spread(row: dict[str, Any]) -> str:

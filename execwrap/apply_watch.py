@@ -40,7 +40,7 @@ from torch.utils.hooks import RemovableHandle
 from execwrap.integrations.hints import ignored_by
 from execwrap.model_view import ModelView, check_order_fits
 
-__all__ = ["forget", "is_applied", "mark_applied", "warn_if_other_model", "watch"]
+__all__ = ["mark_applied", "warn_if_other_model", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,19 +89,6 @@ def mark_applied(obj: Any) -> None:
     entry = _WATCHED.get(id(obj))
     if entry is not None and entry.ref() is obj:
         entry.applied = True
-
-
-def is_applied(obj: Any) -> bool:
-    """Whether a watched ``obj`` was applied (``True`` for an unwatched one)."""
-    entry = _WATCHED.get(id(obj))
-    return entry is None or entry.ref() is not obj or entry.applied
-
-
-def forget(obj: Any) -> None:
-    """Stop watching ``obj`` (e.g. a plan that its policy reports for)."""
-    entry = _WATCHED.get(id(obj))
-    if entry is not None and entry.ref() is obj:
-        del _WATCHED[id(obj)]
 
 
 def warn_if_other_model(plan: Any, model: nn.Module, where: str) -> bool:

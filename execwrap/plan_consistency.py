@@ -101,10 +101,10 @@ def check_units(
     Raises:
         SchemaError: naming the field path and the value (without the file).
     """
+    spans = UseSpans(order)
     for key, group in (("units", units), ("atomic_units", atomic)):
         path = field_path(prefix, key)
         _check_disjoint(group, path)
-        spans = UseSpans(order)
         for i, unit in enumerate(group):
             _check_unit(unit, order, spans, field_path(path, i))
     if not any(u.is_root for u in units):

@@ -73,6 +73,7 @@ __all__ = [
     "TimelineStep",
     "check_prefetch",
     "plan_stats",
+    "peak_unsharded_bytes",
     "runs_backward",
     "unsharded_timeline",
 ]
@@ -182,6 +183,15 @@ def unsharded_timeline(
     return _timeline(plan, prefetch, flags, enclosing_units(plan.units), runs_backward(plan))
 
 
+def peak_unsharded_bytes(
+    plan: WrapPlan, prefetch: int = 1, *, reshard_after_forward: bool | Sequence[bool] = True
+) -> int:
+    """The largest ``unsharded_bytes`` of :func:`unsharded_timeline` (``0``
+    without units): the peak of unsharded parameter bytes in one step."""
+    steps = unsharded_timeline(plan, prefetch, reshard_after_forward=reshard_after_forward)
+    return max((s.unsharded_bytes for s in steps), default=0)
+
+
 def plan_stats(plan: WrapPlan, prefetch: int = 1) -> PlanStats:
     """The :class:`PlanStats` of ``plan`` (see :meth:`WrapPlan.stats`)."""
     check_prefetch(prefetch)
@@ -253,11 +263,12 @@ def _timeline(
             TimelineStep(len(steps), phase, plan.units[j].label, sum(nbytes[i] for i in live))
         )
 
+    no_reshard = [i for i in range(n) if not reshard[i]]  # empty in the common case
     for j in range(n):
-        kept = {i for i in range(j) if not reshard[i]}
+        kept = {i for i in no_reshard if i < j}
         add("forward", j, {j, root, *anc[j], *range(j + 1, min(n, j + 1 + prefetch)), *kept})
     for j in range(n - 1, -1, -1):
         before = [i for i in range(j - 1, -1, -1) if active[i]][:prefetch]
-        kept = {i for i in range(n) if not reshard[i] and (i < j or not active[i])}
+        kept = {i for i in no_reshard if i < j or not active[i]}
         add("backward", j, {i for i in (j, *anc[j], *before) if active[i]} | {root} | kept)
     return steps

@@ -193,10 +193,10 @@ class Planner:
             return chains[i]
 
         bypassed: dict[str, tuple[str, int]] = {}
+        holder = {p: innermost(owner_fqn(p), self.units) for p in self.view.params}
         changed = True
         while changed:
             changed = False
-            holder = {p: innermost(owner_fqn(p), self.units) for p in self.view.params}
             for use in order.param_uses:
                 for q in use.param_fqns:
                     unit = holder.get(canonical.get(q, q), "")
@@ -206,6 +206,9 @@ class Planner:
                     if not any(m in running for m in self.stated.get(unit, (unit,))):
                         del self.units[unit]
                         bypassed[unit] = (canonical.get(q, q), use.call_index)
+                        for p, h in holder.items():  # its parameters move up
+                            if h == unit:
+                                holder[p] = innermost(owner_fqn(p), self.units)
                         logger.debug(
                             "dropping unit %r: used outside its calls by call %d",
                             unit,

@@ -100,12 +100,13 @@ def order_fingerprint(
         >>> order_fingerprint(a) == order_fingerprint(ExecutionOrder(module_forward_order=["", "fc"]))
         True
     """
+    return _digest(order, param_table(order, model, compare_params=compare_params))
+
+
+def _digest(order: ExecutionOrder, table: list[ParamEntry]) -> str:
+    """:func:`order_fingerprint` given the parameter table already built."""
     payload = json.dumps(
-        [
-            list(order.module_forward_order),
-            list(order.param_forward_order),
-            param_table(order, model, compare_params=compare_params),
-        ],
+        [list(order.module_forward_order), list(order.param_forward_order), table],
         separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
@@ -178,7 +179,7 @@ def check_order_across_ranks(
         return
     my_rank = dist.get_rank()  # global rank, for messages
     table = param_table(order, model, compare_params=compare_params)
-    digest = order_fingerprint(order, model=model, compare_params=compare_params)
+    digest = _digest(order, table)  # = order_fingerprint(order, model=model, ...), one walk
     digests: list[tuple[int, str] | None] = [None] * world
     dist.all_gather_object(digests, (my_rank, digest), group=group)
     got = [d for d in digests if d is not None]
@@ -196,10 +197,8 @@ def _raise_first_divergence(entries: list[_RankOrder]) -> None:
     """Raise :class:`OrderDivergenceError` for the first rank (by rank) whose
     order differs from the lowest rank's; return if none does."""
     ref_rank, ref_modules, ref_params, ref_table = entries[0]
+    differing = sorted(r for r, *rest in entries if rest != [ref_modules, ref_params, ref_table])
     for other_rank, modules, params, table in entries[1:]:
-        differing = sorted(
-            r for r, *rest in entries if rest != [ref_modules, ref_params, ref_table]
-        )
         # The parameters first: a parameter one rank lacks also shifts the
         # parameter order, and naming the parameter tells the user what to fix.
         if table != ref_table:

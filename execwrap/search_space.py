@@ -100,7 +100,7 @@ class SearchSpace:
     copy_out_s: list[float] = field(default_factory=list)
     _prefix: list[list[float]] = field(default_factory=list, repr=False)
     _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
-    _seconds: dict[tuple[int, int, int, int, float], tuple[float, float]] = field(
+    _seconds: dict[tuple[int, int, int, int], tuple[float, float]] = field(
         default_factory=dict, repr=False
     )
 
@@ -254,7 +254,7 @@ class SearchSpace:
         grad_bytes: int,
         tensors: int,
         grad_tensors: int,
-        copy_out_s: float | None = None,
+        copy_out_s: float,
     ) -> tuple[float, float]:
         """Seconds the simulator charges one group of ``nbytes`` (padded) parameter
         bytes in ``tensors`` tensors, ``grad_bytes`` (padded) of them trainable in
@@ -263,33 +263,33 @@ class SearchSpace:
         ``unshard``/``wait_for_unshard`` and ``post_backward`` charge them: the
         fixed cost of a collective (``CostModel.collective_overhead``), copy-in
         of the shard, the all-gather, the copy-out (``copy_out_s``: the sum of
-        its parameters' ``CostModel.copy_out_time``; ``None``: one copy of
-        ``nbytes``); the fixed cost,
-        the gradients' copy-in, the reduce-scatter (``0`` without trainable
-        bytes)."""
-        cm = self.cost_model
-        if copy_out_s is None:
-            copy_out_s = cm.copy_time(nbytes)
-        key = (nbytes, grad_bytes, tensors, grad_tensors, copy_out_s)
-        if key in self._seconds:
-            return self._seconds[key]
-        all_gather = 0.0
-        if nbytes > 0:
-            all_gather = (
-                cm.collective_overhead(tensors)
-                + cm.copy_time(nbytes // self.world_size)
-                + cm.all_gather_time(nbytes)
-                + copy_out_s
-            )
-        reduce_scatter = 0.0
-        if grad_bytes > 0:
-            reduce_scatter = (
-                cm.collective_overhead(grad_tensors)
-                + cm.copy_time(grad_bytes)
-                + cm.reduce_scatter_time(grad_bytes)
-            )
-        self._seconds[key] = (all_gather, reduce_scatter)
-        return all_gather, reduce_scatter
+        its parameters' ``CostModel.copy_out_time``); the fixed cost, the
+        gradients' copy-in, the reduce-scatter (``0`` without trainable bytes).
+
+        The sizes' part is cached by the four integers (groups of equal blocks
+        share it, wherever they sit); ``copy_out_s``, a difference of prefix
+        sums that rounds differently at each position, is added after."""
+        key = (nbytes, grad_bytes, tensors, grad_tensors)
+        cached = self._seconds.get(key)
+        if cached is None:
+            cm = self.cost_model
+            all_gather = 0.0
+            if nbytes > 0:
+                all_gather = (
+                    cm.collective_overhead(tensors)
+                    + cm.copy_time(nbytes // self.world_size)
+                    + cm.all_gather_time(nbytes)
+                )
+            reduce_scatter = 0.0
+            if grad_bytes > 0:
+                reduce_scatter = (
+                    cm.collective_overhead(grad_tensors)
+                    + cm.copy_time(grad_bytes)
+                    + cm.reduce_scatter_time(grad_bytes)
+                )
+            cached = self._seconds[key] = (all_gather, reduce_scatter)
+        all_gather, reduce_scatter = cached
+        return (all_gather + copy_out_s if nbytes > 0 else 0.0), reduce_scatter
 
     def group_cost(self, i: int, j: int, prefetch: int, *, reshard: bool = True) -> float:
         """Seconds one group ``[i, j)`` adds to a step in the decomposable model of

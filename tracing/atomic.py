@@ -37,7 +37,7 @@ def write_temp(folder: Path, name: str, writer: Callable[[IO[bytes]], None]) -> 
             writer(f)
         os.chmod(tmp, file_mode())
     except BaseException:
-        _unlink(Path(tmp))
+        Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
 
@@ -55,7 +55,7 @@ def atomic_write(path: Path, writer: Callable[[IO[bytes]], None]) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        _unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -67,10 +67,3 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.write(data)
 
     atomic_write(path, write)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["ModuleSnapshot", "RngState", "SavedModelState"]
+__all__ = ["MODULE_INTERNALS", "ModuleSnapshot", "RngState", "SavedModelState"]
 
 
 class RngState:
@@ -97,7 +97,9 @@ _SLOTS = ("_parameters", "_buffers", "_modules")
 #: Stands for an empty slot dict (no copy needed).
 _EMPTY: dict[str, Any] = {}
 #: Attributes every ``nn.Module`` has (hook dicts, ``training``, ...): never tensors.
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+#: The attributes every ``nn.Module`` has (``_parameters``, ``_buffers``, the hook
+#: dicts, ...): what is left of ``vars(module)`` are the module's own attributes.
+MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
 def _changed(current: dict[str, Any], saved: dict[str, Any]) -> bool:
@@ -150,7 +152,7 @@ class ModuleSnapshot:
 
     def _save_values(self, attrs: dict[str, Any]) -> None:
         tensors = [b for b in attrs["_buffers"].values() if b is not None]
-        for name in attrs.keys() - _MODULE_INTERNALS:  # the module's own attributes only
+        for name in attrs.keys() - MODULE_INTERNALS:  # the module's own attributes only
             if isinstance(attrs[name], torch.Tensor):
                 tensors.append(attrs[name])
         for t in tensors:

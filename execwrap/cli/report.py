@@ -25,6 +25,7 @@ from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
 from execwrap.plan import WrapPlan
+from execwrap.plan_stats import PlanStats, peak_unsharded_bytes
 from execwrap.report.formatting import format_bytes, format_numel, short_reason
 from execwrap.report.writer import write_report
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
@@ -205,7 +206,7 @@ def _fallback_text(order: ExecutionOrder) -> str:
     return "-"
 
 
-def _collective_rows(plan: WrapPlan, stats: Any, prefetch: int) -> list[tuple[str, str]]:
+def _collective_rows(plan: WrapPlan, stats: PlanStats, prefetch: int) -> list[tuple[str, str]]:
     """All-gathers per step and the peak of unsharded parameters: at the auto
     plan's own prefetch depth and per-group reshard flags when it chose them,
     else at ``--prefetch`` with reshard after forward."""
@@ -214,8 +215,9 @@ def _collective_rows(plan: WrapPlan, stats: Any, prefetch: int) -> list[tuple[st
             ("all-gathers/step", str(stats.all_gathers_per_step)),
             (f"peak unsharded (prefetch {prefetch})", format_bytes(stats.peak_unsharded_bytes)),
         ]
-    steps = plan.unsharded_timeline(plan.prefetch, reshard_after_forward=plan.reshard_after_forward)
-    peak = max((s.unsharded_bytes for s in steps), default=0)
+    peak = peak_unsharded_bytes(
+        plan, plan.prefetch, reshard_after_forward=plan.reshard_after_forward
+    )
     return [
         ("all-gathers/step", f"{plan.estimate.all_gathers} (the auto plan's choices)"),
         (f"peak unsharded (prefetch {plan.prefetch}, as chosen)", format_bytes(peak)),

@@ -117,13 +117,15 @@ def fsdp_fixed_costs(
             + 2 * (copy.time(nbytes // world) + copy.time(nbytes))
             + copy.time(nbytes)
         )
-        slope = _slope(list(counts), extra)
+        slope = statistics.linear_regression(list(counts), extra).slope
         weight = 1.0 / max(abs(slope), 1e-6)  # relative errors: noise grows with the time
         rows.append([3.0 * weight, 3.0 * k * weight])
         rhs.append((slope - predicted) * weight)
     per_group, per_tensor = nonnegative_least_squares(rows, rhs)
     k, _, counts = STACKS[1]
-    opt = _slope([k * n for n in counts], [times[f"opt {n}"] for n in counts])
+    opt = statistics.linear_regression(
+        [k * n for n in counts], [times[f"opt {n}"] for n in counts]
+    ).slope
     return per_group, per_tensor, max(0.0, opt)
 
 
@@ -158,14 +160,6 @@ def nonnegative_least_squares(rows: Sequence[Sequence[float]], rhs: Sequence[flo
             if err < best_err - 1e-30:
                 best, best_err = x, err
     return best
-
-
-def _slope(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of ``ys`` over ``xs``."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
 
 
 def _step_fns(

@@ -131,7 +131,7 @@ def write_one_by_one(writers: Mapping[Path, Writer]) -> None:
                 raise OSError(exc.errno, exc.strerror, str(path)) from exc
     except BaseException:
         for tmp, _ in staged:
-            _remove(tmp)
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -165,7 +165,7 @@ class _FileSet:
             self._tidy(set(writers))
         except BaseException:
             for link in new_links:
-                _remove(link)
+                link.unlink(missing_ok=True)
             if new_set is not None:
                 shutil.rmtree(new_set, ignore_errors=True)
             if made_sets and not os.path.lexists(self.current):
@@ -192,7 +192,7 @@ class _FileSet:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
-                _remove(Path(entry.path))
+                Path(entry.path).unlink(missing_ok=True)
 
     def _adopt(self) -> None:
         """Step 2: plain files (or foreign links) with report names join the current set."""
@@ -254,7 +254,7 @@ class _FileSet:
         """Step 6: links of names the new set lacks, and the old sets."""
         for name in self.names:
             if name not in written and self._ours(name):
-                _remove(self.folder / name)
+                (self.folder / name).unlink(missing_ok=True)
         self._clean_up()
 
     # --------------------------------------------------------------- helpers
@@ -287,7 +287,7 @@ def _supports_sets(sets: Path) -> bool:
         os.symlink(SET_FOLDER, probe)
     except (OSError, NotImplementedError):
         return False
-    _remove(probe)
+    probe.unlink(missing_ok=True)
     return True
 
 
@@ -302,7 +302,7 @@ def _remove_old_temp_files(folder: Path, names: Collection[str]) -> None:
     for name in names:
         for path in folder.glob(f".{name}.*.tmp"):
             logger.debug("removing %s, left by an interrupted report", path)
-            _remove(path)
+            path.unlink(missing_ok=True)
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -336,10 +336,3 @@ def _remove_empty(created: list[Path]) -> None:
             path.rmdir()  # only if still empty
         except OSError:
             break
-
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -62,7 +62,6 @@ class UnitSpec:
 def prefetch_lists(
     units: Sequence[tuple[Sequence[str], Sequence[str]]],
     order: ExecutionOrder,
-    root: int,
     prefetch: int,
 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
@@ -70,7 +69,6 @@ def prefetch_lists(
     Args:
         units: ``(module_fqns, param_fqns)`` per plan unit.
         order: the plan's order.
-        root: index of the root unit.
         prefetch: depth (``0``: no explicit lists).
 
     Returns:
@@ -78,8 +76,8 @@ def prefetch_lists(
     """
     if prefetch <= 0:
         return {}, {}
-    groups = [list(modules) for modules, _ in units]
-    params = [list(p) for _, p in units]
+    groups = [modules for modules, _ in units]
+    params = [p for _, p in units]
     return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch)
 
 

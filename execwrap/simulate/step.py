@@ -212,7 +212,7 @@ def _program(
         i for i, u in enumerate(plan.units) if u.first_use is not None and i != root
     ]
     fwd_lists, bwd_lists = prefetch_lists(
-        [(u.module_fqns, u.param_fqns) for u in plan.units], plan.order, root, prefetch
+        [(u.module_fqns, u.param_fqns) for u in plan.units], plan.order, prefetch
     )
     program = StepProgram(
         specs, compute, cost_model, world_size, root, forward_order, fwd_lists, bwd_lists

@@ -268,7 +268,7 @@ def test_prefetch_lists_match_apply_fully_shard(bucket: int | None, prefetch: in
     order = record_execution_order(model, demo_inputs(model))
     plan = plan_wrap(model, order, ModuleWrapPolicy({Block}), bucket_numel=bucket)
     units = [(u.module_fqns, u.param_fqns) for u in plan.units]
-    mine = prefetch_lists(units, order, plan.root_index, prefetch)
+    mine = prefetch_lists(units, order, prefetch)
     theirs = prefetch_schedule(
         plan.groups, order, param_fqns=[u.param_fqns for u in plan.units], prefetch=prefetch
     )

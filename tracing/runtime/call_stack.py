@@ -51,6 +51,9 @@ class Frame(NamedTuple):
     #: a call made inside an ``except`` block sees it until it ends, without
     #: having raised it.
     handling: BaseException | None
+    #: recorded forward calls running, this one included (wrapper and
+    #: recomputation frames add none).
+    depth: int = 0
 
 
 class CallStack:
@@ -69,7 +72,8 @@ class CallStack:
         pushed = not self._frames and kind is not CallKind.RECOMPUTE
         if pushed:
             self._mode.__enter__()
-        self._frames.append(Frame(module, target, pushed, sys.exc_info()[1]))
+        depth = (self._frames[-1].depth if self._frames else 0) + (target is not None)
+        self._frames.append(Frame(module, target, pushed, sys.exc_info()[1], depth))
         self._mode.target = target
 
     def pop(self, module: nn.Module) -> BaseException | None:
@@ -101,7 +105,7 @@ class CallStack:
     def forward_depth(self) -> int:
         """How many recorded forward calls are running (wrapper and
         recomputation frames are not counted): the depth of the next call."""
-        return sum(1 for frame in self._frames if frame.target is not None)
+        return self._frames[-1].depth if self._frames else 0
 
     def suspend(self) -> None:
         """Torch calls until the next :meth:`push` or :meth:`pop` are no uses."""

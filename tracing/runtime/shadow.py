@@ -57,7 +57,7 @@ from torch.fx.immutable_collections import immutable_dict
 
 from tracing.errors import TracingError
 from tracing.fqn import module_phrase
-from tracing.model_state import ModuleSnapshot, RngState
+from tracing.model_state import MODULE_INTERNALS, ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.runtime.record import run_step
@@ -143,7 +143,8 @@ def _fake_stand_ins(model: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
                     if t is not None:
                         slot[name] = mode.from_tensor(t)  # type: ignore[assignment]
             attrs = vars(module)
-            for name, value in list(attrs.items()):
+            for name in attrs.keys() - MODULE_INTERNALS:  # the module's own attributes only
+                value = attrs[name]
                 if _holds_tensors(value):  # a plain tensor attribute (or a list/dict of them)
                     attrs[name] = pytree.tree_map_only(torch.Tensor, mode.from_tensor, value)
         yield

@@ -109,7 +109,7 @@ def _listed(names: list[str]) -> str:
 
 def _is_metadata(node: Node) -> bool:
     if node.op == "call_method":
-        return node.target in METADATA_METHODS or node.target in ("size", "dim")
+        return node.target in METADATA_METHODS
     if node.op == "call_function" and node.target is builtins.getattr and len(node.args) >= 2:
         return node.args[1] in _METADATA_ATTRS
     return False
