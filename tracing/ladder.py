@@ -37,7 +37,7 @@ from tracing.errors import TracingError
 from tracing.fqn import module_phrase
 from tracing.order import ExecutionOrder
 from tracing.order_diff import first_difference
-from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
+from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
 from tracing.runtime import record_execution_order
 from tracing.runtime.shadow import record_zero_cost
 from tracing.symbolic import trace_execution_order
@@ -207,23 +207,23 @@ def _wrapped(
     backward: bool,
 ) -> ExecutionOrder:
     """A model wrapped by FSDP/DDP: a real recorded step, or a refusal."""
-    fqn, cls, label = wrapped
-    where = f"{module_phrase(fqn)} ({cls})"
     if not has_inputs:
-        raise TracingError(
-            f"cannot capture the execution order: {where} is wrapped by {label}, and symbolic "
-            "or zero-cost capture would run the wrapper's forward on stand-ins, leaving it "
-            "unusable for training; nothing was changed. Capture before wrapping, or pass "
-            "example_inputs to record one real forward/backward (original FQNs).",
-            module_fqn=fqn,
-            module_class=cls,
-            reason=f"{cls} is wrapped by {label}",
+        raise wrapped_error(
+            wrapped,
+            lambda where, label: (
+                f"cannot capture the execution order: {where} is wrapped by {label}, and "
+                "symbolic or zero-cost capture would run the wrapper's forward on stand-ins, "
+                "leaving it unusable for training; nothing was changed. Capture before "
+                "wrapping, or pass example_inputs to record one real forward/backward "
+                "(original FQNs)."
+            ),
         )
+    fqn, cls, label = wrapped
     order = record_execution_order(model, *args, backward=backward, **kwargs)
     return _with_reasons(
         order,
         [
-            f"symbolic and zero-cost runtime capture skipped: {where} is wrapped by {label}, "
+            f"symbolic and zero-cost runtime capture skipped: {module_phrase(fqn)} ({cls}) is wrapped by {label}, "
             "whose forward cannot run on Proxies or fake tensors; capture before wrapping "
             "to avoid a real step"
         ],

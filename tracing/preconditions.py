@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch.nn as nn
@@ -27,7 +28,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from tracing.errors import TracingError
 from tracing.fqn import clean_fqn, module_phrase, original_class_name
 
-__all__ = ["check_no_lazy_modules", "distributed_wrapper"]
+__all__ = ["check_no_lazy_modules", "distributed_wrapper", "wrapped_error"]
 
 #: (module, class name, what to call it in messages)
 _WRAPPER_CLASSES = (
@@ -95,3 +96,17 @@ def distributed_wrapper(model: nn.Module) -> tuple[str, str, str] | None:
                 wrapped = getattr(module, "_fsdp_wrapped_module", inner)
                 return clean_fqn(fqn), original_class_name(wrapped), label
     return None
+
+
+def wrapped_error(wrapped: tuple[str, str, str], text: Callable[[str, str], str]) -> TracingError:
+    """The :class:`TracingError` for a model that :func:`distributed_wrapper` found
+    wrapped: ``text(where, label)`` is the message (``where``: ``"module 'fc'
+    (Linear)"``, ``label``: the wrapper), and ``module_fqn``, ``module_class`` and
+    ``reason`` are set alike for every capture step that refuses one."""
+    fqn, cls, label = wrapped
+    return TracingError(
+        text(f"{module_phrase(fqn)} ({cls})", label),
+        module_fqn=fqn,
+        module_class=cls,
+        reason=f"{cls} is wrapped by {label}",
+    )

@@ -110,12 +110,15 @@ def apply_fsdp(
     if cpu_offload:
         config["offload_policy"] = CPUOffloadPolicy()
 
+    last: list[list[str] | None] = []  # found once, on the first group (the plan exists then)
+
     def group_kwargs(fqns: list[str]) -> dict[str, Any]:
         if fqns == [""]:
             return {}  # the root: FSDP2's default (kept after forward)
-        plan = policy_or_plan if isinstance(policy_or_plan, WrapPlan) else policy_or_plan.plan
-        last = _last_forward_group(plan) if plan is not None else None
-        return {"reshard_after_forward": last_reshard if fqns == last else reshard}
+        if not last:
+            plan = policy_or_plan if isinstance(policy_or_plan, WrapPlan) else policy_or_plan.plan
+            last.append(_last_forward_group(plan) if plan is not None else None)
+        return {"reshard_after_forward": last_reshard if fqns == last[0] else reshard}
 
     plan = apply_fully_shard(
         model,

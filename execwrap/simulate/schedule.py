@@ -43,8 +43,8 @@ class UnitSpec:
         tensors: its parameter tensors.
         grad_tensors: its trainable parameter tensors.
         param_bytes: padded unsharded bytes of each parameter tensor (the
-            copy-out is priced per parameter, ``CostModel.copy_out_time``;
-            empty: one copy of ``nbytes``).
+            copy-out is priced per parameter, ``CostModel.copy_out_time``);
+            ``nbytes`` is their sum.
     """
 
     label: str
@@ -226,14 +226,9 @@ class StepProgram:
             self._deferred = None
         freed = () if phase == "forward" else (MemEvent("all_gather_buffers", label),)
         spec = self.specs[i]
-        copy_s = (
-            self.cm.copy_out_time(spec.param_bytes)
-            if spec.param_bytes
-            else self.cm.copy_time(spec.nbytes)
-        )
         copy = self._on_compute(
             f"copy-out {label}",
-            copy_s,
+            self.cm.copy_out_time(spec.param_bytes),
             phase,
             "copy",
             deps=(ag,),

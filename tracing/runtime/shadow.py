@@ -59,7 +59,7 @@ from tracing.errors import TracingError
 from tracing.fqn import module_phrase
 from tracing.model_state import MODULE_INTERNALS, ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
-from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
+from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
 from tracing.runtime.record import run_step
 from tracing.runtime.recorder import RuntimeRecorder
 from tracing.source_line import source_line
@@ -225,14 +225,13 @@ def record_zero_cost(
     check_no_lazy_modules(model)
     wrapped = distributed_wrapper(model)
     if wrapped is not None:
-        fqn, cls, label = wrapped
-        raise TracingError(
-            f"zero-cost runtime capture cannot run {module_phrase(fqn)} ({cls}): it is wrapped "
-            f"by {label}, whose forward runs collectives on real shards. Capture before "
-            "wrapping, or record a real step with RuntimeRecorder(model).",
-            module_fqn=fqn,
-            module_class=cls,
-            reason=f"{cls} is wrapped by {label}",
+        raise wrapped_error(
+            wrapped,
+            lambda where, label: (
+                f"zero-cost runtime capture cannot run {where}: it is wrapped by {label}, "
+                "whose forward runs collectives on real shards. Capture before wrapping, or "
+                "record a real step with RuntimeRecorder(model)."
+            ),
         )
     mode = ShadowMode()
     rng = RngState()

@@ -44,7 +44,7 @@ from tracing.errors import TracingError
 from tracing.fqn import display, module_phrase, quoted
 from tracing.model_state import ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
-from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
+from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
 from tracing.source_line import source_line
 from tracing.symbolic.diagnosis import ConcreteValueWatch, Diagnosis, diagnose
 from tracing.symbolic.recorder import SymbolicRecorder
@@ -147,16 +147,15 @@ def _check_traceable(model: nn.Module) -> None:
     check_no_lazy_modules(model)
     wrapped = distributed_wrapper(model)
     if wrapped is not None:
-        fqn, cls, label = wrapped
-        raise TracingError(
-            f"symbolic tracing refused: {module_phrase(fqn)} ({cls}) is wrapped by {label}. "
-            "Tracing runs the wrapper's forward with Proxies, which half-builds its lazy "
-            "state and leaves the model unusable for training. Capture before wrapping, or "
-            "record a real step at run time: capture_execution_order(model, "
-            "example_inputs=...) or RuntimeRecorder(model) (original FQNs).",
-            module_fqn=fqn,
-            module_class=cls,
-            reason=f"{cls} is wrapped by {label}",
+        raise wrapped_error(
+            wrapped,
+            lambda where, label: (
+                f"symbolic tracing refused: {where} is wrapped by {label}. Tracing runs the "
+                "wrapper's forward with Proxies, which half-builds its lazy state and leaves "
+                "the model unusable for training. Capture before wrapping, or record a real "
+                "step at run time: capture_execution_order(model, example_inputs=...) or "
+                "RuntimeRecorder(model) (original FQNs)."
+            ),
         )
 
 
