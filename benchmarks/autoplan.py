@@ -77,6 +77,13 @@ def _with_spread(row: dict[str, Any]) -> str:
     return text
 
 
+def _in_step(cm: dict[str, Any]) -> str:
+    """``", in-step factors: ..."``: the factors the calibration's source names, if any."""
+    source = str(cm.get("source", ""))
+    marker = "in-step factors: "
+    return ", " + source[source.index(marker) :] if marker in source else ""
+
+
 def _plan_table(rows: list[dict[str, Any]], cuda: bool) -> str:
     header = [
         "plan",
@@ -283,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         f"process group in {result['calibrate_s']:.1f} s (overlap {cm['overlap']:.2f}, fixed "
         f"cost per collective {cm['group_overhead_s'] * 1e6:.0f} µs per group + "
         f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
-        f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s). Orders with compute times from "
+        f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s{_in_step(cm)}). Orders with compute times from "
         "`record_execution_order(..., timing=True)` after warm-up steps (rank 0's, broadcast). "
         f"Plans take turns step by step (order shuffled per round); step time = slowest rank, "
         f"median of {job['steps']} "

@@ -6,28 +6,31 @@ collectives) and returns the model's constructor arguments, measured on rank
 The measurements, in about 10 to 30 s:
 
 * collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then
-  denser)
-  of buffer sizes from 4 KiB to ``max_bytes`` of ``all_gather_single`` and ``reduce_scatter_single`` with
-  ``ReduceOp.AVG`` into freshly allocated outputs (what FSDP2 calls for
-  float32), each size's runs back to back with a barrier before each (the
-  allocator's steady state, as in a training loop), the median per size; the
-  curve is piecewise-linear through the medians, a size slower than a larger
-  one dropped (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
+  denser) of buffer sizes from 4 KiB to ``max_bytes`` of
+  ``all_gather_single`` and ``reduce_scatter_single`` with ``ReduceOp.AVG``
+  into freshly allocated outputs (what FSDP2 calls for float32), each size's
+  runs back to back (the allocator's steady state, as in a training loop)
+  with the CPU caches flushed and a barrier before each (in a step a
+  collective's buffers are cold), the median per size; the curve is
+  piecewise-linear through the medians, a size slower than a larger one
+  dropped (:meth:`~execwrap.cost.CollectiveCurve.from_samples`);
 * copies: the same sweep of copies into freshly allocated buffers (as
-  FSDP2's copy-out fills new unsharded storage: on CPU small buffers stay in
-  cache, large fresh ones pay their page faults), and the bandwidth of a
-  64 MiB copy between allocated buffers;
+  FSDP2's copy-out fills new unsharded storage: large fresh ones pay their
+  page faults), and the bandwidth of a 64 MiB copy between allocated
+  buffers;
 * compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
   twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
 * overlap: a matmul loop alone, an async all-gather alone, and both at once;
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): the fixed
-  cost per group and per parameter tensor of each collective and the
-  optimizer's cost per DTensor parameter, from real ``fully_shard`` steps of
+* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): how much
+  slower each collective runs in a step than in the sweep (the curves are
+  multiplied by these factors, ``>= 1``), the fixed cost per group and per
+  parameter tensor of each collective and the optimizer's cost per DTensor
+  parameter, from the forward and backward of real ``fully_shard`` steps of
   synthetic stacks;
-* the optimizer: ``AdamW.step`` over tensors of 4 KiB to 16 MiB (its
-  size-dependent cost per tensor).
+* the optimizer: ``AdamW.step`` over 4 to 64 tensors of each size from
+  4 KiB to 16 MiB (its size-dependent cost per tensor).
 
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
@@ -122,16 +125,16 @@ def calibration_fields(
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
     ag, rs, copies = _sweep(sizes, group, dev)
-    ag_curve = CollectiveCurve.from_samples(sizes, ag)
-    rs_curve = CollectiveCurve.from_samples(sizes, rs)
+    loop_ag = CollectiveCurve.from_samples(sizes, ag)
+    loop_rs = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    group_overhead, tensor_overhead, opt_overhead = fsdp_fixed_costs(
-        group, dev, ag_curve, rs_curve, copy_curve
-    )
+    in_step = fsdp_fixed_costs(group, dev, loop_ag, loop_rs, copy_curve)
+    ag_curve = loop_ag.scaled(in_step.all_gather_factor)
+    rs_curve = loop_rs.scaled(in_step.reduce_scatter_factor)
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,
@@ -140,14 +143,16 @@ def calibration_fields(
         "reduce_scatter": rs_curve,
         "copy_bytes_per_s": copy_rate,
         "copy_curve": copy_curve,
-        "group_overhead_s": group_overhead,
-        "param_overhead_s": tensor_overhead,
+        "group_overhead_s": in_step.group_overhead_s,
+        "param_overhead_s": in_step.param_overhead_s,
         "overlap": overlap,
         "compute": rates,
-        "optimizer_param_overhead_s": opt_overhead,
+        "optimizer_param_overhead_s": in_step.optimizer_param_overhead_s,
         "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
-        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s",
+        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s; "
+        f"in-step factors: all-gather {in_step.all_gather_factor:.2f}x, "
+        f"reduce-scatter {in_step.reduce_scatter_factor:.2f}x the loop's",
         "torch_version": str(torch.__version__),
     }
     box: list[Any] = [fields]
@@ -247,15 +252,21 @@ def _sweep(
     collective), so the allocator hands the freed buffer back as a training loop's steady
     state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
     25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
+    Before each run the caches are flushed (:func:`_cache_evictor`): in a training step
+    a collective's buffers are cold, and a buffer that fits in the last-level cache
+    would otherwise be timed hot (a 3 MiB reduce-scatter took 2.9 ms hot and 4.9 ms
+    after an 8 MiB write, 2 gloo ranks; 12 MiB ones the same either way).
     Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
     slower than a larger one."""
     out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
+    evict = _cache_evictor(dev)
     for n in sizes:
         for kind in out:
             fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
             fn()  # warm-up
             samples = []
             for _ in range(_repeats(n)):
+                evict()
                 if kind != "copy":
                     dist.barrier(group=group)
                 _sync(dev)
@@ -265,6 +276,34 @@ def _sweep(
                 samples.append(time.perf_counter() - t0)
             out[kind].append(max(float(statistics.median(samples)), 1e-9))
     return out["all_gather"], out["reduce_scatter"], out["copy"]
+
+
+def _last_level_cache_bytes() -> int:
+    """The CPU's largest cache in bytes (Linux sysfs; 32 MiB where it can't be read)."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        try:
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (ValueError, OSError):
+            continue
+    return max(sizes, default=32 * 2**20)
+
+
+def _cache_evictor(dev: torch.device) -> Callable[[], None]:
+    """A function that flushes the CPU caches (writes a buffer of twice the last-level
+    cache, at least 16 MiB); a no-op on CUDA, where NCCL's buffers are not the CPU's."""
+    if dev.type == "cuda":
+        return lambda: None
+    buf = torch.empty(max(2 * _last_level_cache_bytes(), 16 * 2**20) // 4, dtype=torch.float32)
+
+    def evict() -> None:
+        buf.fill_(1.0)
+
+    return evict
 
 
 def _copy_rate(dev: torch.device) -> float:
@@ -287,40 +326,53 @@ def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
 
 
 #: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
-#: factor 16 (on CPU: cached tensors up to ones above glibc's mmap threshold).
-_OPT_SIZES = (2**10, 2**14, 2**18, 2**22)
+#: factor 4 (on CPU: cached tensors up to ones above glibc's mmap threshold).
+_OPT_SIZES = (2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22)
+#: Elements per size of the optimizer sweep (``_OPT_BYTES / 4 / n`` tensors of ``n``
+#: elements, 4 to 64 tensors): enough tensors that a small size's time is not one
+#: tensor's noise.
+_OPT_ELEMENTS = 2**24
 
 
 def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
     """Seconds of the size-dependent part of one ``AdamW.step`` over one tensor, by bytes.
 
     ``AdamW.step`` (torch's default implementation for the device: a for-loop
-    on CPU, ``foreach`` on CUDA) over 4 tensors of each of :data:`_OPT_SIZES`
-    elements and over 4 tensors of 16 elements, in interleaved rounds (median
-    of 9 after 2 warm-up steps); per size, the difference to the 16-element
-    step over 4 (the fixed part per tensor is ``optimizer_param_overhead_s``,
+    on CPU, ``foreach`` on CUDA) over ``m`` tensors of each of
+    :data:`_OPT_SIZES` elements (``m`` from 4 to 64, about
+    :data:`_OPT_ELEMENTS` elements in all) and over ``m`` tensors of 16
+    elements, in interleaved rounds (median of 9 after 2 warm-up steps); per
+    size, the difference to the 16-element step over the same ``m``, divided
+    by ``m`` (the fixed part per tensor is ``optimizer_param_overhead_s``,
     measured on DTensors). The step's temporaries (``exp_avg_sq.sqrt()``, the
     bias-corrected denominator) are fresh allocations of the tensor's size
     each step, which a copy between allocated buffers does not pay.
+
+    (With 4 tensors per size, as before, one disturbed 64 KiB median priced
+    every tensor from 64 KiB to 1 MiB at 0.47 ms: 34 ms predicted for a Llama
+    step that took 14 ms, 2 gloo ranks.)
     """
-    steps = {}
-    for n in (16, *_OPT_SIZES):
-        params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(4)]
+    counts = {n: max(4, min(64, _OPT_ELEMENTS // n)) for n in _OPT_SIZES}
+    steps: dict[tuple[int, int], Callable[[], Any]] = {}
+    for n, m in [(16, m) for m in sorted(set(counts.values()))] + list(counts.items()):
+        params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(m)]
         for p in params:
             p.grad = torch.randn_like(p)
-        steps[n] = torch.optim.AdamW(params, lr=1e-3).step
-    samples: dict[int, list[float]] = {n: [] for n in steps}
+        steps[(n, m)] = torch.optim.AdamW(params, lr=1e-3).step
+    samples: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
     for r in range(11):
-        for n, step in steps.items():
+        for key, step in steps.items():
             _sync(dev)
             t0 = time.perf_counter()
             step()
             _sync(dev)
             if r >= 2:  # warm-up: the states are allocated in the first step
-                samples[n].append(time.perf_counter() - t0)
+                samples[key].append(time.perf_counter() - t0)
     del steps
-    med = {n: float(statistics.median(v)) for n, v in samples.items()}
-    per_tensor = [max((med[n] - med[16]) / 4, 1e-9) for n in _OPT_SIZES]
+    med = {key: float(statistics.median(v)) for key, v in samples.items()}
+    per_tensor = [
+        max((med[(n, counts[n])] - med[(16, counts[n])]) / counts[n], 1e-9) for n in _OPT_SIZES
+    ]
     return CollectiveCurve.from_samples([4 * n for n in _OPT_SIZES], per_tensor)
 
 
