@@ -29,7 +29,7 @@ The measurements, in about 10 to 30 s:
   parameter tensor of each collective and the optimizer's cost per DTensor
   parameter, from the forward and backward of real ``fully_shard`` steps of
   synthetic stacks;
-* the optimizer: ``AdamW.step`` over 4 to 64 tensors of each size from
+* the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
   4 KiB to 16 MiB (its size-dependent cost per tensor).
 
 On CUDA, timings synchronise the device; collectives run on the current
@@ -218,7 +218,7 @@ def _median_time(
 
 def _repeats(nbytes: int) -> int:
     """More runs for small (noisy, cheap) sizes than for large ones."""
-    return 21 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
+    return 15 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
 
 
 def _collective_fn(
@@ -328,10 +328,10 @@ def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
 #: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
 #: factor 4 (on CPU: cached tensors up to ones above glibc's mmap threshold).
 _OPT_SIZES = (2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22)
-#: Elements per size of the optimizer sweep (``_OPT_BYTES / 4 / n`` tensors of ``n``
-#: elements, 4 to 64 tensors): enough tensors that a small size's time is not one
+#: Elements per size of the optimizer sweep (``_OPT_ELEMENTS // n`` tensors of ``n``
+#: elements, 4 to 32 tensors): enough tensors that a small size's time is not one
 #: tensor's noise.
-_OPT_ELEMENTS = 2**24
+_OPT_ELEMENTS = 2**23
 
 
 def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
@@ -339,7 +339,7 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
 
     ``AdamW.step`` (torch's default implementation for the device: a for-loop
     on CPU, ``foreach`` on CUDA) over ``m`` tensors of each of
-    :data:`_OPT_SIZES` elements (``m`` from 4 to 64, about
+    :data:`_OPT_SIZES` elements (``m`` from 4 to 32, about
     :data:`_OPT_ELEMENTS` elements in all) and over ``m`` tensors of 16
     elements, in interleaved rounds (median of 9 after 2 warm-up steps); per
     size, the difference to the 16-element step over the same ``m``, divided
@@ -352,7 +352,7 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
     every tensor from 64 KiB to 1 MiB at 0.47 ms: 34 ms predicted for a Llama
     step that took 14 ms, 2 gloo ranks.)
     """
-    counts = {n: max(4, min(64, _OPT_ELEMENTS // n)) for n in _OPT_SIZES}
+    counts = {n: max(4, min(32, _OPT_ELEMENTS // n)) for n in _OPT_SIZES}
     steps: dict[tuple[int, int], Callable[[], Any]] = {}
     for n, m in [(16, m) for m in sorted(set(counts.values()))] + list(counts.items()):
         params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(m)]

@@ -154,7 +154,9 @@ class CollectiveCurve:
             ValueError: ``factor`` is negative or not finite.
         """
         if not (math.isfinite(factor) and factor >= 0):
-            raise ValueError(f"CollectiveCurve.scaled: factor must be finite and >= 0, got {factor!r}")
+            raise ValueError(
+                f"CollectiveCurve.scaled: factor must be finite and >= 0, got {factor!r}"
+            )
         return CollectiveCurve(
             tuple(
                 CurveSegment(seg.up_to_bytes, seg.latency_s * factor, seg.seconds_per_byte * factor)

@@ -120,6 +120,54 @@ def test_nonnegative_least_squares() -> None:
     assert x[0] == 0.0 and x[1] == pytest.approx((6 * 1 + 48 * 20) / (6**2 + 48**2))
 
 
+def test_curve_scaled_multiplies_every_time() -> None:
+    curve = CollectiveCurve.from_samples([1024, 4096, 2**20], [1e-4, 2e-4, 1e-3])
+    double = curve.scaled(2.0)
+    assert [double.time(n) for n in (512, 2048, 2**20, 2**21)] == pytest.approx(
+        [2 * curve.time(n) for n in (512, 2048, 2**20, 2**21)]
+    )
+    assert [s.up_to_bytes for s in double.segments] == [s.up_to_bytes for s in curve.segments]
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="factor must be finite and >= 0"):
+            curve.scaled(bad)
+
+
+def _stack_slopes(
+    ag: CollectiveCurve,
+    rs: CollectiveCurve,
+    copy: CollectiveCurve,
+    a: float,
+    b: float,
+    g: float,
+    t: float,
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """What the fit's equations say one group of each stack costs (forward, backward)."""
+    out = {}
+    for k, d in [(1, 16), (8, 16), (1, 256), (8, 256), (2, 1024)]:
+        nbytes = k * d * d * 4
+        copies = copy.time(nbytes // 2) + k * copy.time(d * d * 4)
+        fwd = a * ag.time(nbytes) + copies + g + k * t
+        bwd = (
+            a * ag.time(nbytes) + b * rs.time(nbytes) + copies + copy.time(nbytes) + 2 * (g + k * t)
+        )
+        out[(k, d)] = (fwd, bwd)
+    return out
+
+
+def test_fit_in_step_recovers_the_costs_it_was_made_from() -> None:
+    from execwrap.cost.fixed_costs import fit_in_step
+
+    ag = CollectiveCurve.from_samples([1024, 2**20, 2**23], [2e-4, 7e-4, 6e-3])
+    rs = ag.scaled(1.5)
+    copy = CollectiveCurve.from_samples([1024, 2**23], [1e-6, 1e-3])
+    slopes = _stack_slopes(ag, rs, copy, a=1.25, b=1.1, g=6e-4, t=4e-5)
+    assert fit_in_step(slopes, ag, rs, copy, 2) == pytest.approx((1.25, 1.1, 6e-4, 4e-5))
+    # a step faster than the loop says (noise cannot do that): the factors stay at 1
+    fast = _stack_slopes(ag, rs, copy, a=0.8, b=0.9, g=6e-4, t=4e-5)
+    a, b, g, t = fit_in_step(fast, ag, rs, copy, 2)
+    assert (a, b) == (1.0, 1.0) and g >= 0.0 and t >= 0.0
+
+
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
