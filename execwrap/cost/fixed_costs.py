@@ -151,16 +151,15 @@ def fsdp_fixed_costs(
     # down aborts the process (torch 2.13; see tests/_dist.py).
     del fns, model, step, update
     gc.collect()
-    slopes = {
-        (k, d): tuple(
-            statistics.linear_regression(
-                list(counts),
-                [times[f"{k}/{d}/{n}/True"][ph] - times[f"{k}/{d}/{n}/False"][ph] for n in counts],
-            ).slope
-            for ph in (0, 1)
-        )
-        for k, d, counts in STACKS
-    }
+
+    def slope(k: int, d: int, counts: Sequence[int], phase: int) -> float:
+        """Seconds one more group adds to ``phase`` (0 forward, 1 backward)."""
+        extra = [
+            times[f"{k}/{d}/{n}/True"][phase] - times[f"{k}/{d}/{n}/False"][phase] for n in counts
+        ]
+        return statistics.linear_regression(list(counts), extra).slope
+
+    slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in STACKS}
     a, b, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
     k, _, counts = STACKS[1]
     opt = statistics.linear_regression(
