@@ -24,8 +24,8 @@ The measurements, in about 10 to 30 s:
   ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
 * FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): how much
-  slower each collective runs in a step than in the sweep (the curves are
-  multiplied by these factors, ``>= 1``), the fixed cost per group and per
+  slower or faster a collective runs in a step than in the sweep, by size
+  (the curves are multiplied by these factors), the fixed cost per group and per
   parameter tensor of each collective and the optimizer's cost per DTensor
   parameter, from the forward and backward of real ``fully_shard`` steps of
   synthetic stacks;
@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.fixed_costs import fsdp_fixed_costs
+from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -133,8 +133,8 @@ def calibration_fields(
     overlap = _overlap(group, dev)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
     in_step = fsdp_fixed_costs(group, dev, loop_ag, loop_rs, copy_curve)
-    ag_curve = loop_ag.scaled(in_step.all_gather_factor)
-    rs_curve = loop_rs.scaled(in_step.reduce_scatter_factor)
+    ag_curve = in_step_curve(loop_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
+    rs_curve = in_step_curve(loop_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,
@@ -151,8 +151,7 @@ def calibration_fields(
         "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
         f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s; "
-        f"in-step factors: all-gather {in_step.all_gather_factor:.2f}x, "
-        f"reduce-scatter {in_step.reduce_scatter_factor:.2f}x the loop's",
+        f"in-step factors: {in_step.describe()}",
         "torch_version": str(torch.__version__),
     }
     box: list[Any] = [fields]

@@ -5,12 +5,14 @@ collectives) and measures, from real ``fully_shard`` steps of synthetic stacks,
 what :class:`~execwrap.cost.CostModel` charges on top of its collective
 curves and copies (an :class:`InStepCosts`):
 
-* ``all_gather_factor`` and ``reduce_scatter_factor``: how much slower a
-  collective runs inside a step than in the calibration's loop of
-  collectives behind a barrier. In a step its buffers are cold in the
-  caches (a 3 MiB reduce-scatter after an 8 MiB write took 4.9 ms against
-  2.9 ms in the loop, 2 gloo ranks) and the ranks arrive at different
-  times; the calibrated curves are multiplied by these factors;
+* ``factors``: how much slower (or faster) an all-gather and a
+  reduce-scatter of a group's size run inside a step than in the
+  calibration's sweep, at the sizes of the larger stacks (256 KiB, 2 and
+  8 MiB); :func:`in_step_curve` multiplies a sweep curve by them,
+  interpolated between those sizes. In a step a collective follows FSDP2's
+  copy-in and the ranks arrive at it apart; a 2 MiB all-gather of 8
+  tensors took about twice the sweep's time in a step, an 8 MiB one about
+  the same, 2 gloo ranks;
 * ``group_overhead_s``: fixed seconds per FSDP2 group per collective it
   issues (the hooks' Python path, the all-gather / reduce-scatter set-up);
 * ``param_overhead_s``: seconds per parameter tensor of a group per
@@ -25,18 +27,22 @@ plus the same stacks unsharded, all timed in interleaved rounds (median of
 least-squares slope over the group count of sharded minus unsharded time is
 one group's cost in that phase, which the simulator prices as
 
-* forward: ``a * AG(S) + copy(S / W) + k * copy(S / k) + (g + k t)``;
-* backward: ``a * AG(S) + b * RS(S) + copy(S / W) + k * copy(S / k) +
-  copy(S) + 2 (g + k t)`` (the all-gather again, the gradients' copy-in and
+* forward: ``AG(S) + copy(S / W) + k * copy(S / k) + (g + k t)``;
+* backward: ``AG(S) + RS(S) + copy(S / W) + k * copy(S / k) + copy(S) +
+  2 (g + k t)`` (the all-gather again, the gradients' copy-in and
   reduce-scatter),
 
-with ``S`` the group's bytes, ``AG``/``RS``/``copy`` the calibrated curves.
-The four unknowns ``a - 1, b - 1, g, t`` are the non-negative least-squares solution
-over both phases of every stack (every subset of unknowns tried, the best
-feasible one kept), each equation divided by its measured slope (relative
-errors: a stack of 8 MiB groups varies by milliseconds, one of 1 KiB groups
-by tenths of one). Stacks of 1 KiB tensors fix ``g`` and ``t``; those of
-2 and 8 MiB groups the factors.
+with ``S`` the group's bytes, ``AG``/``RS``/``copy`` the calibrated curves
+(:func:`fit_in_step`). The stacks of 1 KiB tensors, whose collectives are
+all latency, give ``g`` and ``t``: the non-negative least-squares solution of
+their four equations, each divided by its measured slope. Each larger stack
+then gives the in-step all-gather time of its size from its forward (what
+is left after copies and fixed costs) and the reduce-scatter time from its
+backward; their ratios to the sweep's are the factors, kept within
+:data:`FACTOR_RANGE` (one disturbed stack cannot price a size at 0 or 5x).
+(One factor per collective for every size, fitted together with ``g`` and
+``t``, was tried first: the fit traded the factor against ``g`` and moved
+from 1.1x to 1.6x between calibrations.)
 """
 
 from __future__ import annotations
@@ -58,8 +64,10 @@ __all__ = [
     "ROUNDS",
     "STACKS",
     "InStepCosts",
+    "FACTOR_RANGE",
     "fit_in_step",
     "fsdp_fixed_costs",
+    "in_step_curve",
     "nonnegative_least_squares",
 ]
 
@@ -83,23 +91,68 @@ ROUNDS = 15
 _BATCH = 4
 
 
+#: The range in-step factors are kept within.
+FACTOR_RANGE = (0.5, 2.5)
+
+
 @dataclass(frozen=True)
 class InStepCosts:
     """What :func:`fsdp_fixed_costs` measured (see the module docstring).
 
     Attributes:
-        all_gather_factor: in-step all-gather time over the loop curve's (>= 1).
-        reduce_scatter_factor: the same for reduce-scatters.
+        factors: ``(bytes, all-gather factor, reduce-scatter factor)`` per larger
+            stack, by size: the in-step time over the sweep curve's.
         group_overhead_s: seconds per group per collective.
         param_overhead_s: seconds per parameter tensor per collective.
         optimizer_param_overhead_s: ``AdamW.step`` seconds per DTensor parameter.
     """
 
-    all_gather_factor: float
-    reduce_scatter_factor: float
+    factors: tuple[tuple[int, float, float], ...]
     group_overhead_s: float
     param_overhead_s: float
     optimizer_param_overhead_s: float
+
+    def describe(self) -> str:
+        """``"all-gather 0.95x / 1.96x / 0.99x, reduce-scatter ... at 256 KiB / 2 MiB /
+        8 MiB"``: the factors in one line."""
+        sizes = " / ".join(_size(n) for n, _, _ in self.factors)
+        ag = " / ".join(f"{a:.2f}x" for _, a, _ in self.factors)
+        rs = " / ".join(f"{r:.2f}x" for _, _, r in self.factors)
+        return f"all-gather {ag}, reduce-scatter {rs} the sweep's at {sizes}"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // 2**20} MiB" if nbytes >= 2**20 else f"{nbytes // 2**10} KiB"
+
+
+def in_step_curve(
+    curve: CollectiveCurve, sizes: Sequence[int], factors: Sequence[tuple[int, float]]
+) -> CollectiveCurve:
+    """``curve`` multiplied by the in-step factor of each size, resampled at ``sizes``.
+
+    The factor is 1 up to :data:`_LATENCY_BYTES` (where ``g`` and ``t`` were
+    fitted on the sweep's own times), linear in log-size between the measured
+    ``(bytes, factor)`` points, and the last point's beyond them.
+
+    >>> flat = CollectiveCurve.from_samples([2**10, 2**30], [1e-3, 1e-3])
+    >>> c = in_step_curve(flat, [2**13, 2**18, 2**21, 2**23, 2**26], [(2**18, 0.5), (2**21, 2.0)])
+    >>> [round(c.time(n) * 1e3, 3) for n in (2**13, 2**18, 2**21, 2**26)]
+    [0.5, 0.5, 2.0, 2.0]
+    """
+    import math
+
+    points = [(_LATENCY_BYTES, 1.0), *sorted((int(n), float(f)) for n, f in factors)]
+
+    def factor(n: int) -> float:
+        if n <= points[0][0]:
+            return 1.0
+        for (n0, f0), (n1, f1) in itertools.pairwise(points):
+            if n <= n1:
+                w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+                return f0 + w * (f1 - f0)
+        return points[-1][1]
+
+    return CollectiveCurve.from_samples(list(sizes), [curve.time(n) * factor(n) for n in sizes])
 
 
 def fsdp_fixed_costs(
@@ -160,12 +213,17 @@ def fsdp_fixed_costs(
         return statistics.linear_regression(list(counts), extra).slope
 
     slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in STACKS}
-    a, b, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
+    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
     k, _, counts = STACKS[1]
     opt = statistics.linear_regression(
         [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
     ).slope
-    return InStepCosts(a, b, per_group, per_tensor, max(0.0, opt))
+    return InStepCosts(factors, per_group, per_tensor, max(0.0, opt))
+
+
+#: Group bytes up to which a collective is latency: the 1 KiB stacks' groups (up to
+#: 8 tensors of 1 KiB), priced by the sweep as it is.
+_LATENCY_BYTES = 8 * 2**10
 
 
 def fit_in_step(
@@ -174,48 +232,73 @@ def fit_in_step(
     rs: CollectiveCurve,
     copy: CollectiveCurve,
     world: int,
-) -> tuple[float, float, float, float]:
-    """``(all_gather_factor, reduce_scatter_factor, group_overhead_s, param_overhead_s)``
-    from one group's measured forward and backward seconds per stack (module docstring).
+) -> tuple[tuple[tuple[int, float, float], ...], float, float]:
+    """``(factors, group_overhead_s, param_overhead_s)`` from one group's measured
+    forward and backward seconds per stack (module docstring).
 
     Args:
         slopes: ``(k, d) -> (forward, backward)`` seconds one more group of ``k``
-            ``d x d`` float32 layers adds to a step.
-        ag, rs, copy: the loop curves (seconds by bytes).
+            ``d x d`` float32 layers adds to a step; stacks of at most
+            ``_LATENCY_BYTES`` per group give the fixed costs, the others the
+            factors.
+        ag, rs, copy: the sweep curves (seconds by bytes).
         world: ranks.
 
     Returns:
-        Factors ``>= 1`` and fixed costs ``>= 0`` (non-negative least squares of the
-        relative errors).
+        ``((bytes, all-gather factor, reduce-scatter factor), ...)`` by size, each
+        factor within :data:`FACTOR_RANGE`, and the fixed costs (``>= 0``).
+
+    Raises:
+        ValueError: no stack of at most ``_LATENCY_BYTES`` per group.
 
     Slopes made from known values (copies free) give those values back:
 
-    >>> ag = CollectiveCurve.from_samples([1024, 2**20], [1e-4, 1e-3])
+    >>> ag = CollectiveCurve.from_samples([1024, 2**20, 2**23], [1e-4, 1e-3, 4e-3])
     >>> rs, copy = ag.scaled(2.0), ag.scaled(1e-9)
-    >>> def slope(k, d, a=1.5, b=1.2, g=2e-4, t=1e-5):
+    >>> def slope(k, d, a, b, g=2e-4, t=1e-5):
     ...     gather, scatter = a * ag.time(k * d * d * 4), b * rs.time(k * d * d * 4)
     ...     return (gather + g + k * t, gather + scatter + 2 * (g + k * t))
-    >>> slopes = {(k, d): slope(k, d) for k, d in [(1, 16), (8, 16), (1, 256), (8, 256)]}
-    >>> [round(v, 6) for v in fit_in_step(slopes, ag, rs, copy, 2)]
-    [1.5, 1.2, 0.0002, 1e-05]
+    >>> slopes = {(1, 16): slope(1, 16, 1, 1), (8, 16): slope(8, 16, 1, 1),
+    ...           (8, 256): slope(8, 256, 1.5, 1.2)}
+    >>> factors, g, t = fit_in_step(slopes, ag, rs, copy, 2)
+    >>> [(n, round(a, 6), round(b, 6)) for n, a, b in factors], round(g, 9), round(t, 9)
+    ([(2097152, 1.5, 1.2)], 0.0002, 1e-05)
     """
+
+    def parts(k: int, d: int) -> tuple[int, float, float, float]:
+        nbytes = k * d * d * 4  # one group's parameters, float32
+        copies = copy.time(nbytes // world) + k * copy.time(d * d * 4)  # copy-in, copy-out
+        return nbytes, ag.time(nbytes), rs.time(nbytes), copies
+
     rows: list[list[float]] = []
     rhs: list[float] = []
     for (k, d), (fwd, bwd) in slopes.items():
-        nbytes = k * d * d * 4  # one group's parameters, float32
-        gather, scatter = ag.time(nbytes), rs.time(nbytes)
-        copies = copy.time(nbytes // world) + k * copy.time(d * d * 4)  # copy-in, copy-out
-        # the factors as 1 + a', 1 + b' with a', b' >= 0: a loop behind a barrier is a
-        # collective's best case, noise only adds time
-        for slope, row, fixed in (
-            (fwd, [gather, 0.0, 1.0, float(k)], copies + gather),
-            (bwd, [gather, scatter, 2.0, 2.0 * k], copies + copy.time(nbytes) + gather + scatter),
+        nbytes, gather, scatter, copies = parts(k, d)
+        if nbytes > _LATENCY_BYTES:
+            continue
+        for slope, row, known in (
+            (fwd, [1.0, float(k)], copies + gather),
+            (bwd, [2.0, 2.0 * k], copies + copy.time(nbytes) + gather + scatter),
         ):
             weight = 1.0 / max(abs(slope), 1e-6)  # relative errors: noise grows with the time
             rows.append([v * weight for v in row])
-            rhs.append((slope - fixed) * weight)
-    a, b, per_group, per_tensor = nonnegative_least_squares(rows, rhs)
-    return 1.0 + a, 1.0 + b, per_group, per_tensor
+            rhs.append((slope - known) * weight)
+    if not rows:
+        raise ValueError(f"fit_in_step: no stack of at most {_LATENCY_BYTES} bytes per group")
+    g, t = nonnegative_least_squares(rows, rhs)
+    low, high = FACTOR_RANGE
+    factors = []
+    for (k, d), (fwd, bwd) in sorted(slopes.items(), key=lambda kv: parts(*kv[0])[0]):
+        nbytes, gather, scatter, copies = parts(k, d)
+        if nbytes <= _LATENCY_BYTES:
+            continue
+        fixed = g + k * t
+        gather_in_step = fwd - copies - fixed
+        scatter_in_step = bwd - gather_in_step - copies - copy.time(nbytes) - 2 * fixed
+        a = min(high, max(low, gather_in_step / max(gather, 1e-12)))
+        b = min(high, max(low, scatter_in_step / max(scatter, 1e-12)))
+        factors.append((nbytes, a, b))
+    return tuple(factors), g, t
 
 
 def nonnegative_least_squares(rows: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float]:

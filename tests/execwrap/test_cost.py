@@ -136,15 +136,16 @@ def _stack_slopes(
     ag: CollectiveCurve,
     rs: CollectiveCurve,
     copy: CollectiveCurve,
-    a: float,
-    b: float,
+    factors: dict[int, tuple[float, float]],
     g: float,
     t: float,
 ) -> dict[tuple[int, int], tuple[float, float]]:
-    """What the fit's equations say one group of each stack costs (forward, backward)."""
+    """What the fit's equations say one group of each stack costs (forward, backward),
+    with the in-step factors of ``factors`` (by width; 1 for the others)."""
     out = {}
     for k, d in [(1, 16), (8, 16), (1, 256), (8, 256), (2, 1024)]:
         nbytes = k * d * d * 4
+        a, b = factors.get(d * 100 + k, (1.0, 1.0))
         copies = copy.time(nbytes // 2) + k * copy.time(d * d * 4)
         fwd = a * ag.time(nbytes) + copies + g + k * t
         bwd = (
@@ -160,12 +161,31 @@ def test_fit_in_step_recovers_the_costs_it_was_made_from() -> None:
     ag = CollectiveCurve.from_samples([1024, 2**20, 2**23], [2e-4, 7e-4, 6e-3])
     rs = ag.scaled(1.5)
     copy = CollectiveCurve.from_samples([1024, 2**23], [1e-6, 1e-3])
-    slopes = _stack_slopes(ag, rs, copy, a=1.25, b=1.1, g=6e-4, t=4e-5)
-    assert fit_in_step(slopes, ag, rs, copy, 2) == pytest.approx((1.25, 1.1, 6e-4, 4e-5))
-    # a step faster than the loop says (noise cannot do that): the factors stay at 1
-    fast = _stack_slopes(ag, rs, copy, a=0.8, b=0.9, g=6e-4, t=4e-5)
-    a, b, g, t = fit_in_step(fast, ag, rs, copy, 2)
-    assert (a, b) == (1.0, 1.0) and g >= 0.0 and t >= 0.0
+    made = {25601: (0.9, 0.6), 25608: (2.0, 1.1), 102402: (1.0, 0.95)}
+    factors, g, t = fit_in_step(_stack_slopes(ag, rs, copy, made, 6e-4, 4e-5), ag, rs, copy, 2)
+    assert [n for n, _, _ in factors] == [2**18, 2**21, 2**23]
+    assert [v for _, a, b in factors for v in (a, b)] == pytest.approx(
+        [0.9, 0.6, 2.0, 1.1, 1.0, 0.95]
+    )
+    assert (g, t) == pytest.approx((6e-4, 4e-5))
+    # a disturbed stack cannot price a size at 5x or at 0: the factors stay in range
+    wild = {25601: (9.0, 0.01)}
+    factors, _, _ = fit_in_step(_stack_slopes(ag, rs, copy, wild, 6e-4, 4e-5), ag, rs, copy, 2)
+    assert factors[0][1:] == (2.5, 0.5)
+    with pytest.raises(ValueError, match="no stack of at most 8192 bytes per group"):
+        fit_in_step({(1, 256): (1e-3, 2e-3)}, ag, rs, copy, 2)
+
+
+def test_in_step_curve_interpolates_the_factors_in_log_size() -> None:
+    from execwrap.cost.fixed_costs import in_step_curve
+
+    flat = CollectiveCurve.from_samples([2**10, 2**30], [1e-3, 1e-3])
+    sizes = [2**13, 2**16, 2**18, 2**20, 2**21, 2**23, 2**26]
+    curve = in_step_curve(flat, sizes, [(2**18, 1.0), (2**21, 2.5), (2**23, 1.5)])
+    # 1 up to 8 KiB, 1 at 256 KiB, then 1 + 1.5 * (log 1 MiB - log 256 KiB) / (log 2 MiB -
+    # log 256 KiB) = 2 at 1 MiB, 2.5 at 2 MiB, 1.5 at 8 MiB and beyond (the suffix minimum
+    # makes the curve non-decreasing: 2 MiB is priced as 8 MiB)
+    assert [round(curve.time(n) * 1e3, 6) for n in sizes] == [1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.5]
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
