@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure FSDP2's collective, copy and bookkeeping costs on the process "
         "group this command runs in (every rank, under torchrun) and write the cost model "
         "as JSON on rank 0, for `execwrap report --cost-model FILE` and "
-        "CostModel.load. Takes about 10 to 30 s.",
+        "CostModel.load. Takes about 30 s (2 gloo ranks on a 2-core CPU).",
         epilog="example: torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json",
     )
     calibrate.add_argument(

@@ -3,7 +3,7 @@
 :func:`calibration_fields` runs on every rank of the group (it issues
 collectives) and returns the model's constructor arguments, measured on rank
 0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
-The measurements, in about 10 to 30 s:
+The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
 
 * collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then
   denser) of buffer sizes from 4 KiB to ``max_bytes`` of
@@ -25,10 +25,10 @@ The measurements, in about 10 to 30 s:
   clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
 * FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): how much
   slower or faster a collective runs in a step than in the sweep, by size
-  (the curves are multiplied by these factors), the fixed cost per group and per
-  parameter tensor of each collective and the optimizer's cost per DTensor
-  parameter, from the forward and backward of real ``fully_shard`` steps of
-  synthetic stacks;
+  (the curves are multiplied by these factors) and the fixed cost per group
+  and per parameter tensor of each collective, from the forward and backward
+  of real ``fully_shard`` steps of synthetic stacks, and the optimizer's cost
+  per DTensor parameter from ``AdamW.step`` on one of those stacks;
 * the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
   4 KiB to 16 MiB (its size-dependent cost per tensor).
 
@@ -125,16 +125,16 @@ def calibration_fields(
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
     ag, rs, copies = _sweep(sizes, group, dev)
-    loop_ag = CollectiveCurve.from_samples(sizes, ag)
-    loop_rs = CollectiveCurve.from_samples(sizes, rs)
+    sweep_ag = CollectiveCurve.from_samples(sizes, ag)
+    sweep_rs = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    in_step = fsdp_fixed_costs(group, dev, loop_ag, loop_rs, copy_curve)
-    ag_curve = in_step_curve(loop_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
-    rs_curve = in_step_curve(loop_rs, sizes, [(n, b) for n, _, b in in_step.factors])
+    in_step = fsdp_fixed_costs(group, dev, sweep_ag, sweep_rs, copy_curve)
+    ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
+    rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,
@@ -283,8 +283,8 @@ def _last_level_cache_bytes() -> int:
 
     sizes = []
     for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
         try:
+            text = path.read_text().strip().upper()
             scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
             sizes.append(int(text.rstrip("KMG")) * scale)
         except (ValueError, OSError):
@@ -338,8 +338,8 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
 
     ``AdamW.step`` (torch's default implementation for the device: a for-loop
     on CPU, ``foreach`` on CUDA) over ``m`` tensors of each of
-    :data:`_OPT_SIZES` elements (``m`` from 4 to 32, about
-    :data:`_OPT_ELEMENTS` elements in all) and over ``m`` tensors of 16
+    :data:`_OPT_SIZES` elements (``m = _OPT_ELEMENTS // n`` kept within 4 to 32:
+    32 tensors up to 1 MiB, 8 of 4 MiB, 4 of 16 MiB) and over ``m`` tensors of 16
     elements, in interleaved rounds (median of 9 after 2 warm-up steps); per
     size, the difference to the 16-element step over the same ``m``, divided
     by ``m`` (the fixed part per tensor is ``optimizer_param_overhead_s``,
@@ -347,7 +347,7 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
     bias-corrected denominator) are fresh allocations of the tensor's size
     each step, which a copy between allocated buffers does not pay.
 
-    (With 4 tensors per size, as before, one disturbed 64 KiB median priced
+    (With 4 tensors per size, one disturbed 64 KiB median priced
     every tensor from 64 KiB to 1 MiB at 0.47 ms: 34 ms predicted for a Llama
     step that took 14 ms, 2 gloo ranks.)
     """

@@ -144,26 +144,6 @@ class CollectiveCurve:
             segments.append(CurveSegment(None if last else s1, t0 - s0 * slope, slope))
         return cls(tuple(segments))
 
-    def scaled(self, factor: float) -> CollectiveCurve:
-        """This curve with every time multiplied by ``factor`` (``>= 0``, finite).
-
-        >>> CollectiveCurve.from_samples([1024, 2048], [1e-4, 2e-4]).scaled(1.5).time(2048)
-        0.00030000000000000003
-
-        Raises:
-            ValueError: ``factor`` is negative or not finite.
-        """
-        if not (math.isfinite(factor) and factor >= 0):
-            raise ValueError(
-                f"CollectiveCurve.scaled: factor must be finite and >= 0, got {factor!r}"
-            )
-        return CollectiveCurve(
-            tuple(
-                CurveSegment(seg.up_to_bytes, seg.latency_s * factor, seg.seconds_per_byte * factor)
-                for seg in self.segments
-            )
-        )
-
     @classmethod
     def lower_envelope(cls, lines: Sequence[tuple[float, float]]) -> CollectiveCurve:
         """The cheapest of several alpha-beta lines at every size.

@@ -2,17 +2,17 @@
 
 :func:`fsdp_fixed_costs` runs on every rank of the group (it issues
 collectives) and measures, from real ``fully_shard`` steps of synthetic stacks,
-what :class:`~execwrap.cost.CostModel` charges on top of its collective
-curves and copies (an :class:`InStepCosts`):
+how FSDP2's collectives and bookkeeping inside a step differ from the
+calibration's sweep of bare collectives (an :class:`InStepCosts`):
 
 * ``factors``: how much slower (or faster) an all-gather and a
   reduce-scatter of a group's size run inside a step than in the
   calibration's sweep, at the sizes of the larger stacks (256 KiB, 2 and
-  8 MiB); :func:`in_step_curve` multiplies a sweep curve by them,
-  interpolated between those sizes. In a step a collective follows FSDP2's
-  copy-in and the ranks arrive at it apart; a 2 MiB all-gather of 8
-  tensors took about twice the sweep's time in a step, an 8 MiB one about
-  the same, 2 gloo ranks;
+  8 MiB); :func:`in_step_curve` multiplies a sweep curve by them. In a step
+  a collective follows FSDP2's copy-in and the ranks arrive at it apart.
+  On 2 gloo ranks the factors came out between 0.5x and 2.1x, and moved by
+  up to 1.5x between calibrations (a stack's slope is a difference of two
+  noisy medians);
 * ``group_overhead_s``: fixed seconds per FSDP2 group per collective it
   issues (the hooks' Python path, the all-gather / reduce-scatter set-up);
 * ``param_overhead_s``: seconds per parameter tensor of a group per
@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +61,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ROUNDS",
@@ -85,14 +89,18 @@ STACKS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
 #: as the median of its steps.
 ROUNDS = 15
 #: Rows of a stack's input batch. (256 rows, so that the ranks arrive at the
-#: collectives apart after some compute, as in a step, raised the factors to
-#: 1.69x / 1.43x and lowered the fixed cost per group to 0.45 ms: per-block plans
-#: were then predicted 9-16% too slow and always-wrap ones 22-30% too fast.)
+#: collectives apart after some compute, as in a step, raised the first design's
+#: single factors to 1.69x / 1.43x and lowered the fixed cost per group to 0.45 ms:
+#: per-block plans were then predicted 9-16% too slow and always-wrap ones 22-30%
+#: too fast.)
 _BATCH = 4
 
 
 #: The range in-step factors are kept within.
 FACTOR_RANGE = (0.5, 2.5)
+#: Group bytes up to which a collective is latency: the 1 KiB stacks' groups (up to
+#: 8 tensors of 1 KiB), priced by the sweep as it is.
+_LATENCY_BYTES = 8 * 2**10
 
 
 @dataclass(frozen=True)
@@ -113,8 +121,8 @@ class InStepCosts:
     optimizer_param_overhead_s: float
 
     def describe(self) -> str:
-        """``"all-gather 0.95x / 1.96x / 0.99x, reduce-scatter ... at 256 KiB / 2 MiB /
-        8 MiB"``: the factors in one line."""
+        """The factors in one line: ``"all-gather 0.95x / 1.96x / 0.99x, reduce-scatter
+        0.93x / 1.09x / 0.97x the sweep's at 256 KiB / 2 MiB / 8 MiB"``."""
         sizes = " / ".join(_size(n) for n, _, _ in self.factors)
         ag = " / ".join(f"{a:.2f}x" for _, a, _ in self.factors)
         rs = " / ".join(f"{r:.2f}x" for _, _, r in self.factors)
@@ -128,19 +136,22 @@ def _size(nbytes: int) -> str:
 def in_step_curve(
     curve: CollectiveCurve, sizes: Sequence[int], factors: Sequence[tuple[int, float]]
 ) -> CollectiveCurve:
-    """``curve`` multiplied by the in-step factor of each size, resampled at ``sizes``.
+    """``curve`` multiplied by the in-step factor of each size.
 
     The factor is 1 up to :data:`_LATENCY_BYTES` (where ``g`` and ``t`` were
-    fitted on the sweep's own times), linear in log-size between the measured
-    ``(bytes, factor)`` points, and the last point's beyond them.
+    fitted on the sweep's own times), linear in log-size from there to the
+    first measured ``(bytes, factor)`` point and between points, and the last
+    point's beyond it. The curve is resampled at ``sizes``, ``_LATENCY_BYTES``
+    and the factors' sizes; no sample is priced below the sweep's time at
+    ``_LATENCY_BYTES`` (a factor below 1 would otherwise pull the latency region
+    down with it, as :meth:`CollectiveCurve.from_samples` keeps times
+    non-decreasing by the smallest time at a size or above).
 
     >>> flat = CollectiveCurve.from_samples([2**10, 2**30], [1e-3, 1e-3])
-    >>> c = in_step_curve(flat, [2**13, 2**18, 2**21, 2**23, 2**26], [(2**18, 0.5), (2**21, 2.0)])
+    >>> c = in_step_curve(flat, [2**16, 2**26], [(2**18, 0.5), (2**21, 2.0)])
     >>> [round(c.time(n) * 1e3, 3) for n in (2**13, 2**18, 2**21, 2**26)]
-    [0.5, 0.5, 2.0, 2.0]
+    [1.0, 1.0, 2.0, 2.0]
     """
-    import math
-
     points = [(_LATENCY_BYTES, 1.0), *sorted((int(n), float(f)) for n, f in factors)]
 
     def factor(n: int) -> float:
@@ -152,7 +163,15 @@ def in_step_curve(
                 return f0 + w * (f1 - f0)
         return points[-1][1]
 
-    return CollectiveCurve.from_samples(list(sizes), [curve.time(n) * factor(n) for n in sizes])
+    floor = curve.time(_LATENCY_BYTES)
+    at = sorted({*(int(n) for n in sizes), *(n for n, _ in points)})
+    return CollectiveCurve.from_samples(
+        at,
+        [
+            curve.time(n) if n <= _LATENCY_BYTES else max(floor, curve.time(n) * factor(n))
+            for n in at
+        ],
+    )
 
 
 def fsdp_fixed_costs(
@@ -167,8 +186,8 @@ def fsdp_fixed_costs(
     Args:
         group: the process group (every rank calls this).
         dev: the device FSDP2 runs on.
-        ag: the all-gather curve (seconds by output bytes), from the loop sweep.
-        rs: the reduce-scatter curve (seconds by input bytes), from the loop sweep.
+        ag: the all-gather curve (seconds by output bytes), from the calibration's sweep.
+        rs: the reduce-scatter curve (seconds by input bytes), from the sweep.
         copy: seconds of a copy into a fresh buffer, by bytes.
 
     Returns:
@@ -221,11 +240,6 @@ def fsdp_fixed_costs(
     return InStepCosts(factors, per_group, per_tensor, max(0.0, opt))
 
 
-#: Group bytes up to which a collective is latency: the 1 KiB stacks' groups (up to
-#: 8 tensors of 1 KiB), priced by the sweep as it is.
-_LATENCY_BYTES = 8 * 2**10
-
-
 def fit_in_step(
     slopes: dict[tuple[int, int], tuple[float, float]],
     ag: CollectiveCurve,
@@ -251,10 +265,11 @@ def fit_in_step(
     Raises:
         ValueError: no stack of at most ``_LATENCY_BYTES`` per group.
 
-    Slopes made from known values (copies free) give those values back:
+    Slopes made from known values (copies negligible) give those values back:
 
     >>> ag = CollectiveCurve.from_samples([1024, 2**20, 2**23], [1e-4, 1e-3, 4e-3])
-    >>> rs, copy = ag.scaled(2.0), ag.scaled(1e-9)
+    >>> rs = CollectiveCurve.from_samples([1024, 2**20, 2**23], [2e-4, 2e-3, 8e-3])
+    >>> copy = CollectiveCurve.from_samples([1024, 2**23], [1e-15, 1e-12])
     >>> def slope(k, d, a, b, g=2e-4, t=1e-5):
     ...     gather, scatter = a * ag.time(k * d * d * 4), b * rs.time(k * d * d * 4)
     ...     return (gather + g + k * t, gather + scatter + 2 * (g + k * t))
@@ -266,15 +281,16 @@ def fit_in_step(
     """
 
     def parts(k: int, d: int) -> tuple[int, float, float, float]:
-        nbytes = k * d * d * 4  # one group's parameters, float32
-        copies = copy.time(nbytes // world) + k * copy.time(d * d * 4)  # copy-in, copy-out
+        padded = -(-d // world) * world * d * 4  # one layer as FSDP2 pads dim 0, float32
+        nbytes = k * padded
+        copies = copy.time(nbytes // world) + k * copy.time(padded)  # copy-in, copy-out
         return nbytes, ag.time(nbytes), rs.time(nbytes), copies
 
     rows: list[list[float]] = []
     rhs: list[float] = []
     for (k, d), (fwd, bwd) in slopes.items():
         nbytes, gather, scatter, copies = parts(k, d)
-        if nbytes > _LATENCY_BYTES:
+        if k * d * d * 4 > _LATENCY_BYTES:  # unpadded: the stack's own size decides
             continue
         for slope, row, known in (
             (fwd, [1.0, float(k)], copies + gather),
@@ -290,13 +306,22 @@ def fit_in_step(
     factors = []
     for (k, d), (fwd, bwd) in sorted(slopes.items(), key=lambda kv: parts(*kv[0])[0]):
         nbytes, gather, scatter, copies = parts(k, d)
-        if nbytes <= _LATENCY_BYTES:
+        if k * d * d * 4 <= _LATENCY_BYTES:
             continue
         fixed = g + k * t
         gather_in_step = fwd - copies - fixed
         scatter_in_step = bwd - gather_in_step - copies - copy.time(nbytes) - 2 * fixed
-        a = min(high, max(low, gather_in_step / max(gather, 1e-12)))
-        b = min(high, max(low, scatter_in_step / max(scatter, 1e-12)))
+        raw = (gather_in_step / max(gather, 1e-12), scatter_in_step / max(scatter, 1e-12))
+        a, b = (min(high, max(low, f)) for f in raw)
+        if (a, b) != raw:
+            logger.warning(
+                "calibrate: the in-step factors of %d-byte groups (%.2fx all-gather, %.2fx "
+                "reduce-scatter) were kept within %s: a disturbed stack; calibrate again "
+                "on a quiet machine",
+                nbytes,
+                *raw,
+                FACTOR_RANGE,
+            )
         factors.append((nbytes, a, b))
     return tuple(factors), g, t
 

@@ -49,14 +49,16 @@ class CostModel:
         device_type: ``"cpu"`` or ``"cuda"`` (the device FSDP2 runs on).
         backend: the process group's backend (``"gloo"``, ``"nccl"``, ...).
         world_size: ranks in the data-parallel group the curves are for.
-        all_gather: seconds of ``all_gather_single`` by output bytes.
-        reduce_scatter: seconds of ``reduce_scatter_single`` by input bytes.
+        all_gather: seconds of one all-gather in a training step, by output
+            bytes (calibrated: the sweep of ``all_gather_single`` times the
+            in-step factors measured on FSDP2 stacks).
+        reduce_scatter: the same for a reduce-scatter, by input bytes.
         copy_bytes_per_s: bytes copied per second by a large device copy
             (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
             are memory-bound copies).
         copy_curve: seconds of a copy into a freshly allocated buffer, by
-            bytes, when measured (on CPU small buffers stay in cache and
-            large fresh ones pay page faults); ``None``: ``copy_bytes_per_s``.
+            bytes, when measured (caches flushed before each copy; large fresh
+            buffers pay page faults); ``None``: ``copy_bytes_per_s``.
         group_overhead_s: fixed cost per FSDP2 group per collective it issues
             (the hooks, the copy-in/copy-out bookkeeping, the collective's
             Python path), seconds.
@@ -240,15 +242,17 @@ class CostModel:
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
-        Runs, in about 15 to 30 s: a log sweep of all-gather, reduce-scatter
-        and fresh-copy sizes (medians), a large copy, a matmul loop, a tiny-op
-        loop, ``AdamW.step`` over tensors of 4 KiB to 16 MiB (the optimizer
-        curve), a matmul loop alone and beside an async all-gather (the overlap
-        factor), and real FSDP2 steps of synthetic stacks (the fixed cost per
-        group and per parameter tensor of each collective,
-        :mod:`execwrap.cost.fixed_costs`). Every rank must call it; rank 0's numbers are broadcast, so
-        every rank gets the same model and plans alike. Details:
-        :mod:`execwrap.cost.calibrate`.
+        Runs, in about 30 s on 2 gloo ranks of a 2-core CPU: a log sweep of
+        all-gather, reduce-scatter and fresh-copy sizes (medians, CPU caches
+        flushed before each run), a large copy, a matmul loop, a tiny-op loop,
+        ``AdamW.step`` over tensors of 4 KiB to 16 MiB (the optimizer curve), a
+        matmul loop alone and beside an async all-gather (the overlap factor),
+        and the forward and backward of real FSDP2 steps of synthetic stacks
+        (the fixed cost per group and per parameter tensor of each collective,
+        and the in-step factors by size that the collective curves are
+        multiplied by: :mod:`execwrap.cost.fixed_costs`). Every rank must call
+        it; rank 0's numbers are broadcast, so every rank gets the same model
+        and plans alike. Details: :mod:`execwrap.cost.calibrate`.
 
         Args:
             group: the data-parallel process group (default: the world group).

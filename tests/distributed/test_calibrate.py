@@ -37,7 +37,8 @@ def test_calibrate_two_gloo_ranks() -> None:
     assert 0 <= cm.group_overhead_s < 0.1 and 0 <= cm.optimizer_param_overhead_s < 0.1
     assert all(math.isfinite(v) for v in (cm.group_overhead_s, cm.overlap))
     assert cm.source.startswith("calibrated on 2 gloo ranks (cpu")
-    # the in-step factors the curves were multiplied by, at the larger stacks' sizes
+    # the in-step factors the curves were multiplied by, named in the source at the larger
+    # stacks' sizes (their values are tested exactly in tests/execwrap/test_cost.py)
     factors = re.search(
         r"in-step factors: all-gather ([0-9.x /]+), reduce-scatter ([0-9.x /]+) the sweep's at "
         r"256 KiB / 2 MiB / 8 MiB$",

@@ -120,33 +120,23 @@ def test_nonnegative_least_squares() -> None:
     assert x[0] == 0.0 and x[1] == pytest.approx((6 * 1 + 48 * 20) / (6**2 + 48**2))
 
 
-def test_curve_scaled_multiplies_every_time() -> None:
-    curve = CollectiveCurve.from_samples([1024, 4096, 2**20], [1e-4, 2e-4, 1e-3])
-    double = curve.scaled(2.0)
-    assert [double.time(n) for n in (512, 2048, 2**20, 2**21)] == pytest.approx(
-        [2 * curve.time(n) for n in (512, 2048, 2**20, 2**21)]
-    )
-    assert [s.up_to_bytes for s in double.segments] == [s.up_to_bytes for s in curve.segments]
-    for bad in (-1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="factor must be finite and >= 0"):
-            curve.scaled(bad)
-
-
 def _stack_slopes(
     ag: CollectiveCurve,
     rs: CollectiveCurve,
     copy: CollectiveCurve,
-    factors: dict[int, tuple[float, float]],
+    factors: dict[tuple[int, int], tuple[float, float]],
     g: float,
     t: float,
+    world: int = 2,
 ) -> dict[tuple[int, int], tuple[float, float]]:
-    """What the fit's equations say one group of each stack costs (forward, backward),
-    with the in-step factors of ``factors`` (by width; 1 for the others)."""
+    """What the fit's equations say one group of each ``(k, d)`` stack costs (forward,
+    backward), with the in-step factors of ``factors`` (1 for the stacks not in it)."""
     out = {}
     for k, d in [(1, 16), (8, 16), (1, 256), (8, 256), (2, 1024)]:
-        nbytes = k * d * d * 4
-        a, b = factors.get(d * 100 + k, (1.0, 1.0))
-        copies = copy.time(nbytes // 2) + k * copy.time(d * d * 4)
+        layer = -(-d // world) * world * d * 4  # dim 0 padded as FSDP2 pads it
+        nbytes = k * layer
+        a, b = factors.get((k, d), (1.0, 1.0))
+        copies = copy.time(nbytes // world) + k * copy.time(layer)
         fwd = a * ag.time(nbytes) + copies + g + k * t
         bwd = (
             a * ag.time(nbytes) + b * rs.time(nbytes) + copies + copy.time(nbytes) + 2 * (g + k * t)
@@ -155,37 +145,70 @@ def _stack_slopes(
     return out
 
 
-def test_fit_in_step_recovers_the_costs_it_was_made_from() -> None:
+_AG = CollectiveCurve.from_samples([1024, 2**20, 2**23], [2e-4, 7e-4, 6e-3])
+_RS = CollectiveCurve.from_samples([1024, 2**20, 2**23], [3e-4, 1.05e-3, 9e-3])
+_COPY = CollectiveCurve.from_samples([1024, 2**23], [1e-6, 1e-3])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fit_in_step_recovers_the_costs_it_was_made_from(world: int) -> None:
     from execwrap.cost.fixed_costs import fit_in_step
 
-    ag = CollectiveCurve.from_samples([1024, 2**20, 2**23], [2e-4, 7e-4, 6e-3])
-    rs = ag.scaled(1.5)
-    copy = CollectiveCurve.from_samples([1024, 2**23], [1e-6, 1e-3])
-    made = {25601: (0.9, 0.6), 25608: (2.0, 1.1), 102402: (1.0, 0.95)}
-    factors, g, t = fit_in_step(_stack_slopes(ag, rs, copy, made, 6e-4, 4e-5), ag, rs, copy, 2)
-    assert [n for n, _, _ in factors] == [2**18, 2**21, 2**23]
+    made = {(1, 256): (0.9, 0.6), (8, 256): (2.0, 1.1), (2, 1024): (1.0, 0.95)}
+    slopes = _stack_slopes(_AG, _RS, _COPY, made, 6e-4, 4e-5, world)
+    factors, g, t = fit_in_step(slopes, _AG, _RS, _COPY, world)
+    padded = -(-256 // world) * world * 256 * 4
+    assert [n for n, _, _ in factors] == [
+        padded,
+        8 * padded,
+        2 * (-(-1024 // world) * world) * 4096,
+    ]
     assert [v for _, a, b in factors for v in (a, b)] == pytest.approx(
         [0.9, 0.6, 2.0, 1.1, 1.0, 0.95]
     )
     assert (g, t) == pytest.approx((6e-4, 4e-5))
-    # a disturbed stack cannot price a size at 5x or at 0: the factors stay in range
-    wild = {25601: (9.0, 0.01)}
-    factors, _, _ = fit_in_step(_stack_slopes(ag, rs, copy, wild, 6e-4, 4e-5), ag, rs, copy, 2)
-    assert factors[0][1:] == (2.5, 0.5)
+
+
+def test_fit_in_step_keeps_the_factors_in_range(caplog: pytest.LogCaptureFixture) -> None:
+    from execwrap.cost.fixed_costs import fit_in_step
+
+    # a disturbed stack cannot price a size at 5x or at 0: the factors stay in range, logged
+    slopes = _stack_slopes(_AG, _RS, _COPY, {(1, 256): (9.0, 0.01)}, 6e-4, 4e-5)
+    with caplog.at_level("WARNING", logger="execwrap.cost.fixed_costs"):
+        factors, _, _ = fit_in_step(slopes, _AG, _RS, _COPY, 2)
+    assert factors[0] == (2**18, 2.5, 0.5)
+    assert "in-step factors of 262144-byte groups (9.00x all-gather" in caplog.text
     with pytest.raises(ValueError, match="no stack of at most 8192 bytes per group"):
-        fit_in_step({(1, 256): (1e-3, 2e-3)}, ag, rs, copy, 2)
+        fit_in_step({(1, 256): (1e-3, 2e-3)}, _AG, _RS, _COPY, 2)
 
 
 def test_in_step_curve_interpolates_the_factors_in_log_size() -> None:
     from execwrap.cost.fixed_costs import in_step_curve
 
+    sweep = CollectiveCurve.from_samples([2**10, 2**30], [1e-3, 1e-3 + 2**30 * 1e-12])
+    sizes = [2**15, 2**20, 2**26]
+    curve = in_step_curve(sweep, sizes, [(2**18, 2.0), (2**21, 2.5), (2**23, 3.0)])
+    # 1 up to 8 KiB; from 8 KiB to 256 KiB linear in log-size (32 KiB is 2 / 5 of the way
+    # to 2.0); between the points likewise (1 MiB: 2 / 3 of the way from 2.0 to 2.5); the
+    # last point's beyond it (64 MiB: 3.0); linear interpolation in size would give 1.09
+    # at 32 KiB and 2.43 at 1 MiB
+    want = {2**13: 1.0, 2**15: 1.4, 2**18: 2.0, 2**20: 2 + 2 / 3 * 0.5, 2**21: 2.5, 2**26: 3.0}
+    assert {n: curve.time(n) / sweep.time(n) for n in want} == pytest.approx(want)
+
+
+def test_in_step_curve_never_prices_below_the_latency() -> None:
+    from execwrap.cost.fixed_costs import in_step_curve
+
     flat = CollectiveCurve.from_samples([2**10, 2**30], [1e-3, 1e-3])
-    sizes = [2**13, 2**16, 2**18, 2**20, 2**21, 2**23, 2**26]
-    curve = in_step_curve(flat, sizes, [(2**18, 1.0), (2**21, 2.5), (2**23, 1.5)])
-    # 1 up to 8 KiB, 1 at 256 KiB, then 1 + 1.5 * (log 1 MiB - log 256 KiB) / (log 2 MiB -
-    # log 256 KiB) = 2 at 1 MiB, 2.5 at 2 MiB, 1.5 at 8 MiB and beyond (the suffix minimum
-    # makes the curve non-decreasing: 2 MiB is priced as 8 MiB)
-    assert [round(curve.time(n) * 1e3, 6) for n in sizes] == [1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.5]
+    curve = in_step_curve(flat, [2**16, 2**26], [(2**18, 0.5), (2**21, 2.0)])
+    # the 0.5x at 256 KiB would pull 8 KiB and below to 0.5 ms: floored at the sweep's 1 ms
+    assert [round(curve.time(n) * 1e3, 6) for n in (2**10, 2**13, 2**18, 2**21, 2**26)] == [
+        1.0,
+        1.0,
+        1.0,
+        2.0,
+        2.0,
+    ]
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
