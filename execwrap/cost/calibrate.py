@@ -132,7 +132,7 @@ def calibration_fields(
     optimizer_curve = _optimizer_curve(dev)
     overlap = _overlap(group, dev)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    in_step = fsdp_fixed_costs(group, dev, sweep_ag, sweep_rs, copy_curve)
+    in_step = fsdp_fixed_costs(group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1])
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     fields: dict[str, Any] = {

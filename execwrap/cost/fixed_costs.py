@@ -180,6 +180,8 @@ def fsdp_fixed_costs(
     ag: CollectiveCurve,
     rs: CollectiveCurve,
     copy: CollectiveCurve,
+    *,
+    max_bytes: int | None = None,
 ) -> InStepCosts:
     """Measure (module docstring) the in-step factors and fixed costs.
 
@@ -189,6 +191,8 @@ def fsdp_fixed_costs(
         ag: the all-gather curve (seconds by output bytes), from the calibration's sweep.
         rs: the reduce-scatter curve (seconds by input bytes), from the sweep.
         copy: seconds of a copy into a fresh buffer, by bytes.
+        max_bytes: the sweep's largest size: no factor for larger groups (the
+            curves are extrapolated there).
 
     Returns:
         The :class:`InStepCosts` (rank 0's and every other rank's may differ;
@@ -232,7 +236,7 @@ def fsdp_fixed_costs(
         return statistics.linear_regression(list(counts), extra).slope
 
     slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in STACKS}
-    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
+    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world, max_bytes=max_bytes)
     k, _, counts = STACKS[1]
     opt = statistics.linear_regression(
         [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
@@ -246,6 +250,8 @@ def fit_in_step(
     rs: CollectiveCurve,
     copy: CollectiveCurve,
     world: int,
+    *,
+    max_bytes: int | None = None,
 ) -> tuple[tuple[tuple[int, float, float], ...], float, float]:
     """``(factors, group_overhead_s, param_overhead_s)`` from one group's measured
     forward and backward seconds per stack (module docstring).
@@ -257,6 +263,7 @@ def fit_in_step(
             factors.
         ag, rs, copy: the sweep curves (seconds by bytes).
         world: ranks.
+        max_bytes: the sweep's largest size; larger stacks give no factor.
 
     Returns:
         ``((bytes, all-gather factor, reduce-scatter factor), ...)`` by size, each
@@ -306,7 +313,7 @@ def fit_in_step(
     factors = []
     for (k, d), (fwd, bwd) in sorted(slopes.items(), key=lambda kv: parts(*kv[0])[0]):
         nbytes, gather, scatter, copies = parts(k, d)
-        if k * d * d * 4 <= _LATENCY_BYTES:
+        if k * d * d * 4 <= _LATENCY_BYTES or (max_bytes is not None and nbytes > max_bytes):
             continue
         fixed = g + k * t
         gather_in_step = fwd - copies - fixed

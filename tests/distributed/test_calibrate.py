@@ -25,7 +25,15 @@ def test_calibrate_two_gloo_ranks() -> None:
 
     cm = CostModel.from_dict(data)
     sizes = [4096, 16384, 65536, 262144, 1048576]
-    assert [s["up_to_bytes"] for s in data["all_gather"]] == [4096, 16384, 65536, 262144, None]
+    # the sweep's sizes and 8 KiB (where the in-step factors start), up to max_bytes
+    assert [s["up_to_bytes"] for s in data["all_gather"]] == [
+        4096,
+        8192,
+        16384,
+        65536,
+        262144,
+        None,
+    ]
     for curve in (cm.all_gather, cm.reduce_scatter):
         times = [curve.time(n) for n in sizes]
         assert all(0 < t < 1.0 for t in times), times
@@ -40,13 +48,13 @@ def test_calibrate_two_gloo_ranks() -> None:
     # the in-step factors the curves were multiplied by, named in the source at the larger
     # stacks' sizes (their values are tested exactly in tests/execwrap/test_cost.py)
     factors = re.search(
-        r"in-step factors: all-gather ([0-9.x /]+), reduce-scatter ([0-9.x /]+) the sweep's at "
-        r"256 KiB / 2 MiB / 8 MiB$",
+        r"in-step factors: all-gather ([0-9.x]+), reduce-scatter ([0-9.x]+) the sweep's at "
+        r"256 KiB$",  # max_bytes=1 MiB: the 2 and 8 MiB stacks give none
         cm.source,
     )
     assert factors is not None, cm.source
     values = [float(v.rstrip("x")) for group in factors.groups() for v in group.split(" / ")]
-    assert len(values) == 6 and all(0.5 <= v <= 2.5 for v in values), values
+    assert len(values) == 2 and all(0.5 <= v <= 2.5 for v in values), values
     # AdamW's size-dependent cost per tensor, 4 KiB to 16 MiB, non-decreasing in size
     assert cm.optimizer_curve is not None
     opt = [cm.optimizer_curve.time(4 * 4**k * 1024) for k in range(7)]
