@@ -309,7 +309,6 @@ def fit_in_step(
     if not rows:
         raise ValueError(f"fit_in_step: no stack of at most {_LATENCY_BYTES} bytes per group")
     g, t = nonnegative_least_squares(rows, rhs)
-    low, high = FACTOR_RANGE
     factors = []
     for (k, d), (fwd, bwd) in sorted(slopes.items(), key=lambda kv: parts(*kv[0])[0]):
         nbytes, gather, scatter, copies = parts(k, d)
@@ -319,18 +318,25 @@ def fit_in_step(
         gather_in_step = fwd - copies - fixed
         scatter_in_step = bwd - gather_in_step - copies - copy.time(nbytes) - 2 * fixed
         raw = (gather_in_step / max(gather, 1e-12), scatter_in_step / max(scatter, 1e-12))
-        a, b = (min(high, max(low, f)) for f in raw)
-        if (a, b) != raw:
-            logger.warning(
-                "calibrate: the in-step factors of %d-byte groups (%.2fx all-gather, %.2fx "
-                "reduce-scatter) were kept within %s: a disturbed stack; calibrate again "
-                "on a quiet machine",
-                nbytes,
-                *raw,
-                FACTOR_RANGE,
-            )
-        factors.append((nbytes, a, b))
+        factors.append((nbytes, *_clamped(nbytes, raw)))
     return tuple(factors), g, t
+
+
+def _clamped(nbytes: int, raw: tuple[float, float]) -> tuple[float, float]:
+    """``raw`` (all-gather, reduce-scatter factors) kept within :data:`FACTOR_RANGE`,
+    with a warning when one was outside it."""
+    low, high = FACTOR_RANGE
+    a, b = (min(high, max(low, f)) for f in raw)
+    if (a, b) != raw:
+        logger.warning(
+            "calibrate: the in-step factors of %d-byte groups (%.2fx all-gather, %.2fx "
+            "reduce-scatter) were kept within %s: a disturbed stack; calibrate again "
+            "on a quiet machine",
+            nbytes,
+            *raw,
+            FACTOR_RANGE,
+        )
+    return a, b
 
 
 def nonnegative_least_squares(rows: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float]:
