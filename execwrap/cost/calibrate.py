@@ -45,6 +45,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve
+from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve, sync_device
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -194,23 +195,18 @@ def _device(device: torch.device | str | None, backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _median_time(
     fn: Callable[[], Any], dev: torch.device, *, repeats: int, warmup: int = 1
 ) -> float:
     """Median seconds of ``fn()`` (device synchronised around each run)."""
     for _ in range(warmup):
         fn()
-    _sync(dev)
+    sync_device(dev)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(dev)
+        sync_device(dev)
         times.append(time.perf_counter() - t0)
     return float(statistics.median(times))
 
@@ -268,10 +264,10 @@ def _sweep(
                 evict()
                 if kind != "copy":
                     dist.barrier(group=group)
-                _sync(dev)
+                sync_device(dev)
                 t0 = time.perf_counter()
                 fn()
-                _sync(dev)
+                sync_device(dev)
                 samples.append(time.perf_counter() - t0)
             out[kind].append(max(float(statistics.median(samples)), 1e-9))
     return out["all_gather"], out["reduce_scatter"], out["copy"]
@@ -279,8 +275,6 @@ def _sweep(
 
 def _last_level_cache_bytes() -> int:
     """The CPU's largest cache in bytes (Linux sysfs; 32 MiB where it can't be read)."""
-    from pathlib import Path
-
     sizes = []
     for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
@@ -361,10 +355,10 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
     samples: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
     for r in range(11):
         for key, step in steps.items():
-            _sync(dev)
+            sync_device(dev)
             t0 = time.perf_counter()
             step()
-            _sync(dev)
+            sync_device(dev)
             if r >= 2:  # warm-up: the states are allocated in the first step
                 samples[key].append(time.perf_counter() - t0)
     del steps

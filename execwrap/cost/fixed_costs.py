@@ -72,7 +72,10 @@ __all__ = [
     "fit_in_step",
     "fsdp_fixed_costs",
     "in_step_curve",
+    "group_bytes",
     "nonnegative_least_squares",
+    "stacks_within",
+    "sync_device",
 ]
 
 #: ``(layers per group k, width d, group counts)`` of the synthetic stacks: groups
@@ -174,6 +177,26 @@ def in_step_curve(
     )
 
 
+def group_bytes(k: int, d: int, world: int) -> int:
+    """Bytes of one stack group: ``k`` float32 ``d x d`` layers, dim 0 padded to a
+    multiple of ``world`` as FSDP2 pads it."""
+    return k * -(-d // world) * world * d * 4
+
+
+def stacks_within(
+    max_bytes: int | None, world: int
+) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The :data:`STACKS` whose groups are at most ``max_bytes`` (the sweep's largest
+    size: a factor above it would compare with an extrapolated curve); all for ``None``.
+
+    >>> [(k, d) for k, d, _ in stacks_within(2**20, 2)]
+    [(1, 16), (8, 16), (1, 256)]
+    """
+    return tuple(
+        s for s in STACKS if max_bytes is None or group_bytes(s[0], s[1], world) <= max_bytes
+    )
+
+
 def fsdp_fixed_costs(
     group: dist.ProcessGroup,
     dev: torch.device,
@@ -191,8 +214,8 @@ def fsdp_fixed_costs(
         ag: the all-gather curve (seconds by output bytes), from the calibration's sweep.
         rs: the reduce-scatter curve (seconds by input bytes), from the sweep.
         copy: seconds of a copy into a fresh buffer, by bytes.
-        max_bytes: the sweep's largest size: no factor for larger groups (the
-            curves are extrapolated there).
+        max_bytes: the sweep's largest size: larger stacks are not run
+            (:func:`stacks_within`).
 
     Returns:
         The :class:`InStepCosts` (rank 0's and every other rank's may differ;
@@ -203,8 +226,9 @@ def fsdp_fixed_costs(
 
     mesh = DeviceMesh.from_group(group, dev.type)
     world = dist.get_world_size(group)
+    stacks = stacks_within(max_bytes, world)
     fns: dict[str, Callable[[], tuple[float, ...]]] = {}
-    for k, d, counts in STACKS:
+    for k, d, counts in stacks:
         for n in counts:
             for sharded in (True, False):
                 model = nn.Sequential(
@@ -235,8 +259,8 @@ def fsdp_fixed_costs(
         ]
         return statistics.linear_regression(list(counts), extra).slope
 
-    slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in STACKS}
-    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world, max_bytes=max_bytes)
+    slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in stacks}
+    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
     k, _, counts = STACKS[1]
     opt = statistics.linear_regression(
         [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
@@ -250,8 +274,6 @@ def fit_in_step(
     rs: CollectiveCurve,
     copy: CollectiveCurve,
     world: int,
-    *,
-    max_bytes: int | None = None,
 ) -> tuple[tuple[tuple[int, float, float], ...], float, float]:
     """``(factors, group_overhead_s, param_overhead_s)`` from one group's measured
     forward and backward seconds per stack (module docstring).
@@ -263,7 +285,6 @@ def fit_in_step(
             factors.
         ag, rs, copy: the sweep curves (seconds by bytes).
         world: ranks.
-        max_bytes: the sweep's largest size; larger stacks give no factor.
 
     Returns:
         ``((bytes, all-gather factor, reduce-scatter factor), ...)`` by size, each
@@ -288,9 +309,8 @@ def fit_in_step(
     """
 
     def parts(k: int, d: int) -> tuple[int, float, float, float]:
-        padded = -(-d // world) * world * d * 4  # one layer as FSDP2 pads dim 0, float32
-        nbytes = k * padded
-        copies = copy.time(nbytes // world) + k * copy.time(padded)  # copy-in, copy-out
+        nbytes = group_bytes(k, d, world)
+        copies = copy.time(nbytes // world) + k * copy.time(nbytes // k)  # copy-in, copy-out
         return nbytes, ag.time(nbytes), rs.time(nbytes), copies
 
     rows: list[list[float]] = []
@@ -312,7 +332,7 @@ def fit_in_step(
     factors = []
     for (k, d), (fwd, bwd) in sorted(slopes.items(), key=lambda kv: parts(*kv[0])[0]):
         nbytes, gather, scatter, copies = parts(k, d)
-        if k * d * d * 4 <= _LATENCY_BYTES or (max_bytes is not None and nbytes > max_bytes):
+        if k * d * d * 4 <= _LATENCY_BYTES:
             continue
         fixed = g + k * t
         gather_in_step = fwd - copies - fixed
@@ -383,16 +403,16 @@ def _step_fns(
     def step() -> tuple[float, ...]:
         t0 = time.perf_counter()
         loss = model(x).sum()
-        _sync(dev)
+        sync_device(dev)
         t1 = time.perf_counter()
         loss.backward()
-        _sync(dev)
+        sync_device(dev)
         return (t1 - t0, time.perf_counter() - t1)
 
     def update() -> tuple[float, ...]:  # as a training step: the next backward makes fresh grads
         t0 = time.perf_counter()
         opt.step()
-        _sync(dev)
+        sync_device(dev)
         t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         return (t1 - t0,)
@@ -402,7 +422,8 @@ def _step_fns(
     return step, update
 
 
-def _sync(dev: torch.device) -> None:
+def sync_device(dev: torch.device) -> None:
+    """Wait for ``dev``'s queued work (CUDA); nothing to wait for on CPU."""
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
@@ -421,7 +442,7 @@ def _interleaved(
     for _ in range(rounds):
         for k, fn in fns.items():
             dist.barrier(group=group)
-            _sync(dev)
+            sync_device(dev)
             times[k].append(fn())
     return {
         k: tuple(float(statistics.median(phase)) for phase in zip(*v, strict=True))
