@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["barrier", "rank_main", "spawn_ranks"]
+__all__ = ["barrier", "rank_main", "read_rank_results", "spawn_ranks"]
 
 Body = Callable[[int, torch.device, Any, dict[str, Any]], Any]
 Entry = Callable[[int, int, str, dict[str, Any]], None]
@@ -100,6 +100,24 @@ def rank_main(rank: int, world: int, tmpdir: str, job: dict[str, Any], body: Bod
     os._exit(0)  # see the module docstring: gloo worker threads and finalisation
 
 
+def read_rank_results(tmpdir: str, world: int) -> tuple[list[Any], list[str]]:
+    """``(results, errors)`` from the ``rank{N}.pkl`` files the ranks wrote in
+    ``tmpdir``: each ``("ok", value)`` payload's value in rank order, and each
+    failing rank's traceback (or ``"rank N: no result written"``). Shared with
+    the tests' ``run_ranks`` (``tests/_dist.py``)."""
+    results: list[Any] = []
+    errors: list[str] = []
+    for rank in range(world):
+        path = Path(tmpdir) / f"rank{rank}.pkl"
+        if not path.exists():
+            errors.append(f"rank {rank}: no result written")
+            continue
+        with open(path, "rb") as f:
+            status, value = pickle.load(f)
+        (results if status == "ok" else errors).append(value)
+    return results, errors
+
+
 def spawn_ranks(entry: Entry, job: dict[str, Any], world: int, *, name: str) -> list[Any]:
     """Run ``entry`` on ``world`` fresh rank processes; return each rank's result.
 
@@ -115,16 +133,7 @@ def spawn_ranks(entry: Entry, job: dict[str, Any], world: int, *, name: str) -> 
     try:
         with tempfile.TemporaryDirectory(prefix=f"execwrap-{name}-") as tmpdir:
             mp.spawn(entry, args=(world, tmpdir, job), nprocs=world, join=True)
-            results: list[Any] = []
-            errors: list[str] = []
-            for rank in range(world):
-                path = Path(tmpdir) / f"rank{rank}.pkl"
-                if not path.exists():
-                    errors.append(f"rank {rank}: no result written")
-                    continue
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
-                (results if status == "ok" else errors).append(value)
+            results, errors = read_rank_results(tmpdir, world)
             if errors:
                 raise RuntimeError(f"{name}: a rank failed:\n" + "\n".join(errors))
             return results

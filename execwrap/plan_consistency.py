@@ -148,18 +148,16 @@ def _check_unit(unit: WrapUnit, order: ExecutionOrder, spans: UseSpans, where: s
     if infos and all(p in infos for p in unit.param_fqns):
         count = len(unit.param_fqns)
         params = f"its {count} parameter{'' if count == 1 else 's'}"
-        numel = sum(infos[p].numel for p in unit.param_fqns)
-        if unit.numel != numel:
-            raise SchemaError(
-                field_path(where, "numel"),
-                f"{unit.numel} elements, but {params} have {numel} (order.params)",
-            )
-        nbytes = sum(infos[p].bytes for p in unit.param_fqns)
-        if unit.bytes != nbytes:
-            raise SchemaError(
-                field_path(where, "bytes"),
-                f"{unit.bytes} bytes, but {params} have {nbytes} (order.params)",
-            )
+        for key, unit_word, stated in (
+            ("numel", "elements", unit.numel),
+            ("bytes", "bytes", unit.bytes),
+        ):
+            total = sum(getattr(infos[p], key) for p in unit.param_fqns)
+            if stated != total:
+                raise SchemaError(
+                    field_path(where, key),
+                    f"{stated} {unit_word}, but {params} have {total} (order.params)",
+                )
     first, last = spans.span(unit.module_fqns, unit.param_fqns)
     if (unit.first_use, unit.last_use) != (first, last):
         key = "first_use" if unit.first_use != first else "last_use"

@@ -44,6 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks._ranks import read_rank_results
+
 __all__ = ["run_ranks"]
 
 
@@ -109,18 +111,7 @@ def run_ranks(
             nprocs=world_size,
             join=True,
         )
-        results: list[Any] = []
-        errors: list[str] = []
-        for rank in range(world_size):
-            path = Path(tmpdir) / f"rank{rank}.pkl"
-            if not path.exists():
-                errors.append(f"rank {rank}: no result written")
-                continue
-            with open(path, "rb") as f:
-                status, value = pickle.load(f)
-            if status == "error":
-                errors.append(value)
-            results.append(value)
+        results, errors = read_rank_results(tmpdir, world_size)
         if errors:
             raise AssertionError("\n".join(errors))
         return results
