@@ -235,7 +235,11 @@ def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> di
     from execwrap.cost import CostModel
 
     t0 = time.perf_counter()
-    cm = CostModel.calibrate(device=device, max_bytes=4 * 2**20 if job["quick"] else None)
+    cm = CostModel.calibrate(
+        device=device,
+        max_bytes=4 * 2**20 if job["quick"] else None,
+        repeat=job.get("calibration_repeat", 1),
+    )
     result: dict[str, Any] = {
         "cost_model": cm.to_dict(),
         "calibrate_s": time.perf_counter() - t0,

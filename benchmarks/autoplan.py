@@ -4,8 +4,9 @@ Spawns ``--world-size`` ranks (default 2; gloo on CPU with one intra-op thread
 per rank, or NCCL with ``--device cuda``, one GPU per rank). In the same rank
 processes, in this order:
 
-1. ``CostModel.calibrate()`` on the live process group (rank 0's numbers,
-   broadcast), so predictions use this machine, measured in this run;
+1. ``CostModel.calibrate(repeat=--calibration-repeat)`` on the live process
+   group (rank 0's numbers, broadcast), so predictions use this machine,
+   measured in this run;
 2. per model of :data:`benchmarks._autoplan_models.MODELS` (a
    communication-heavy wide MLP, a GPT, a Llama): a few warm-up steps of the
    unsharded model, then its order with compute times
@@ -75,6 +76,12 @@ def _with_spread(row: dict[str, Any]) -> str:
         low, high = row["spread_s"]
         text += f" [{low * 1e3:.1f}, {high * 1e3:.1f}]"
     return text
+
+
+def _repeat(job: dict[str, Any]) -> str:
+    """``" with repeat=4"`` for a calibration with more runs than the default, else ``""``."""
+    n = job.get("calibration_repeat", 1)
+    return f" with `repeat={n}`" if n > 1 else ""
 
 
 def _in_step(cm: dict[str, Any]) -> str:
@@ -237,7 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 40)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument(
+        "--calibration-repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="CostModel.calibrate(repeat=N): N times as many calibration runs (default 1)",
+    )
     args = parser.parse_args(argv)
+    if args.calibration_repeat < 1:
+        parser.error(f"--calibration-repeat must be >= 1, got {args.calibration_repeat}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
@@ -257,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup if args.warmup is not None else (1 if quick else 3),
         "threads": args.threads,
         "quick": quick,
+        "calibration_repeat": args.calibration_repeat,
         "timeout_s": 900,
     }
     result = spawn(job, args.world_size)
@@ -287,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     note = (
         f"{args.world_size} ranks, {backend}. Cost model calibrated in this run on the same "
-        f"process group in {result['calibrate_s']:.1f} s (overlap {cm['overlap']:.2f}, fixed "
+        f"process group in {result['calibrate_s']:.1f} s{_repeat(job)} (overlap {cm['overlap']:.2f}, fixed "
         f"cost per collective {cm['group_overhead_s'] * 1e6:.0f} µs per group + "
         f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
         f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s{_in_step(cm)}). Orders with compute times from "

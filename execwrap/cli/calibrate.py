@@ -45,7 +45,9 @@ def run_calibrate(options: CalibrateOptions) -> int:
         created = True
     try:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        model = CostModel.calibrate(device=device, max_bytes=options.max_bytes)
+        model = CostModel.calibrate(
+            device=device, max_bytes=options.max_bytes, repeat=options.repeat
+        )
         if dist.get_rank() == 0:
             model.save(options.out)
             print(f"{model.source}")

@@ -39,6 +39,7 @@ class CalibrateOptions:
             CUDA, gloo otherwise).
         max_bytes: largest collective of the sweep, bytes (``None``: the default).
         threads: intra-op threads per rank (``None``: leave torch's setting).
+        repeat: how many times as many runs each measurement takes (``>= 1``).
     """
 
     out: Path
@@ -46,6 +47,7 @@ class CalibrateOptions:
     backend: str | None
     max_bytes: int | None
     threads: int | None
+    repeat: int = 1
 
 
 def calibrate_options(args: argparse.Namespace) -> CalibrateOptions:
@@ -69,10 +71,13 @@ def calibrate_options(args: argparse.Namespace) -> CalibrateOptions:
         raise CLIError(f"--max-mib must be within 1..1048576 (MiB), got {args.max_mib}")
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    if args.repeat < 1:
+        raise CLIError(f"--repeat must be >= 1, got {args.repeat}")
     return CalibrateOptions(
         out=out,
         device=args.device,
         backend=args.backend,
         max_bytes=None if args.max_mib is None else args.max_mib * 2**20,
         threads=args.threads,
+        repeat=args.repeat,
     )

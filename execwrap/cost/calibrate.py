@@ -105,12 +105,17 @@ def calibration_fields(
     *,
     device: torch.device | str | None = None,
     max_bytes: int | None = None,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     """Measure (see the module docstring) and return the CostModel's arguments.
 
+    ``repeat`` multiplies the runs of the sweep, of the optimizer loop and of
+    the FSDP2 stacks (their medians then come from ``repeat`` times as many
+    samples).
+
     Raises:
         RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
-        ValueError: ``max_bytes`` is not a positive int.
+        ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(NO_PROCESS_GROUP_HINT)
@@ -123,17 +128,21 @@ def calibration_fields(
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < _SMALLEST:
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
-    ag, rs, copies = _sweep(sizes, group, dev)
+    ag, rs, copies = _sweep(sizes, group, dev, repeat=repeat)
     sweep_ag = CollectiveCurve.from_samples(sizes, ag)
     sweep_rs = CollectiveCurve.from_samples(sizes, rs)
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
-    optimizer_curve = _optimizer_curve(dev)
+    optimizer_curve = _optimizer_curve(dev, repeat=repeat)
     overlap = _overlap(group, dev)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    in_step = fsdp_fixed_costs(group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1])
+    in_step = fsdp_fixed_costs(
+        group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
+    )
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     fields: dict[str, Any] = {
@@ -151,7 +160,8 @@ def calibration_fields(
         "optimizer_param_overhead_s": in_step.optimizer_param_overhead_s,
         "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
-        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s; "
+        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s"
+        f"{f' (repeat {repeat})' if repeat > 1 else ''}; "
         f"in-step factors: {in_step.describe()}",
         "torch_version": str(torch.__version__),
     }
@@ -240,7 +250,7 @@ def _collective_fn(
 
 
 def _sweep(
-    sizes: list[int], group: dist.ProcessGroup, dev: torch.device
+    sizes: list[int], group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1
 ) -> tuple[list[float], list[float], list[float]]:
     """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
     buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
@@ -260,7 +270,7 @@ def _sweep(
             fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
             fn()  # warm-up
             samples = []
-            for _ in range(_repeats(n)):
+            for _ in range(_repeats(n) * repeat):
                 evict()
                 if kind != "copy":
                     dist.barrier(group=group)
@@ -327,14 +337,14 @@ _OPT_SIZES = (2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22)
 _OPT_ELEMENTS = 2**23
 
 
-def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
+def _optimizer_curve(dev: torch.device, *, repeat: int = 1) -> CollectiveCurve:
     """Seconds of the size-dependent part of one ``AdamW.step`` over one tensor, by bytes.
 
     ``AdamW.step`` (torch's default implementation for the device: a for-loop
     on CPU, ``foreach`` on CUDA) over ``m`` tensors of each of
     :data:`_OPT_SIZES` elements (``m = _OPT_ELEMENTS // n`` kept within 4 to 32:
     32 tensors up to 1 MiB, 8 of 4 MiB, 4 of 16 MiB) and over ``m`` tensors of 16
-    elements, in interleaved rounds (median of 9 after 2 warm-up steps); per
+    elements, in interleaved rounds (median of ``9 * repeat`` after 2 warm-up steps); per
     size, the difference to the 16-element step over the same ``m``, divided
     by ``m`` (the fixed part per tensor is ``optimizer_param_overhead_s``,
     measured on DTensors). The step's temporaries (``exp_avg_sq.sqrt()``, the
@@ -353,7 +363,7 @@ def _optimizer_curve(dev: torch.device) -> CollectiveCurve:
             p.grad = torch.randn_like(p)
         steps[(n, m)] = torch.optim.AdamW(params, lr=1e-3).step
     samples: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
-    for r in range(11):
+    for r in range(2 + 9 * repeat):
         for key, step in steps.items():
             sync_device(dev)
             t0 = time.perf_counter()

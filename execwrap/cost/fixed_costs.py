@@ -205,6 +205,7 @@ def fsdp_fixed_costs(
     copy: CollectiveCurve,
     *,
     max_bytes: int | None = None,
+    repeat: int = 1,
 ) -> InStepCosts:
     """Measure (module docstring) the in-step factors and fixed costs.
 
@@ -216,6 +217,7 @@ def fsdp_fixed_costs(
         copy: seconds of a copy into a fresh buffer, by bytes.
         max_bytes: the sweep's largest size: larger stacks are not run
             (:func:`stacks_within`).
+        repeat: run ``repeat * ROUNDS`` rounds (medians of more samples).
 
     Returns:
         The :class:`InStepCosts` (rank 0's and every other rank's may differ;
@@ -245,7 +247,7 @@ def fsdp_fixed_costs(
                 fns[f"{k}/{d}/{n}/{sharded}"] = step
                 if sharded and d == STACKS[1][1] and k == STACKS[1][0]:
                     fns[f"opt {n}"] = update
-    times = _interleaved(fns, dev, group, rounds=ROUNDS)
+    times = _interleaved(fns, dev, group, rounds=ROUNDS * repeat)
     # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
     # worker thread that drops a backward-time collective while the interpreter shuts
     # down aborts the process (torch 2.13; see tests/_dist.py).
