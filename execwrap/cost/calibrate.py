@@ -109,14 +109,17 @@ def calibration_fields(
 ) -> dict[str, Any]:
     """Measure (see the module docstring) and return the CostModel's arguments.
 
-    ``repeat`` multiplies the runs of the sweep, of the optimizer loop and of
-    the FSDP2 stacks (their medians then come from ``repeat`` times as many
-    samples).
+    ``repeat`` multiplies the runs of the sweep, the optimizer loop, the
+    overlap measurement and the FSDP2 stacks (their medians then come from
+    ``repeat`` times as many samples; the compute rates are measured as
+    always).
 
     Raises:
         RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
         ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1.
     """
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(NO_PROCESS_GROUP_HINT)
     group = dist.group.WORLD if group is None else group
@@ -128,8 +131,6 @@ def calibration_fields(
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < _SMALLEST:
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
     ag, rs, copies = _sweep(sizes, group, dev, repeat=repeat)
@@ -138,7 +139,7 @@ def calibration_fields(
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     optimizer_curve = _optimizer_curve(dev, repeat=repeat)
-    overlap = _overlap(group, dev)
+    overlap = _overlap(group, dev, repeat=repeat)
     copy_curve = CollectiveCurve.from_samples(sizes, copies)
     in_step = fsdp_fixed_costs(
         group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
@@ -401,8 +402,9 @@ def _op_overhead(dev: torch.device) -> float:
     return _median_time(run, dev, repeats=7) / loops
 
 
-def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
-    """Share of the shorter of a matmul loop and an async all-gather hidden when both run."""
+def _overlap(group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1) -> float:
+    """Share of the shorter of a matmul loop and an async all-gather hidden when both run
+    (medians of ``5 * repeat`` runs each)."""
     world = dist.get_world_size(group)
     nbytes = (256 if dev.type == "cuda" else 8) * 2**20
     full = torch.zeros(nbytes // 4, device=dev)
@@ -414,10 +416,10 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
         work.wait()
 
     dist.barrier(group=group)
-    t_gather = _median_time(gather, dev, repeats=5)
+    t_gather = _median_time(gather, dev, repeats=5 * repeat)
     n = 2048 if dev.type == "cuda" else 256
     a = torch.randn(n, n, device=dev)
-    t_mm = _median_time(lambda: torch.mm(a, a), dev, repeats=5)
+    t_mm = _median_time(lambda: torch.mm(a, a), dev, repeats=5 * repeat)
     loops = max(1, math.ceil(t_gather / max(t_mm, 1e-9)))
 
     def matmuls() -> None:
@@ -430,9 +432,9 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device) -> float:
         assert work is not None
         work.wait()
 
-    t_compute = _median_time(matmuls, dev, repeats=5)
+    t_compute = _median_time(matmuls, dev, repeats=5 * repeat)
     dist.barrier(group=group)
-    t_both = _median_time(both, dev, repeats=5)
+    t_both = _median_time(both, dev, repeats=5 * repeat)
     hidden = t_compute + t_gather - t_both
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
 

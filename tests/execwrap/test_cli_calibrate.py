@@ -40,6 +40,11 @@ def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedPro
             {"RANK": "0", "WORLD_SIZE": "2"},
             "--threads must be >= 1",
         ),
+        (
+            ["calibrate", "--repeat", "0"],
+            {"RANK": "0", "WORLD_SIZE": "2"},
+            "--repeat must be >= 1, got 0",
+        ),
         (["calibrate", "--device", "tpu"], {}, "invalid choice: 'tpu'"),
     ],
 )

@@ -310,6 +310,12 @@ def test_calibrate_without_process_group_says_how_to_start_one() -> None:
     assert "torchrun --nproc_per_node=2 -m execwrap calibrate" in NO_PROCESS_GROUP_HINT
 
 
+@pytest.mark.parametrize("repeat", [0, -1, 1.5, True])
+def test_calibrate_refuses_a_bad_repeat_before_anything_else(repeat: object) -> None:
+    with pytest.raises(ValueError, match=rf"repeat must be an int >= 1, got {repeat!r}"):
+        CostModel.calibrate(repeat=repeat)  # type: ignore[arg-type]
+
+
 def test_cost_model_loads_without_torch(tmp_path: Path) -> None:
     path = CostModel.preset("h100-nvlink-8").save(tmp_path / "c.json")
     code = (
