@@ -32,14 +32,6 @@ The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
   4 KiB to 16 MiB (its size-dependent cost per tensor).
 
-The sweep and the stacks run first, alternated: ``repeat`` passes of the
-sweep, each followed by :data:`~execwrap.cost.fixed_costs.ROUNDS` rounds of the
-stacks, medians over every pass. A slow spell of the machine then disturbs
-both alike (the in-step factors are their ratios) and, with ``repeat > 1``,
-only some passes of each size. (With the whole sweep first and the stacks
-last, one of three ``repeat=4`` calibrations on 2 gloo ranks over-predicted
-*wide*'s 32 and 64 MiB groups by 80% and 53%: ``benchmarks/autoplan.py``.)
-
 On CUDA, timings synchronise the device; collectives run on the current
 device. Calibration never changes the process group or the default dtype,
 and frees what it allocated.
@@ -61,7 +53,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.fixed_costs import ROUNDS, FSDPStacks, in_step_curve, sync_device
+from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve, sync_device
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -141,23 +133,17 @@ def calibration_fields(
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
-    stacks = FSDPStacks(group, dev, max_bytes=sizes[-1])
-    samples: dict[str, list[list[float]]] = {kind: [[] for _ in sizes] for kind in _SWEEP_KINDS}
-    for _ in range(repeat):  # alternated: a slow spell of the machine disturbs both alike
-        _sweep_pass(sizes, group, dev, samples)
-        stacks.run(ROUNDS)
-    stacks.close()
-    ag, rs, copies = (
-        [max(float(statistics.median(v)), 1e-9) for v in samples[kind]] for kind in _SWEEP_KINDS
-    )
+    ag, rs, copies = _sweep(sizes, group, dev, repeat=repeat)
     sweep_ag = CollectiveCurve.from_samples(sizes, ag)
     sweep_rs = CollectiveCurve.from_samples(sizes, rs)
-    copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    in_step = stacks.costs(sweep_ag, sweep_rs, copy_curve)
     copy_rate = _copy_rate(dev)
     rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
     optimizer_curve = _optimizer_curve(dev, repeat=repeat)
     overlap = _overlap(group, dev, repeat=repeat)
+    copy_curve = CollectiveCurve.from_samples(sizes, copies)
+    in_step = fsdp_fixed_costs(
+        group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
+    )
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     fields: dict[str, Any] = {
@@ -264,21 +250,13 @@ def _collective_fn(
     return run
 
 
-#: The sweep's three kinds, in the order :func:`_sweep_pass` times them per size.
-_SWEEP_KINDS = ("all_gather", "reduce_scatter", "copy")
-
-
-def _sweep_pass(
-    sizes: list[int],
-    group: dist.ProcessGroup,
-    dev: torch.device,
-    samples: dict[str, list[list[float]]],
-) -> None:
-    """One pass of the sweep: seconds of an all-gather, a reduce-scatter and a copy into a
-    fresh buffer (:func:`_fresh_copy_fn`) per size, appended to ``samples[kind][i]`` for
-    ``sizes[i]`` (the caller takes the medians over every pass). Each size's runs back
-    to back (a barrier before each collective), so the allocator hands the freed buffer
-    back as a training loop's steady state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
+def _sweep(
+    sizes: list[int], group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1
+) -> tuple[list[float], list[float], list[float]]:
+    """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
+    buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
+    collective), so the allocator hands the freed buffer back as a training loop's steady
+    state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
     25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
     Before each run the caches are flushed (:func:`_cache_evictor`): in a training step
     a collective's buffers are cold, and a buffer that fits in the last-level cache
@@ -286,12 +264,14 @@ def _sweep_pass(
     after an 8 MiB write, 2 gloo ranks; 12 MiB ones the same either way).
     Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
     slower than a larger one."""
+    out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
     evict = _cache_evictor(dev)
-    for i, n in enumerate(sizes):
-        for kind in _SWEEP_KINDS:
+    for n in sizes:
+        for kind in out:
             fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
             fn()  # warm-up
-            for _ in range(_repeats(n)):
+            samples = []
+            for _ in range(_repeats(n) * repeat):
                 evict()
                 if kind != "copy":
                     dist.barrier(group=group)
@@ -299,7 +279,9 @@ def _sweep_pass(
                 t0 = time.perf_counter()
                 fn()
                 sync_device(dev)
-                samples[kind][i].append(time.perf_counter() - t0)
+                samples.append(time.perf_counter() - t0)
+            out[kind].append(max(float(statistics.median(samples)), 1e-9))
+    return out["all_gather"], out["reduce_scatter"], out["copy"]
 
 
 def _last_level_cache_bytes() -> int:

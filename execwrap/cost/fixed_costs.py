@@ -1,6 +1,6 @@
 """FSDP2's costs inside a training step that a bare collective loop does not show.
 
-:class:`FSDPStacks` runs on every rank of the group (it issues
+:func:`fsdp_fixed_costs` runs on every rank of the group (it issues
 collectives) and measures, from real ``fully_shard`` steps of synthetic stacks,
 how FSDP2's collectives and bookkeeping inside a step differ from the
 calibration's sweep of bare collectives (an :class:`InStepCosts`):
@@ -22,9 +22,8 @@ calibration's sweep of bare collectives (an :class:`InStepCosts`):
 
 The stacks (:data:`STACKS`) are groups of ``k`` bias-free ``Linear(d, d)``
 layers, each group its own ``fully_shard`` unit, with several group counts,
-plus the same stacks unsharded, all timed in interleaved rounds (the median
-over every round: :data:`ROUNDS` per pass of the calibration), forward and
-backward apart. For each stack and phase the
+plus the same stacks unsharded, all timed in interleaved rounds (median of
+:data:`ROUNDS`), forward and backward apart. For each stack and phase the
 least-squares slope over the group count of sharded minus unsharded time is
 one group's cost in that phase, which the simulator prices as
 
@@ -66,12 +65,12 @@ from execwrap.cost.curve import CollectiveCurve
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FSDPStacks",
     "ROUNDS",
     "STACKS",
     "InStepCosts",
     "FACTOR_RANGE",
     "fit_in_step",
+    "fsdp_fixed_costs",
     "in_step_curve",
     "group_bytes",
     "nonnegative_least_squares",
@@ -89,8 +88,8 @@ STACKS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
     (8, 256, (2, 6, 12)),
     (2, 1024, (1, 2, 4)),
 )
-#: Interleaved rounds per pass of the calibration; the median round is used, as a
-#: training step's time is read as the median of its steps.
+#: Interleaved rounds; the median round is used, as a training step's time is read
+#: as the median of its steps.
 ROUNDS = 15
 #: Rows of a stack's input batch. (256 rows, so that the ranks arrive at the
 #: collectives apart after some compute, as in a step, raised the first design's
@@ -109,7 +108,7 @@ _LATENCY_BYTES = 8 * 2**10
 
 @dataclass(frozen=True)
 class InStepCosts:
-    """What :class:`FSDPStacks` measured (see the module docstring).
+    """What :func:`fsdp_fixed_costs` measured (see the module docstring).
 
     Attributes:
         factors: ``(bytes, all-gather factor, reduce-scatter factor)`` per larger
@@ -198,109 +197,77 @@ def stacks_within(
     )
 
 
-class FSDPStacks:
-    """The synthetic FSDP2 stacks (module docstring), built once and timed in rounds.
-
-    Every rank builds and runs them alike (their steps issue collectives).
-    :meth:`run` may be called several times, between other measurements (the
-    calibration alternates them with passes of its sweep, so that a slow spell
-    of the machine disturbs both alike, and never only one); :meth:`costs`
-    takes the medians over every round run so far. :meth:`close` frees the
-    stacks: they hold the process group in reference cycles, and a gloo worker
-    thread that drops a backward-time collective while the interpreter shuts
-    down aborts the process (torch 2.13; see tests/_dist.py).
+def fsdp_fixed_costs(
+    group: dist.ProcessGroup,
+    dev: torch.device,
+    ag: CollectiveCurve,
+    rs: CollectiveCurve,
+    copy: CollectiveCurve,
+    *,
+    max_bytes: int | None = None,
+    repeat: int = 1,
+) -> InStepCosts:
+    """Measure (module docstring) the in-step factors and fixed costs.
 
     Args:
         group: the process group (every rank calls this).
         dev: the device FSDP2 runs on.
-        max_bytes: the sweep's largest size: larger stacks are not built
+        ag: the all-gather curve (seconds by output bytes), from the calibration's sweep.
+        rs: the reduce-scatter curve (seconds by input bytes), from the sweep.
+        copy: seconds of a copy into a fresh buffer, by bytes.
+        max_bytes: the sweep's largest size: larger stacks are not run
             (:func:`stacks_within`).
+        repeat: run ``repeat * ROUNDS`` rounds (medians of more samples).
 
-    Example (every rank; ``ag``, ``rs``, ``copy`` from the sweep)::
-
-        stacks = FSDPStacks(group, dev, max_bytes=64 * 2**20)
-        stacks.run(ROUNDS)
-        costs = stacks.costs(ag, rs, copy)
-        stacks.close()
+    Returns:
+        The :class:`InStepCosts` (rank 0's and every other rank's may differ;
+        the caller broadcasts rank 0's).
     """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
 
-    def __init__(
-        self, group: dist.ProcessGroup, dev: torch.device, *, max_bytes: int | None = None
-    ) -> None:
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
+    mesh = DeviceMesh.from_group(group, dev.type)
+    world = dist.get_world_size(group)
+    stacks = stacks_within(max_bytes, world)
+    fns: dict[str, Callable[[], tuple[float, ...]]] = {}
+    for k, d, counts in stacks:
+        for n in counts:
+            for sharded in (True, False):
+                model = nn.Sequential(
+                    *[
+                        nn.Sequential(*[nn.Linear(d, d, bias=False) for _ in range(k)])
+                        for _ in range(n)
+                    ]
+                ).to(dev)
+                if sharded:
+                    for unit in model:
+                        fully_shard(unit, mesh=mesh)
+                    fully_shard(model, mesh=mesh)
+                step, update = _step_fns(model, d, dev)
+                fns[f"{k}/{d}/{n}/{sharded}"] = step
+                if sharded and d == STACKS[1][1] and k == STACKS[1][0]:
+                    fns[f"opt {n}"] = update
+    times = _interleaved(fns, dev, group, rounds=ROUNDS * repeat)
+    # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
+    # worker thread that drops a backward-time collective while the interpreter shuts
+    # down aborts the process (torch 2.13; see tests/_dist.py).
+    del fns, model, step, update
+    gc.collect()
 
-        self.group, self.dev = group, dev
-        self.world = dist.get_world_size(group)
-        mesh = DeviceMesh.from_group(group, dev.type)
-        self.stacks = stacks_within(max_bytes, self.world)
-        self._fns: dict[str, Callable[[], tuple[float, ...]]] = {}
-        for k, d, counts in self.stacks:
-            for n in counts:
-                for sharded in (True, False):
-                    model = nn.Sequential(
-                        *[
-                            nn.Sequential(*[nn.Linear(d, d, bias=False) for _ in range(k)])
-                            for _ in range(n)
-                        ]
-                    ).to(dev)
-                    if sharded:
-                        for unit in model:
-                            fully_shard(unit, mesh=mesh)
-                        fully_shard(model, mesh=mesh)
-                    step, update = _step_fns(model, d, dev)
-                    self._fns[f"{k}/{d}/{n}/{sharded}"] = step
-                    if sharded and d == STACKS[1][1] and k == STACKS[1][0]:
-                        self._fns[f"opt {n}"] = update
-        self._samples: dict[str, list[tuple[float, ...]]] = {key: [] for key in self._fns}
+    def slope(k: int, d: int, counts: Sequence[int], phase: int) -> float:
+        """Seconds one more group adds to ``phase`` (0 forward, 1 backward)."""
+        extra = [
+            times[f"{k}/{d}/{n}/True"][phase] - times[f"{k}/{d}/{n}/False"][phase] for n in counts
+        ]
+        return statistics.linear_regression(list(counts), extra).slope
 
-    def run(self, rounds: int) -> None:
-        """Time every stack ``rounds`` more times (:func:`_interleaved`)."""
-        for key, samples in _interleaved(self._fns, self.dev, self.group, rounds=rounds).items():
-            self._samples[key].extend(samples)
-
-    def close(self) -> None:
-        """Free the stacks (the samples stay)."""
-        self._fns.clear()
-        gc.collect()
-
-    def costs(self, ag: CollectiveCurve, rs: CollectiveCurve, copy: CollectiveCurve) -> InStepCosts:
-        """The :class:`InStepCosts` from the medians of every round run so far.
-
-        Args:
-            ag: the all-gather curve (seconds by output bytes), from the sweep.
-            rs: the reduce-scatter curve (seconds by input bytes), from the sweep.
-            copy: seconds of a copy into a fresh buffer, by bytes.
-
-        Returns:
-            The costs (rank 0's and every other rank's may differ; the caller
-            broadcasts rank 0's).
-
-        Raises:
-            ValueError: :meth:`run` has not been called.
-        """
-        if not any(self._samples.values()):
-            raise ValueError("FSDPStacks.costs: no rounds were run (call run(rounds) first)")
-        times = {
-            key: tuple(float(statistics.median(phase)) for phase in zip(*v, strict=True))
-            for key, v in self._samples.items()
-        }
-
-        def slope(k: int, d: int, counts: Sequence[int], phase: int) -> float:
-            """Seconds one more group adds to ``phase`` (0 forward, 1 backward)."""
-            extra = [
-                times[f"{k}/{d}/{n}/True"][phase] - times[f"{k}/{d}/{n}/False"][phase]
-                for n in counts
-            ]
-            return statistics.linear_regression(list(counts), extra).slope
-
-        slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in self.stacks}
-        factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, self.world)
-        k, _, counts = STACKS[1]
-        opt = statistics.linear_regression(
-            [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
-        ).slope
-        return InStepCosts(factors, per_group, per_tensor, max(0.0, opt))
+    slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in stacks}
+    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
+    k, _, counts = STACKS[1]
+    opt = statistics.linear_regression(
+        [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
+    ).slope
+    return InStepCosts(factors, per_group, per_tensor, max(0.0, opt))
 
 
 def fit_in_step(
@@ -469,8 +436,8 @@ def _interleaved(
     group: dist.ProcessGroup,
     *,
     rounds: int,
-) -> dict[str, list[tuple[float, ...]]]:
-    """Seconds of each phase of each function, per round, run in rounds (each once per
+) -> dict[str, tuple[float, ...]]:
+    """Median seconds of each phase of each function, run in rounds (each once per
     round, in the same order on every rank: they may issue collectives), a barrier
     before each run."""
     times: dict[str, list[tuple[float, ...]]] = {k: [] for k in fns}
@@ -479,4 +446,7 @@ def _interleaved(
             dist.barrier(group=group)
             sync_device(dev)
             times[k].append(fn())
-    return times
+    return {
+        k: tuple(float(statistics.median(phase)) for phase in zip(*v, strict=True))
+        for k, v in times.items()
+    }
