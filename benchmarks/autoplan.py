@@ -38,6 +38,7 @@ Usage::
 
     python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 7 minutes)
     python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 1 minute)
+    python -m benchmarks.autoplan --calibration-repeat 4  # a 4x longer calibration
     python -m benchmarks.autoplan --device cuda   # 2 GPUs, NCCL
 """
 

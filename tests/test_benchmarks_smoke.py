@@ -96,3 +96,14 @@ def test_autoplan_claims_report_the_spread_of_step_times() -> None:
     # IQR / median per plan: 0.1, 0.2, 0.1, 0.1, 0.1 -> median 0.1
     assert c["spread"] == pytest.approx(0.1)
     assert c["spearman"] == pytest.approx(1.0) and c["median_abs_error"] == 0.0
+
+
+def test_autoplan_refuses_a_calibration_repeat_below_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.autoplan import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--calibration-repeat", "0", "--no-write"])
+    assert exit_info.value.code == 2
+    assert "--calibration-repeat must be >= 1, got 0" in capsys.readouterr().err
