@@ -226,8 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="N times as many runs of every measurement: N times the time, medians about "
-        "sqrt(N) times less noisy (default: 1, about 30 s on 2 CPU ranks)",
+        help="N times as many runs of the sweep, optimizer loop, overlap and FSDP2 stacks: "
+        "about N times the time, medians of N times the samples (default: 1, about 30 s on "
+        "2 CPU ranks)",
     )
     calibrate.add_argument(
         "--threads",

@@ -261,13 +261,15 @@ class CostModel:
                 current CUDA device, else ``cpu``).
             max_bytes: largest collective in the sweep (default: 64 MiB on
                 CPU, 1 GiB on CUDA); larger sizes extrapolate the last segment.
-            repeat: how many times as many runs every timed part takes (default
-                1). Calibration time grows about in proportion, and the noise of
-                each median falls about as ``1 / sqrt(repeat)``: on 2 gloo ranks
-                of a 2-core CPU a step's timings spread 10-30% (coefficient of
-                variation), and the in-step factors of two default calibrations
-                can differ by 1.5x; ``repeat=4`` (about 2 minutes) is worth it
-                for a cost model saved once and reused.
+            repeat: how many times as many runs the sweep, the optimizer loop,
+                the overlap measurement and the FSDP2 stacks take (default 1);
+                the time grows about in proportion. On 2 gloo ranks of a 2-core
+                CPU (single collectives spread 20-30% there), five default
+                calibrations priced a 25 MiB all-gather inside a step at
+                14.3-26.3 ms, three ``repeat=4`` ones (about 95 s each) at
+                15.1-19.6 ms. It narrows the noise of the samples, not that of a
+                machine whose speed drifts while it is measured (README,
+                *Auto-planning: predicted vs measured*).
 
         Returns:
             The measured :class:`CostModel`.
