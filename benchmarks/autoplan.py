@@ -19,9 +19,11 @@ processes, in this order:
    carry their own estimate);
 4. every plan applied to its own copy of the model (same initial weights)
    with ``apply_fully_shard``, AdamW; the plans take turns step by step (in
-   an order shuffled per round, so no plan always follows the same one)
-   after a barrier; a step's time is the slowest rank's; medians (and quartiles) over
-   ``--steps`` steps after ``--warmup`` rounds;
+   an order shuffled per round, so no plan always follows the same one),
+   each turn an untimed step and then, after a barrier, a timed one of the
+   same plan (``--no-paired``: the timed step alone); a step's time is the
+   slowest rank's; medians (and quartiles) over ``--steps`` steps after
+   ``--warmup`` rounds;
 5. the peak memory of one step of each plan under
    ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (max over
    ranks; on CUDA also ``torch.cuda.max_memory_allocated``).
@@ -36,7 +38,7 @@ budget.
 
 Usage::
 
-    python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 7 minutes)
+    python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 14 minutes)
     python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 1 minute)
     python -m benchmarks.autoplan --calibration-repeat 4  # a 4x longer calibration
     python -m benchmarks.autoplan --device cuda   # 2 GPUs, NCCL
@@ -252,6 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="CostModel.calibrate(repeat=N): N times as many calibration runs (default 1)",
     )
+    parser.add_argument(
+        "--paired",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each timed step, one untimed step of the same plan, so that the "
+        "allocator holds what the plan's own previous step left, as in a training loop "
+        "(default; --no-paired: every step timed, after another plan's)",
+    )
     args = parser.parse_args(argv)
     if args.calibration_repeat < 1:
         parser.error(f"--calibration-repeat must be >= 1, got {args.calibration_repeat}")
@@ -275,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "quick": quick,
         "calibration_repeat": args.calibration_repeat,
+        "paired": args.paired,
         "timeout_s": 900,
     }
     result = spawn(job, args.world_size)
@@ -310,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
         f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s{_in_step(cm)}). Orders with compute times from "
         "`record_execution_order(..., timing=True)` after warm-up steps (rank 0's, broadcast). "
-        f"Plans take turns step by step (order shuffled per round); step time = slowest rank, "
+        "Plans take turns step by step (order shuffled per round"
+        f"{'; each turn an untimed step, then the timed one of the same plan' if job['paired'] else ''}"
+        "); step time = slowest rank, "
         f"median of {job['steps']} "
         f"steps after {job['warmup']} warm-up rounds, with the quartiles of the steps in brackets "
         "(the spread column: how large a difference between plans is noise); AdamW. Peak memory: one step under "
