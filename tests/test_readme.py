@@ -170,7 +170,10 @@ def test_readme_section_runs(heading: str, tmp_path: Path) -> None:
             script = tmp_path / f"block{i + 1}.py"
             script.write_text(block.code, encoding="utf-8")
             if "dist.init_process_group" in block.code:
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+                # --tee 3: torchrun writes each rank's output line by line, prefixed with its
+                # rank, so two ranks' prints never interleave mid-line (they did once in CI:
+                # "symbolic symbolic[[...]]"); the teardown abort still shows in stderr
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--tee", "3"]
                 stdout = _run([*cmd, "--nproc_per_node=2", script.name], tmp_path, what)
             else:
                 stdout = _run([sys.executable, script.name], tmp_path, what)
