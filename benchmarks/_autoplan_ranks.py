@@ -140,7 +140,7 @@ def _time_interleaved(
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(job["warmup"] + job["steps"]):
         for n in random.Random(r).sample(names, len(names)):
-            if job.get("paired", True):
+            if job["paired"]:
                 trainers[n].step()  # untimed: the timed step follows one of its own plan
             barrier(device)
             start = time.perf_counter()
@@ -245,7 +245,7 @@ def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> di
     cm = CostModel.calibrate(
         device=device,
         max_bytes=4 * 2**20 if job["quick"] else None,
-        repeat=job.get("calibration_repeat", 1),
+        repeat=job["calibration_repeat"],
     )
     result: dict[str, Any] = {
         "cost_model": cm.to_dict(),

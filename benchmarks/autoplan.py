@@ -83,7 +83,7 @@ def _with_spread(row: dict[str, Any]) -> str:
 
 def _repeat(job: dict[str, Any]) -> str:
     """``" with repeat=4"`` for a calibration with more runs than the default, else ``""``."""
-    n = job.get("calibration_repeat", 1)
+    n = job["calibration_repeat"]
     return f" with `repeat={n}`" if n > 1 else ""
 
 

@@ -118,7 +118,7 @@ def calibration_fields(
         RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
         ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1.
     """
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+    if not _is_int_at_least(repeat, 1):
         raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(NO_PROCESS_GROUP_HINT)
@@ -129,7 +129,7 @@ def calibration_fields(
     dev = _device(device, backend)
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < _SMALLEST:
+    if not _is_int_at_least(max_bytes, _SMALLEST):
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
@@ -198,6 +198,11 @@ def measure_compute_rates(
 
 
 # ------------------------------------------------------------------ measurements
+def _is_int_at_least(value: object, low: int) -> bool:
+    """Whether ``value`` is an int (not a bool) and ``>= low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def _device(device: torch.device | str | None, backend: str) -> torch.device:
     if device is not None:
         return torch.device(device)
@@ -406,6 +411,7 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1) ->
     """Share of the shorter of a matmul loop and an async all-gather hidden when both run
     (medians of ``5 * repeat`` runs each)."""
     world = dist.get_world_size(group)
+    runs = 5 * repeat
     nbytes = (256 if dev.type == "cuda" else 8) * 2**20
     full = torch.zeros(nbytes // 4, device=dev)
     shard = torch.zeros(nbytes // 4 // world, device=dev)
@@ -416,10 +422,10 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1) ->
         work.wait()
 
     dist.barrier(group=group)
-    t_gather = _median_time(gather, dev, repeats=5 * repeat)
+    t_gather = _median_time(gather, dev, repeats=runs)
     n = 2048 if dev.type == "cuda" else 256
     a = torch.randn(n, n, device=dev)
-    t_mm = _median_time(lambda: torch.mm(a, a), dev, repeats=5 * repeat)
+    t_mm = _median_time(lambda: torch.mm(a, a), dev, repeats=runs)
     loops = max(1, math.ceil(t_gather / max(t_mm, 1e-9)))
 
     def matmuls() -> None:
@@ -432,9 +438,9 @@ def _overlap(group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1) ->
         assert work is not None
         work.wait()
 
-    t_compute = _median_time(matmuls, dev, repeats=5 * repeat)
+    t_compute = _median_time(matmuls, dev, repeats=runs)
     dist.barrier(group=group)
-    t_both = _median_time(both, dev, repeats=5 * repeat)
+    t_both = _median_time(both, dev, repeats=runs)
     hidden = t_compute + t_gather - t_both
     return float(min(1.0, max(0.0, hidden / max(min(t_compute, t_gather), 1e-9))))
 
