@@ -28,6 +28,7 @@ __all__ = [
     "claims",
     "ranks",
     "spearman",
+    "split_half_spearman",
 ]
 
 #: Names of the auto plans in the grid.
@@ -71,6 +72,24 @@ def _typical_spread(rows: Sequence[dict[str, Any]]) -> float:
     return statistics.median(spreads) if spreads else math.nan
 
 
+def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
+    """Spearman of the plans' median steps over the even-numbered timed steps against
+    the odd-numbered ones (``halves_s`` of each row; ``nan`` without them): how well
+    the run's own measurements rank the plans against themselves, a ceiling no
+    prediction can be held above. Each half has half the steps, so it is a lower
+    estimate of the full run's self-agreement; between runs the agreement is lower
+    again (the machine drifts between runs).
+
+    >>> rows = [{"halves_s": (1.0, 1.1)}, {"halves_s": (2.0, 1.9)}, {"halves_s": (3.0, 3.2)}]
+    >>> split_half_spearman(rows)
+    1.0
+    """
+    halves = [r.get("halves_s") for r in rows]
+    if len(rows) < 2 or any(h is None for h in halves):
+        return math.nan
+    return spearman([h[0] for h in halves], [h[1] for h in halves])
+
+
 def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The figures of one model's rows (one row per plan, see ``benchmarks.autoplan``).
 
@@ -83,7 +102,9 @@ def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ``plans``, ``budget`` and ``budget_peak`` (the budgeted auto plan's
         budget and measured peak), ``spread`` (the median over plans of the
         interquartile range of a plan's step times over its median: how much
-        of a difference between plans is noise) and ``all_met``.
+        of a difference between plans is noise), ``split_half`` (the run's
+        odd steps ranked against its even steps, :func:`split_half_spearman`)
+        and ``all_met``.
     """
     by_name = {r["name"]: r for r in rows}
     predicted = [r["predicted_s"] for r in rows]
@@ -112,6 +133,7 @@ def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "budget": budgeted["budget"],
         "budget_peak": budgeted["measured_peak"],
         "spread": _typical_spread(rows),
+        "split_half": split_half_spearman(rows),
     }
     out["all_met"] = bool(
         out["spearman"] >= 0.9

@@ -142,6 +142,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
         "peak within 10% of tracker (>= 3 plans)",
         "budget: measured peak / budget (<= 1)",
         "step-time spread (IQR / median, median over plans)",
+        "measured vs itself: Spearman of odd vs even steps",
         "all met",
     ]
     rows = []
@@ -158,6 +159,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
                 f"{fmt_bytes(c['budget_peak'])} / {fmt_bytes(c['budget'])} = "
                 f"{c['budget_peak'] / c['budget']:.3f}",
                 f"{c['spread'] * 100:.1f}%",
+                f"{c['split_half']:.3f}",
                 "yes" if c["all_met"] else "no",
             ]
         )
@@ -326,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         "); step time = slowest rank, "
         f"median of {job['steps']} "
         f"steps after {job['warmup']} warm-up rounds, with the quartiles of the steps in brackets "
-        "(the spread column: how large a difference between plans is noise); AdamW. Peak memory: one step under "
+        "(the spread column: how large a difference between plans is noise); the plans' medians "
+        "over the odd-numbered steps ranked against those over the even-numbered ones give "
+        "the run's agreement with itself (a ceiling for the Spearman of predictions); AdamW. "
+        "Peak memory: one step under "
         "`FSDPMemTracker` (max over ranks). Predicted: `execwrap.simulate_step` (the auto "
         "plans: their own `plan.estimate`). Equal last losses show every plan trains the "
         "same model.\n"

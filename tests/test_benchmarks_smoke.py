@@ -9,6 +9,8 @@ smoke runs never touch ``benchmarks/results/``. No wall time is asserted.
 
 from __future__ import annotations
 
+import math
+
 import os
 import subprocess
 import sys
@@ -96,6 +98,18 @@ def test_autoplan_claims_report_the_spread_of_step_times() -> None:
     # IQR / median per plan: 0.1, 0.2, 0.1, 0.1, 0.1 -> median 0.1
     assert c["spread"] == pytest.approx(0.1)
     assert c["spearman"] == pytest.approx(1.0) and c["median_abs_error"] == 0.0
+    assert math.isnan(c["split_half"])  # rows without halves
+
+
+def test_autoplan_split_half_ranks_the_odd_steps_against_the_even_ones() -> None:
+    from benchmarks._autoplan_metrics import split_half_spearman
+
+    # even-step medians rank the plans 1, 2, 3, 4; odd-step medians 1, 3, 2, 4:
+    # d = (0, 1, 1, 0), 1 - 6 * 2 / (4 * 15) = 0.8
+    rows = [{"halves_s": h} for h in [(1.0, 1.0), (2.0, 3.0), (3.0, 2.5), (4.0, 4.0)]]
+    assert split_half_spearman(rows) == pytest.approx(0.8)
+    assert math.isnan(split_half_spearman(rows[:1]))
+    assert math.isnan(split_half_spearman([*rows, {"name": "no halves"}]))
 
 
 def test_autoplan_refuses_a_calibration_repeat_below_one(
