@@ -10,7 +10,6 @@ smoke runs never touch ``benchmarks/results/``. No wall time is asserted.
 from __future__ import annotations
 
 import math
-
 import os
 import subprocess
 import sys
