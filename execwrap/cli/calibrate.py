@@ -61,10 +61,11 @@ def run_calibrate(options: CalibrateOptions) -> int:
 
 
 def summary_rows(model: CostModel) -> list[tuple[str, str]]:
-    """The summary: collective times at a few sizes and the scalar fields."""
+    """The summary: collective times at a few sizes (as priced inside a training step: the
+    sweep times the in-step factors) and the scalar fields."""
     rows = [
         (
-            f"all-gather / reduce-scatter {nbytes // 2**20} MiB",
+            f"in a step: all-gather / reduce-scatter {nbytes // 2**20} MiB",
             f"{model.all_gather_time(nbytes) * 1e3:.3f} / "
             f"{model.reduce_scatter_time(nbytes) * 1e3:.3f} ms",
         )
