@@ -75,8 +75,8 @@ def _typical_spread(rows: Sequence[dict[str, Any]]) -> float:
 def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
     """Spearman of the plans' median steps over the even-numbered timed steps against
     the odd-numbered ones (``halves_s`` of each row; ``nan`` without them): how well
-    the run's own measurements rank the plans against themselves, a ceiling no
-    prediction can be held above. Each half has half the steps, so it is a lower
+    the run's own measurements rank the plans against themselves, what a
+    prediction's Spearman can be judged against. Each half has half the steps, so it is a lower
     estimate of the full run's self-agreement; between runs the agreement is lower
     again (the machine drifts between runs).
 
@@ -84,8 +84,8 @@ def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
     >>> split_half_spearman(rows)
     1.0
     """
-    halves = [r.get("halves_s") for r in rows]
-    if len(rows) < 2 or any(h is None for h in halves):
+    halves: list[tuple[float, float]] = [r["halves_s"] for r in rows if r.get("halves_s")]
+    if len(rows) < 2 or len(halves) < len(rows):
         return math.nan
     return spearman([h[0] for h in halves], [h[1] for h in halves])
 

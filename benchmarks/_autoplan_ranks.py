@@ -216,7 +216,9 @@ def _bench_model(
                 "predicted_s": float(estimate.step_time_s),
                 "measured_s": median(per_step),
                 "spread_s": _quartiles(per_step),
-                "halves_s": (median(per_step[0::2]), median(per_step[1::2])),
+                "halves_s": (median(per_step[0::2]), median(per_step[1::2]))
+                if len(per_step) >= 2
+                else None,
                 "predicted_peak": int(estimate.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][p.name][0] for g in gathered),
                 "cuda_peak": max(cuda_peaks) if cuda_peaks[0] is not None else None,

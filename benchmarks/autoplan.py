@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         f"steps after {job['warmup']} warm-up rounds, with the quartiles of the steps in brackets "
         "(the spread column: how large a difference between plans is noise); the plans' medians "
         "over the odd-numbered steps ranked against those over the even-numbered ones give "
-        "the run's agreement with itself (a ceiling for the Spearman of predictions); AdamW. "
+        "the run's agreement with itself (what the Spearman of predictions can be judged against); AdamW. "
         "Peak memory: one step under "
         "`FSDPMemTracker` (max over ranks). Predicted: `execwrap.simulate_step` (the auto "
         "plans: their own `plan.estimate`). Equal last losses show every plan trains the "
