@@ -76,9 +76,9 @@ def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
     """Spearman of the plans' median steps over the even-numbered timed steps against
     the odd-numbered ones (``halves_s`` of each row; ``nan`` without them): how well
     the run's own measurements rank the plans against themselves, what a
-    prediction's Spearman can be judged against. Each half has half the steps, so it is a lower
-    estimate of the full run's self-agreement; between runs the agreement is lower
-    again (the machine drifts between runs).
+    prediction's Spearman can be judged against. Each half has half the steps, so
+    it is a lower estimate of the full run's self-agreement; between runs the
+    agreement is lower again (the machine drifts between runs).
 
     >>> rows = [{"halves_s": (1.0, 1.1)}, {"halves_s": (2.0, 1.9)}, {"halves_s": (3.0, 3.2)}]
     >>> split_half_spearman(rows)

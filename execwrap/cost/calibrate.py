@@ -54,6 +54,7 @@ import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve, sync_device
+from tracing.checks import is_int
 from tracing.rates import ComputeRates
 
 __all__ = ["NO_PROCESS_GROUP_HINT", "calibration_fields", "measure_compute_rates", "sweep_sizes"]
@@ -118,7 +119,7 @@ def calibration_fields(
         RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
         ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1.
     """
-    if not _is_int_at_least(repeat, 1):
+    if not (is_int(repeat) and repeat >= 1):
         raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(NO_PROCESS_GROUP_HINT)
@@ -129,7 +130,7 @@ def calibration_fields(
     dev = _device(device, backend)
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if not _is_int_at_least(max_bytes, _SMALLEST):
+    if not (is_int(max_bytes) and max_bytes >= _SMALLEST):
         raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
     started = time.perf_counter()
     sizes = sweep_sizes(max_bytes, world)
@@ -198,11 +199,6 @@ def measure_compute_rates(
 
 
 # ------------------------------------------------------------------ measurements
-def _is_int_at_least(value: object, low: int) -> bool:
-    """Whether ``value`` is an int (not a bool) and ``>= low``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _device(device: torch.device | str | None, backend: str) -> torch.device:
     if device is not None:
         return torch.device(device)
