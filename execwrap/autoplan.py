@@ -127,18 +127,35 @@ def check_auto_options(
     cost_model: Any,
     world_size: Any,
     memory_budget: Any,
+    *,
+    optimizer: Any = None,
 ) -> None:
     """Check the auto-planner's keywords of ``plan_wrap`` / ``ParamExecOrderWrapPolicy``.
 
     Raises:
         ValueError: ``bucket_numel="auto"`` without a cost model; a cost
-            model, world size or budget without ``bucket_numel="auto"``; a
-            world size or budget that is not positive.
-        TypeError: a world size or budget that is not an int.
+            model, world size, budget or optimizer without ``bucket_numel="auto"``;
+            a world size or budget that is not positive; an unknown optimizer.
+        TypeError: a world size or budget that is not an int; a cost model that
+            is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
+            the message says how to load one).
     """
+    from execwrap.cost import CostModel
+    from execwrap.simulate.step import OPTIMIZERS
+
     check_memory_budget(memory_budget, where)
     if world_size is not None:
         check_int(world_size, f"{where}: world_size", minimum=1, unit="ranks")
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise TypeError(
+            f"{where}: cost_model must be an execwrap.CostModel, got "
+            f"{type(cost_model).__name__} {cost_model!r}: load a file with "
+            'CostModel.load(path), or take a preset with CostModel.preset("h100-nvlink-8")'
+        )
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"{where}: optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}"
+        )
     if bucket_numel == "auto":
         if cost_model is None:
             raise ValueError(
@@ -153,6 +170,7 @@ def check_auto_options(
             ("cost_model", cost_model),
             ("world_size", world_size),
             ("memory_budget", memory_budget),
+            ("optimizer", optimizer),
         )
         if value is not None
     ]

@@ -99,6 +99,9 @@ class ParamExecOrderWrapPolicy(_Policy):
         world_size: ranks to plan for (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
             bytes (``None``: no limit).
+        optimizer: the optimizer the auto plan is priced with (its state in
+            memory, its step in time; :data:`execwrap.simulate.OPTIMIZERS`;
+            ``None``: ``"adamw"``).
         example_inputs: positional inputs for runtime capture (a tuple, or one
             tensor); one forward and backward run before wrapping.
         example_kwargs: keyword inputs for runtime capture.
@@ -164,6 +167,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     cost_model: CostModel | None = None
     world_size: int | None = None
     memory_budget: int | None = None
+    optimizer: str | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +197,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.cost_model,
             self.world_size,
             self.memory_budget,
+            optimizer=self.optimizer,
         )
         if self.order is not None and not isinstance(self.order, ExecutionOrder):
             raise TypeError(
@@ -283,6 +288,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             cost_model=self.cost_model,
             world_size=self.world_size,
             memory_budget=self.memory_budget,
+            optimizer=self.optimizer,
         )
         return self.plan
 

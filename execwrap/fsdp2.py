@@ -50,7 +50,8 @@ from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
 from execwrap.plan_consistency import first_overlap, overlap_error
 from execwrap.prefetch import prefetch_schedule
-from execwrap.shardable import check_shardable
+from execwrap.ranks import check_plan_before_sharding
+from execwrap.shardable import check_shardable, check_uniform_dtype
 from tracing.checks import check_int
 from tracing.fqn import ancestors, join_fqn
 from tracing.order import ExecutionOrder
@@ -79,47 +80,45 @@ def apply_fully_shard(
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here, ``policy.order``/``policy.plan``
             set), or a ready :class:`execwrap.WrapPlan` for this model.
-        mesh: FSDP2's data-parallel mesh (default: FSDP2's default, a 1-D
-            mesh over the default group). A 1-D mesh's group is also the
-            group of the policy's cross-rank order check.
+        mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
+            group), whose group the cross-rank checks use.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
             FSDP2's implicit prefetching; ``"auto"``: the depth the
             auto-planner chose (``plan.prefetch``; plan with
             ``bucket_numel="auto"``).
         group_kwargs: per-group overrides: called with each group's module
-            FQNs (``[""]`` for the root) before its ``fully_shard`` call, it
-            returns kwargs merged over ``fully_shard_kwargs`` and the plan's
-            per-group ``reshard_after_forward`` for that group (e.g.
-            ``reshard_after_forward=False`` for the group that runs last in
-            forward, as torchtitan sets it).
+            FQNs (``[""]`` for the root), it returns kwargs merged over
+            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward`` for
+            that group (e.g. ``reshard_after_forward=False`` for the group that
+            runs last in forward, as torchtitan sets it).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
-            (``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
-            ``ignored_params``, ...). Without ``reshard_after_forward`` here,
-            a plan that carries per-group choices
-            (``plan.reshard_after_forward``, from the auto-planner) gets them,
-            one per ``fully_shard`` call, the root's entry included (``False``
-            there is FSDP2's own default for the root).
+            (``reshard_after_forward``, ``mp_policy``, ``ignored_params``, ...).
+            Without ``reshard_after_forward`` here, an auto plan's per-group
+            choices (``plan.reshard_after_forward``) apply, the root's included.
 
     Returns:
         The plan applied (for a policy that records during the first step,
         ``policy.plan`` is replaced by the re-ordered plan after that step).
         A ready plan whose order does not fit ``model`` (planned for another
-        model) is applied with one WARNING naming what differs.
+        model) is applied with one WARNING naming what differs; so is an auto
+        plan made for another world size than the mesh's.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
             applied; the plan names a module the model does not have, or puts
-            the root in a group with other modules; the model has a 0-dim
-            parameter outside ``ignored_params``, which ``fully_shard``
-            refuses (:func:`execwrap.shardable.check_shardable`; raised before
-            anything is wrapped).
-        PlanError: a ready plan puts a module or parameter in two units.
+            the root in a group with other modules; before anything is wrapped
+            (:mod:`execwrap.shardable`): a 0-dim parameter outside
+            ``ignored_params``, or a group of mixed trainable dtypes that its
+            ``mp_policy`` does not cast to one ``param_dtype``.
+        PlanError: a ready plan puts a module or parameter in two units; the
+            ranks of the mesh would apply different groups, prefetch or
+            resharding (one ``all_gather_object``: a collective when a process
+            group is initialised; :func:`execwrap.ranks.check_plan_across_ranks`).
         TypeError: ``prefetch`` is neither an int nor ``"auto"``;
             ``policy_or_plan`` is neither a policy nor a plan.
-        tracing.TracingError, execwrap.OrderDivergenceError: from capture
-            and the cross-rank check (see
-            :meth:`ParamExecOrderWrapPolicy.build_plan`).
+        tracing.TracingError, execwrap.OrderDivergenceError: from capture and
+            the order check (:meth:`ParamExecOrderWrapPolicy.build_plan`).
 
     Example:
         >>> policy = ParamExecOrderWrapPolicy(  # doctest: +SKIP
@@ -134,7 +133,9 @@ def apply_fully_shard(
     prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
     reshard = _group_reshard(plan, fully_shard_kwargs)
-    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs)
+    check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
+    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
+    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
     mark_applied(policy_or_plan)
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
@@ -231,11 +232,15 @@ def _shard_groups(
     fully_shard_kwargs: dict[str, Any],
     reshard: dict[tuple[str, ...], bool],
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
+    *,
+    params: Mapping[tuple[str, ...], tuple[str, ...]] | None = None,
 ) -> None:
     """``fully_shard`` each group in post-order, then the root: each with
     ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that
     group (``reshard``; the root's entry taken literally, as the simulator
-    does), then ``group_kwargs(fqns)`` over both."""
+    does), then ``group_kwargs(fqns)`` over both. Before anything is wrapped,
+    a group whose trainable parameters (``params``: group -> parameter FQNs)
+    mix dtypes without an ``mp_policy`` that casts them is refused."""
 
     def kwargs_for(fqns: list[str]) -> dict[str, Any]:
         kwargs = dict(fully_shard_kwargs)
@@ -245,10 +250,14 @@ def _shard_groups(
             kwargs.update(group_kwargs(list(fqns)))
         return kwargs
 
-    for fqns in _post_order(model, groups):
+    ordered = [*_post_order(model, groups), [""]]
+    kwargs_by_group = {tuple(fqns): kwargs_for(fqns) for fqns in ordered}
+    for fqns in ordered:
+        check_uniform_dtype(model, fqns, (params or {}).get(tuple(fqns), ()), kwargs_by_group)
+    for fqns in ordered[:-1]:
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        kwargs = kwargs_for(fqns)
+        kwargs = kwargs_by_group[tuple(fqns)]
         logger.debug(
             "fully_shard(%s, reshard_after_forward=%s)", fqns, kwargs.get("reshard_after_forward")
         )
@@ -259,7 +268,7 @@ def _shard_groups(
                 e.add_note(f"While applying fully_shard to plan group {fqns}")
             logger.debug("fully_shard(%s) failed", fqns)
             raise
-    fully_shard(model, mesh=mesh, **kwargs_for([""]))
+    fully_shard(model, mesh=mesh, **kwargs_by_group[("",)])
 
 
 def _schedule_prefetch(

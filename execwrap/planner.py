@@ -150,6 +150,7 @@ def plan_wrap(
     cost_model: CostModel | None = None,
     world_size: int | None = None,
     memory_budget: int | None = None,
+    optimizer: str | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -167,19 +168,18 @@ def plan_wrap(
             ``plan.search``).
         ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
             objects or module FQN strings); their parameters are in no unit.
-        groups: stated groups: lists of module FQNs, each list one FSDP group
-            (``[["norm", "lm_head"]]``), whether or not the policy chose its
-            modules (:mod:`execwrap.stated_groups`); bucketing leaves them as
-            stated.
-        target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target
-            only (``None``, the default: of both where they differ).
-        cost_model, world_size, memory_budget: for ``"auto"`` only: the
-            :class:`execwrap.cost.CostModel`, the ranks (default: the cost
-            model's) and the peak bytes per rank to fit (``None``: no limit).
+        groups: stated groups, each a list of module FQNs made one FSDP group
+            (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.stated_groups`).
+        target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
+            (``None``: of both where they differ).
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`, ranks (default: the cost model's),
+            peak bytes per rank (``None``: no limit), the optimizer priced
+            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
 
     Returns:
-        A :class:`WrapPlan`. Until it is applied, the first optimizer step of
-        the process logs a WARNING naming it (:mod:`execwrap.apply_watch`).
+        A :class:`WrapPlan`; until it is applied, the first optimizer step logs
+        a WARNING naming it (:mod:`execwrap.apply_watch`).
 
     Raises:
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
@@ -214,6 +214,7 @@ def plan_wrap(
         cost_model=cost_model,
         world_size=world_size,
         memory_budget=memory_budget,
+        optimizer=optimizer,
     )
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -231,13 +232,16 @@ def plan_wrap_unwatched(
     cost_model: CostModel | None = None,
     world_size: int | None = None,
     memory_budget: int | None = None,
+    optimizer: str | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
     _check_arguments(model, order, bucket_numel)
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
-    check_auto_options("plan_wrap", bucket_numel, cost_model, world_size, memory_budget)
+    check_auto_options(
+        "plan_wrap", bucket_numel, cost_model, world_size, memory_budget, optimizer=optimizer
+    )
     if groups is not None and bucket_numel == "auto":
         raise ValueError(
             'plan_wrap: groups= and bucket_numel="auto" cannot be combined yet (the '
@@ -260,7 +264,7 @@ def plan_wrap_unwatched(
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
     if bucket_numel == "auto":
-        plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget)
+        plan = _auto_plan(plan, planner, cost_model, world_size, memory_budget, optimizer)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
@@ -307,6 +311,7 @@ def _auto_plan(
     cost_model: CostModel | None,
     world_size: int | None,
     memory_budget: int | None,
+    optimizer: str | None,
 ) -> WrapPlan:
     """Step 5 with ``bucket_numel="auto"``: :func:`execwrap.autoplan.search_plan`."""
     assert cost_model is not None  # check_auto_options
@@ -316,6 +321,7 @@ def _auto_plan(
         world_size=world_size,
         memory_budget=memory_budget,
         trainable_dtypes=planner.trainable_dtypes,
+        optimizer=optimizer or "adamw",
     )
 
 

@@ -33,15 +33,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from execwrap.divergence import Divergence, first_divergence
-from execwrap.errors import OrderDivergenceError, ParamMismatchError
+from execwrap.errors import OrderDivergenceError, ParamMismatchError, PlanError
 from tracing.order import ExecutionOrder, ParamInfo, param_infos
 
-__all__ = ["check_order_across_ranks", "order_fingerprint", "param_table"]
+if TYPE_CHECKING:
+    from execwrap.plan import WrapPlan
+
+__all__ = [
+    "check_order_across_ranks",
+    "check_plan_across_ranks",
+    "order_fingerprint",
+    "param_table",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -306,3 +317,139 @@ def _param_mismatch(
         expected_param=None if a is None else (a[1], a[3], a[4]),
         found_param=None if b is None else (b[1], b[3], b[4]),
     )
+
+
+#: What :func:`check_plan_across_ranks` compares, per rank: ``(global rank, groups,
+#: prefetch, per-group reshard_after_forward or None, the kwargs' reshard_after_forward)``.
+_RankPlan = tuple[int, list[list[str]], int, list[bool] | None, str]
+
+
+def check_plan_across_ranks(
+    groups: list[list[str]],
+    prefetch: int,
+    reshard: list[bool] | None,
+    group: dist.ProcessGroup | None = None,
+    *,
+    reshard_kwarg: object = None,
+) -> None:
+    """Check that every rank is about to apply the same FSDP2 groups, prefetch depth
+    and ``reshard_after_forward`` choices.
+
+    Collective: every rank of ``group`` calls it, with one ``all_gather_object``
+    of the (small) plan description. Ranks that apply different groups or prefetch
+    lists issue their all-gathers in different orders and sizes: the first step
+    hangs until the process group's timeout or aborts in gloo. An auto plan
+    depends on each rank's own timings and budget, so ranks that planned apart
+    can disagree. Without an initialised process group, or with one rank,
+    it returns at once.
+
+    Args:
+        groups: the ``fully_shard`` groups (module FQNs), root included.
+        prefetch: the explicit prefetch depth.
+        reshard: per group, the plan's ``reshard_after_forward`` (``None``: none).
+        group: the process group (default: ``WORLD``).
+        reshard_kwarg: a ``reshard_after_forward`` passed for every group.
+
+    Raises:
+        PlanError: on every rank, naming the lowest rank whose plan differs from
+            the lowest rank's, the first thing that differs and how to fix it.
+
+    Example:
+        >>> check_plan_across_ranks([[""], ["blocks.0"]], 1, None)  # no process group: no-op
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    mine: _RankPlan = (dist.get_rank(), groups, prefetch, reshard, repr(reshard_kwarg))
+    gathered: list[_RankPlan | None] = [None] * world
+    dist.all_gather_object(gathered, mine, group=group)
+    entries = sorted((e for e in gathered if e is not None), key=lambda e: e[0])
+    ref = entries[0]
+    for other in entries[1:]:
+        if other[1:] != ref[1:]:
+            raise PlanError(
+                f"apply_fully_shard: rank {other[0]} would apply another plan than rank "
+                f"{ref[0]}: {_plan_difference(ref, other)}; FSDP2 would pair the ranks' "
+                "collectives wrongly and hang. Plan on one rank and send it to the others "
+                "(torch.distributed.broadcast_object_list([plan], src=0)), or give every rank "
+                "the same order, memory_budget and cost model"
+            )
+    logger.debug("check_plan_across_ranks: %d ranks agree", world)
+
+
+def _plan_difference(ref: _RankPlan, other: _RankPlan) -> str:
+    """The first difference between two ranks' plans, in words."""
+    a, b = ref[0], other[0]
+    ga, gb = ref[1], other[1]
+    if ga != gb:
+        if len(ga) != len(gb):
+            head = f"{len(ga)} groups on rank {a}, {len(gb)} on rank {b}"
+        else:
+            head = f"{len(ga)} groups on both"
+        i = next((i for i, (x, y) in enumerate(zip(ga, gb, strict=False)) if x != y), None)
+        if i is None:
+            return head
+        return f"{head}; group {i} is {ga[i]} on rank {a} and {gb[i]} on rank {b}"
+    if ref[2] != other[2]:
+        return f"prefetch is {ref[2]} on rank {a} and {other[2]} on rank {b}"
+    ra, rb = ref[3], other[3]
+    if ra != rb:
+        if ra is None or rb is None:
+            return f"per-group reshard_after_forward on rank {a if ra is not None else b} only"
+        i = next(i for i, (x, y) in enumerate(zip(ra, rb, strict=True)) if x != y)
+        return (
+            f"reshard_after_forward of group {ga[i]} is {ra[i]} on rank {a} and {rb[i]} on rank {b}"
+        )
+    return f"reshard_after_forward={ref[4]} on rank {a} and {other[4]} on rank {b}"
+
+
+def check_plan_before_sharding(
+    plan: WrapPlan,
+    prefetch: int,
+    reshard: Mapping[tuple[str, ...], bool],
+    mesh: DeviceMesh | None,
+    fully_shard_kwargs: Mapping[str, Any],
+) -> None:
+    """``apply_fully_shard``'s checks before wrapping: one WARNING for an auto plan made
+    for another world size, then :func:`check_plan_across_ranks` over the mesh's group
+    (``reshard``: group -> the plan's ``reshard_after_forward``, empty for none)."""
+    _warn_if_planned_for_other_ranks(plan, mesh)
+    check_plan_across_ranks(
+        [list(u.module_fqns) for u in plan.units],
+        prefetch,
+        [reshard[tuple(u.module_fqns)] for u in plan.units] if reshard else None,
+        _check_group(mesh),
+        reshard_kwarg=fully_shard_kwargs.get("reshard_after_forward"),
+    )
+
+
+def _check_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    """The group whose ranks must apply the same plan: the mesh's (1-D), else the
+    default group; ``None`` also for an n-D mesh over the whole world."""
+    if mesh is None or mesh.ndim != 1:
+        return None
+    return mesh.get_group()
+
+
+def _warn_if_planned_for_other_ranks(plan: WrapPlan, mesh: DeviceMesh | None) -> None:
+    """One WARNING when an auto plan's world size is not the mesh's (or the world's)."""
+    if plan.estimate is None:
+        return
+    if mesh is not None:
+        ranks = mesh.size()
+    elif dist.is_available() and dist.is_initialized():
+        ranks = dist.get_world_size()
+    else:
+        ranks = 1
+    if plan.estimate.world_size != ranks:
+        logger.warning(
+            "apply_fully_shard: the plan was made for %d ranks and is applied on %d; its "
+            "grouping, prefetch, resharding and memory were chosen for %d. Plan again with "
+            "world_size=%d (and a cost model for these ranks)",
+            plan.estimate.world_size,
+            ranks,
+            plan.estimate.world_size,
+            ranks,
+        )

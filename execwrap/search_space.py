@@ -49,7 +49,8 @@ _PART_HINTS: dict[str, tuple[str, str]] = {
     "sharded_grads": ("sharded gradients", "add ranks or freeze parameters"),
     "optimizer_state": (
         "optimizer state",
-        "add ranks, or use an optimizer with less state (SGD, Adafactor)",
+        'add ranks, or plan for an optimizer with less state (optimizer="sgd" or '
+        '"sgd_momentum", if you train with one)',
     ),
     "unsharded_params": ("unsharded parameters", _FINER),
     "unsharded_grads": ("unsharded gradients", _FINER),

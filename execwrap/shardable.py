@@ -10,16 +10,21 @@ model is half converted. :func:`apply_fully_shard` and
 :class:`ParamExecOrderWrapPolicy` call :func:`check_shardable` first, so the
 model is refused whole, untouched, with torch's remedy and the other one
 (keep the parameter unsharded on every rank).
+
+:func:`check_uniform_dtype` finds the other thing FSDP2 refuses late: a group
+whose trainable parameters mix dtypes with no ``mp_policy`` casting them
+("FSDP expects uniform original parameter dtype", raised at the first forward
+without naming the module).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import torch.nn as nn
 
-__all__ = ["check_shardable", "scalar_params"]
+__all__ = ["check_shardable", "check_uniform_dtype", "scalar_params"]
 
 
 def scalar_params(model: nn.Module, ignored: Iterable[nn.Parameter] = ()) -> list[str]:
@@ -76,3 +81,37 @@ def check_shardable(
         "(e.g. nn.Parameter(t.reshape(1)), read as p[0]), or keep it unsharded on every rank: "
         f"{keep}"
     )
+
+
+def check_uniform_dtype(
+    model: nn.Module,
+    fqns: list[str],
+    param_fqns: Sequence[str],
+    kwargs_by_group: Mapping[tuple[str, ...], Mapping[str, Any]],
+) -> None:
+    """Refuse a group whose trainable parameters mix dtypes, unless its
+    ``mp_policy`` casts them to one ``param_dtype`` (FSDP2 otherwise fails at
+    the first forward with ``AssertionError: FSDP expects uniform original
+    parameter dtype``, naming no module)."""
+    kwargs = kwargs_by_group[tuple(fqns)]
+    policy = kwargs.get("mp_policy")
+    if policy is not None and getattr(policy, "param_dtype", None) is not None:
+        return
+    ignored = {id(p) for p in (kwargs.get("ignored_params") or ())}
+    dtypes: dict[str, str] = {}
+    for name in param_fqns:
+        try:
+            param = model.get_parameter(name)
+        except AttributeError:
+            continue
+        if param.requires_grad and id(param) not in ignored:
+            dtypes.setdefault(str(param.dtype).removeprefix("torch."), name)
+    if len(dtypes) > 1:
+        shown = ", ".join(f"{d} ({n})" for d, n in sorted(dtypes.items()))
+        group = "the root group" if fqns == [""] else f"group {fqns}"
+        raise ValueError(
+            f"apply_fully_shard: {group} mixes trainable parameter dtypes: {shown}; FSDP2 "
+            "needs one dtype per group. Pass mp_policy=MixedPrecisionPolicy(param_dtype=...), "
+            "cast the module to one dtype, or plan with a finer init_policy that puts them "
+            "in different groups"
+        )

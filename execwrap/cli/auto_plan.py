@@ -48,7 +48,7 @@ def load_cost_model(text: str, world_size: int | None) -> CostModel:
         try:
             return CostModel.load(path)
         except (OSError, ValueError) as exc:
-            raise CLIError(f"--cost-model {text!r}: {shorten(exc, 200)}") from exc
+            raise CLIError(f"--cost-model {text!r}: {shorten(exc, 400)}") from exc
     if text not in PRESETS:
         raise CLIError(
             f"--cost-model {text!r}: no such file and no such preset; presets: "
@@ -57,7 +57,7 @@ def load_cost_model(text: str, world_size: int | None) -> CostModel:
     try:
         return CostModel.preset(text, world_size=world_size)
     except ValueError as exc:
-        raise CLIError(f"--cost-model {text!r}: {shorten(exc, 200)}") from exc
+        raise CLIError(f"--cost-model {text!r}: {shorten(exc, 400)}") from exc
 
 
 def timed_order(

@@ -291,8 +291,14 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     """
     is_demo = args.model is None
     formats = _formats(args.format)
-    prefetch = _check_count(args.prefetch, "--prefetch")
+    prefetch = _check_count(1 if args.prefetch is None else args.prefetch, "--prefetch")
     bucket_numel = _bucket_numel(args.bucket_size or (DEFAULT_DEMO_BUCKET if is_demo else None))
+    if bucket_numel == "auto" and args.prefetch is not None:
+        raise CLIError(
+            f"--prefetch {args.prefetch}: with --bucket-size auto the auto-planner chooses the "
+            "prefetch depth (0, 1 or 2) and reshard_after_forward; leave --prefetch out (the "
+            "baselines are then predicted at prefetch 1)"
+        )
     cost_model, world_size, memory_budget = _auto_options(args, bucket_numel)
     input_text = DEFAULT_DEMO_INPUT if args.input is None and is_demo else args.input
     items = _input_items(input_text) if input_text is not None else None

@@ -147,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--prefetch",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="prefetch depth for the memory prediction (default: 1)",
+        help="prefetch depth for the memory prediction (default: 1; with --bucket-size auto "
+        "the auto-planner chooses it)",
     )
     report.add_argument(
         "--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT})"

@@ -132,6 +132,11 @@ def _baselines(
     return {name: planning.plan_wrap(model, order, policy) for name, policy in policies.items()}
 
 
+def _plan_prefetch(plan: WrapPlan, options: ReportOptions) -> int:
+    """The depth the plan's stats are at: an auto plan's own, else ``--prefetch``."""
+    return options.prefetch if plan.prefetch is None else plan.prefetch
+
+
 def _write(
     model: nn.Module, plan: WrapPlan, baselines: dict[str, WrapPlan], options: ReportOptions
 ) -> dict[str, Path]:
@@ -158,7 +163,7 @@ def _summary_rows(
     options: ReportOptions,
 ) -> list[tuple[str, str]]:
     """The terminal summary: what was captured and planned, and the baselines."""
-    stats = plan.stats(options.prefetch)
+    stats = plan.stats(_plan_prefetch(plan, options))
     bucket = options.bucket_numel
     bucket_text = (
         "auto"

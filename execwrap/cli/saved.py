@@ -122,17 +122,23 @@ def _check_report(fields: dict[str, Any], order: ExecutionOrder, source: str) ->
         )
     prefetch = fields["prefetch"]
     plan = fields["plan"]
-    blocks = [("plan", plan.get("stats") if isinstance(plan, dict) else None)]
-    blocks += [(field_path("baselines", n), b["stats"]) for n, b in fields["baselines"].items()]
-    for where, stats in blocks:
+    # a plan's stats are at its own prefetch depth where it chose one (an auto plan's)
+    blocks = [(field_path("baselines", n), b) for n, b in fields["baselines"].items()]
+    if isinstance(plan, dict):
+        blocks.insert(0, ("plan", plan))
+    for where, block in blocks:
+        stats = block.get("stats")
+        own = block.get("prefetch")
+        expected = own if is_int(own) else prefetch
         if (
             isinstance(stats, dict)
             and is_int(stats.get("prefetch"))
-            and stats["prefetch"] != prefetch
+            and stats["prefetch"] != expected
         ):
+            whose = "the plan's own prefetch" if is_int(own) else "the report's prefetch"
             raise SchemaError(
                 field_path(field_path(where, "stats"), "prefetch"),
-                f"is {stats['prefetch']!r}, but the report's prefetch is {prefetch}",
+                f"is {stats['prefetch']!r}, but {whose} is {expected}",
                 source,
                 "report",
             )

@@ -61,9 +61,27 @@ def _print_order(file: str, saved: SavedReport) -> None:
 
 
 def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
-    bucket = "-" if plan.bucket_numel is None else f"{plan.bucket_numel} elements"
+    if plan.search is not None:
+        bucket = "auto"
+    else:
+        bucket = "-" if plan.bucket_numel is None else f"{plan.bucket_numel} elements"
     echo()
     echo(f"plan: policy {plan.policy_name or '-'}, bucket size {bucket}")
+    if plan.estimate is not None and plan.prefetch is not None:
+        flags = plan.reshard_after_forward or ()
+        kept = sum(1 for i, f in enumerate(flags) if not f and i != plan.root_index)
+        echo(
+            f"auto plan: prefetch {plan.prefetch}, {kept} group(s) besides the root not "
+            "resharded after forward, "
+            f"predicted step {plan.estimate.step_time_s * 1e3:.1f} ms, peak "
+            f"{format_bytes(plan.estimate.peak_memory_bytes)} per rank on "
+            f"{plan.estimate.world_size} ranks"
+            + (
+                f" (budget {format_bytes(plan.search.memory_budget)})"
+                if plan.search is not None and plan.search.memory_budget is not None
+                else ""
+            )
+        )
     for i, unit in enumerate(plan.units):
         mods = ", ".join(call_label(m) for m in unit.module_fqns)
         calls = (

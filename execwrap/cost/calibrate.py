@@ -140,10 +140,13 @@ def calibration_fields(
 
     Raises:
         RuntimeError: no process group is initialised (:data:`NO_PROCESS_GROUP_HINT`).
-        ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1.
+        ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1;
+            ``device`` is neither a CPU nor an available CUDA device.
     """
     if not (is_int(repeat) and repeat >= 1):
         raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
+    if device is not None:
+        _checked_device(device)
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(NO_PROCESS_GROUP_HINT)
     group = dist.group.WORLD if group is None else group
@@ -227,10 +230,26 @@ def measure_compute_rates(
 # ------------------------------------------------------------------ measurements
 def _device(device: torch.device | str | None, backend: str) -> torch.device:
     if device is not None:
-        return torch.device(device)
+        return _checked_device(device)
     if "nccl" in backend and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _checked_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device``, if calibration can time on it."""
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"calibrate: device must be a CPU or CUDA device, got {str(dev)!r}: the "
+            "collectives and copies are timed on it"
+        )
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"calibrate: device {str(dev)!r}, but CUDA is not available here; pass "
+            "device='cpu' (gloo) or run on a GPU machine (nccl)"
+        )
+    return dev
 
 
 def _median_time(

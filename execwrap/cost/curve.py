@@ -149,8 +149,8 @@ class CollectiveCurve:
     ) -> CollectiveCurve:
         """This curve with one alpha-beta line over ``[low_bytes, high_bytes)``.
 
-        The curve is resampled at ``sizes`` and ``low_bytes``; the samples in
-        the range are replaced by the line through them that minimises the
+        The curve is resampled at ``sizes``, its own segment ends and
+        ``low_bytes``; the samples in the range are replaced by the line through them that minimises the
         squared *relative* error (least squares weighted by ``1 / time**2``,
         slope and intercept kept ``>= 0``), the others kept. Piecewise-linear
         through noisy medians, neighbouring sizes can be 30% apart in one
@@ -174,7 +174,8 @@ class CollectiveCurve:
             >>> [round(line.time(n), 4) for n in (1, 2, 3, 4, 8)]
             [1.0, 1.7778, 2.4444, 3.1111, 30.0]
         """
-        at = sorted({*(int(n) for n in sizes), int(low_bytes)})
+        bounds = (s.up_to_bytes for s in self.segments if s.up_to_bytes is not None)
+        at = sorted({*(int(n) for n in sizes), *bounds, int(low_bytes)})
         inside = [n for n in at if low_bytes <= n < high_bytes]
         if len(inside) < 2:
             return self

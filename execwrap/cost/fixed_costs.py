@@ -262,7 +262,10 @@ def fsdp_fixed_costs(
         return statistics.linear_regression(list(counts), extra).slope
 
     slopes = {(k, d): (slope(k, d, c, 0), slope(k, d, c, 1)) for k, d, c in stacks}
-    factors, per_group, per_tensor = fit_in_step(slopes, ag, rs, copy, world)
+    # only the group's rank 0 warns of a clamped factor: its numbers are the ones kept
+    factors, per_group, per_tensor = fit_in_step(
+        slopes, ag, rs, copy, world, warn=dist.get_rank(group) == 0
+    )
     k, _, counts = STACKS[1]
     opt = statistics.linear_regression(
         [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
@@ -276,6 +279,8 @@ def fit_in_step(
     rs: CollectiveCurve,
     copy: CollectiveCurve,
     world: int,
+    *,
+    warn: bool = True,
 ) -> tuple[tuple[tuple[int, float, float], ...], float, float]:
     """``(factors, group_overhead_s, param_overhead_s)`` from one group's measured
     forward and backward seconds per stack (module docstring).
@@ -287,6 +292,8 @@ def fit_in_step(
             factors.
         ag, rs, copy: the sweep curves (seconds by bytes).
         world: ranks.
+        warn: log a WARNING for a factor kept within :data:`FACTOR_RANGE`
+            (``False``: a debug line; ranks whose numbers are not kept).
 
     Returns:
         ``((bytes, all-gather factor, reduce-scatter factor), ...)`` by size, each
@@ -340,17 +347,17 @@ def fit_in_step(
         gather_in_step = fwd - copies - fixed
         scatter_in_step = bwd - gather_in_step - copies - copy.time(nbytes) - 2 * fixed
         raw = (gather_in_step / max(gather, 1e-12), scatter_in_step / max(scatter, 1e-12))
-        factors.append((nbytes, *_clamped(nbytes, raw)))
+        factors.append((nbytes, *_clamped(nbytes, raw, warn=warn)))
     return tuple(factors), g, t
 
 
-def _clamped(nbytes: int, raw: tuple[float, float]) -> tuple[float, float]:
+def _clamped(nbytes: int, raw: tuple[float, float], *, warn: bool) -> tuple[float, float]:
     """``raw`` (all-gather, reduce-scatter factors) kept within :data:`FACTOR_RANGE`,
-    with a warning when one was outside it."""
+    with a warning (``warn``; else a debug line) when one was outside it."""
     low, high = FACTOR_RANGE
     a, b = (min(high, max(low, f)) for f in raw)
     if (a, b) != raw:
-        logger.warning(
+        (logger.warning if warn else logger.debug)(
             "calibrate: the in-step factors of %d-byte groups (%.2fx all-gather, %.2fx "
             "reduce-scatter) were kept within %s: a disturbed stack; calibrate again "
             "on a quiet machine",

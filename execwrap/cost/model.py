@@ -223,12 +223,16 @@ class CostModel:
                 f"device type {device_type!r} (this cost model is for {self.device_type!r})"
             )
         if problems:
+            origin = self.source.split(";")[0].strip() or "unnamed"
+            if len(origin) > 100:
+                origin = origin[:99] + "…"
             raise ValueError(
-                f"cost model ({self.source or 'unnamed'}) does not fit "
+                f"cost model ({origin}) does not fit "
                 + " and ".join(problems)
-                + ": calibrate on the target process group (`execwrap calibrate` under torchrun "
-                f"--nproc_per_node={world_size}) or use a preset for it (CostModel.preset(name, "
-                "world_size=...))"
+                + f": calibrate on the target's {world_size} ranks (`execwrap calibrate` under "
+                f"torchrun) or use a preset that describes them (CostModel.preset(name, "
+                f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
+                "h100-ib-400g 2 or more whole nodes of 8)"
             )
 
     # ------------------------------------------------------- constructors
@@ -277,7 +281,8 @@ class CostModel:
         Raises:
             RuntimeError: no process group is initialised; the message says
                 how to start one.
-            ValueError: ``max_bytes`` or ``repeat`` is out of range.
+            ValueError: ``max_bytes`` or ``repeat`` is out of range; ``device``
+                is neither a CPU nor an available CUDA device.
 
         Example:
             >>> dist.init_process_group("gloo")  # doctest: +SKIP

@@ -23,7 +23,8 @@ class ReportContext:
     Args:
         order: the order reported.
         plan: the :class:`~execwrap.plan.WrapPlan` of ``order``, or ``None``.
-        prefetch: prefetch depth for every stat (units all-gathered ahead).
+        prefetch: prefetch depth for every stat (units all-gathered ahead) of a
+            plan that did not choose its own (an auto plan's ``plan.prefetch``).
         baselines: other plans of ``order`` by name, compared with ``plan``.
         title: page title; ``None`` -> ``"execwrap report: <model class>"``.
     """
@@ -52,10 +53,12 @@ class ReportContext:
 
     # shared pieces ------------------------------------------------------
     def stats(self, name: str | None = None) -> Any:
-        """Stats of the plan (``name=None``) or of a baseline, cached."""
+        """Stats of the plan (``name=None``) or of a baseline, cached: at the plan's
+        own prefetch depth where it chose one, else at :attr:`prefetch`."""
         if name not in self._stats:
             plan = self.plan if name is None else self.baselines[name]
-            self._stats[name] = plan.stats(self.prefetch)
+            own = getattr(plan, "prefetch", None)
+            self._stats[name] = plan.stats(self.prefetch if own is None else own)
         return self._stats[name]
 
     def named_plans(self) -> list[tuple[str, Any, Any]]:

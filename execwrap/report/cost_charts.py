@@ -101,8 +101,9 @@ def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
     ax.set_title(
         title
         or f"Predicted step: {step / scale:.3g} {unit} "
-        f"(compute {float(estimate.compute_time_s) / scale:.3g} {unit}, exposed communication "
-        f"{float(estimate.exposed_comm_s) / scale:.3g} {unit})",
+        f"(compute {float(estimate.compute_time_s) / scale:.3g} {unit}, copies and bookkeeping "
+        f"{float(getattr(estimate, 'overhead_time_s', 0.0)) / scale:.3g} {unit}, exposed "
+        f"communication {float(estimate.exposed_comm_s) / scale:.3g} {unit})",
         fontsize=10,
     )
     return fig

@@ -194,7 +194,11 @@ def _predicted(ctx: ReportContext) -> list[str]:
     plan = ctx.plan
     rows = [
         ("Predicted step time", f"{estimate.step_time_s * 1e3:.3f} ms"),
-        ("Compute", f"{estimate.compute_time_s * 1e3:.3f} ms"),
+        ("Compute (the optimizer step included)", f"{estimate.compute_time_s * 1e3:.3f} ms"),
+        (
+            "Copies and per-group bookkeeping (compute stream)",
+            f"{getattr(estimate, 'overhead_time_s', 0.0) * 1e3:.3f} ms",
+        ),
         ("Exposed communication", f"{estimate.exposed_comm_s * 1e3:.3f} ms"),
         ("Predicted peak memory per rank", format_bytes(int(estimate.peak_memory_bytes))),
         ("Prefetch", str(blank(plan.prefetch))),

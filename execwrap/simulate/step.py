@@ -105,7 +105,7 @@ def simulate_step(
     cost_model: CostModel,
     *,
     world_size: int,
-    prefetch: int = 1,
+    prefetch: int | None = None,
     reshard_after_forward: bool | Sequence[bool] | None = None,
     optimizer: str = "adamw",
     compute: UnitCompute | None = None,
@@ -122,20 +122,20 @@ def simulate_step(
     compute runs at ``cost_model.overlap`` of its speed beside a collective
     and the host is assumed to run ahead. Memory per rank follows FSDP2's
     allocations (all-gather outputs, unsharded parameters and gradients,
-    reduce-scatter inputs, activations, shards, optimizer state). The full
-    model and what it leaves out are in :mod:`execwrap.simulate.step`.
+    reduce-scatter inputs, activations, shards, optimizer state); the model
+    and what it leaves out: :mod:`execwrap.simulate.step`.
 
     Args:
         plan: the plan (units in execution order); its order's timing gives
             the compute unless ``compute`` is passed.
         cost_model: the cluster's cost model, for ``world_size`` ranks.
         world_size: data-parallel ranks (the shard factor).
-        prefetch: explicit prefetch depth of ``apply_fully_shard`` (``0``:
-            no explicit lists, FSDP2's implicit prefetching).
-        reshard_after_forward: what ``apply_fully_shard`` passes to its
-            ``fully_shard`` calls: ``None`` (not passed: FSDP2's default, every
-            group but the root reshards), ``True``/``False`` (every group, the
-            root too), or one bool per plan unit.
+        prefetch: explicit prefetch depth (``0``: FSDP2's implicit
+            prefetching only); ``None``: an auto plan's ``plan.prefetch``, else 1.
+        reshard_after_forward: per ``fully_shard`` call: ``None`` (an auto
+            plan's ``plan.reshard_after_forward``, else FSDP2's default: all but
+            the root reshard), ``True``/``False`` (every group, the root too),
+            or one bool per plan unit. Both ``None``: an auto plan as chosen.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd_momentum"`` or ``"none"``.
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
 
@@ -155,6 +155,7 @@ def simulate_step(
         >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
     """
     check_int(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
+    prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
     if optimizer not in OPTIMIZERS:
@@ -284,6 +285,18 @@ def _trainable_shards(order: ExecutionOrder, plan: WrapPlan, world_size: int) ->
         for p in u.param_fqns
         if _requires_grad(order, p)
     ]
+
+
+def _own_choices(
+    plan: WrapPlan, prefetch: int | None, reshard: bool | Sequence[bool] | None
+) -> tuple[int, bool | Sequence[bool] | None]:
+    """``prefetch`` and ``reshard``, each ``None`` replaced by the plan's own choice
+    (an auto plan's), else by 1 and ``None`` (FSDP2's default)."""
+    if prefetch is None:
+        prefetch = 1 if plan.prefetch is None else plan.prefetch
+    if reshard is None and plan.reshard_after_forward is not None:
+        reshard = list(plan.reshard_after_forward)
+    return prefetch, reshard
 
 
 def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool] | None) -> list[bool]:

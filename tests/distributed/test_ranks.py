@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from execwrap import (
+    CostModel,
     ExecutionOrder,
+    ModuleWrapPolicy,
     OrderDivergenceError,
     ParamExecOrderWrapPolicy,
     ParamMismatchError,
+    PlanError,
     TracingConfig,
     always_wrap_policy,
     apply_fully_shard,
     check_order_across_ranks,
+    plan_wrap,
 )
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import branch_case
-from tracing import trace_execution_order
+from tracing import record_execution_order, trace_execution_order
 
 
 def _error(fn: Any) -> dict[str, Any] | None:
@@ -81,10 +88,60 @@ def _ranks_worker(rank: int, world_size: int) -> dict[str, Any]:
     out["fsdp1"] = _error(fsdp1)
     out["fsdp2"] = _error(fsdp2)
     out["fsdp2_recorded"] = _error(fsdp2_recorded)
+    out.update(_plan_cases(rank, world_size))
     # The ranks are still in step: one more collective completes.
     t = torch.ones(1)
     dist.all_reduce(t)
     out["after"] = float(t)
+    return out
+
+
+def _four_linears() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+
+
+def _plan_error(fn: Any) -> str | None:
+    try:
+        fn()
+    except PlanError as e:
+        return str(e)
+    return None
+
+
+def _plan_cases(rank: int, world_size: int) -> dict[str, Any]:
+    """Ranks about to apply different plans: refused on both, before wrapping."""
+    out: dict[str, Any] = {}
+    x = torch.randn(2, 8)
+    order = record_execution_order(_four_linears(), x)
+    linears = ModuleWrapPolicy({torch.nn.Linear})
+
+    def apply(bucket: int | None, prefetch: int) -> None:
+        model = _four_linears()
+        plan = plan_wrap(model, order, linears, bucket_numel=bucket)
+        apply_fully_shard(
+            model, plan, mesh=init_device_mesh("cpu", (world_size,)), prefetch=prefetch
+        )
+        model(x).sum().backward()
+
+    out["plan_same"] = _plan_error(lambda: apply(None, 1))
+    out["plan_groups"] = _plan_error(lambda: apply(None if rank == 0 else 144, 1))
+    out["plan_prefetch"] = _plan_error(lambda: apply(None, 0 if rank == 0 else 2))
+
+    # an auto plan made for 8 ranks, applied on 2: one WARNING
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("execwrap.ranks").addHandler(handler)
+    try:
+        model = _four_linears()
+        h100 = CostModel.preset("h100-nvlink-8")
+        timed = record_execution_order(model, x, timing=h100.compute)  # estimated for an H100
+        auto = plan_wrap(model, timed, linears, bucket_numel="auto", cost_model=h100)
+        apply_fully_shard(model, auto, mesh=init_device_mesh("cpu", (world_size,)))
+    finally:
+        logging.getLogger("execwrap.ranks").removeHandler(handler)
+    out["other_world_warnings"] = [m for m in records if "made for 8 ranks" in m]
     return out
 
 
@@ -110,6 +167,21 @@ def test_check_order_across_ranks() -> None:
             assert e is not None, key
             assert (e["ranks"], e["index"], e["expected"], e["found"]) == ((0, 1), 2, "pos", "neg")
         assert r["after"] == 2.0
+        assert r["plan_same"] is None
+        assert r["plan_groups"] == (
+            "apply_fully_shard: rank 1 would apply another plan than rank 0: 5 groups on rank "
+            "0, 3 on rank 1; group 1 is ['0'] on rank 0 and ['0', '1'] on rank 1; FSDP2 would "
+            "pair the ranks' collectives wrongly and hang. Plan on one rank and send it to the "
+            "others (torch.distributed.broadcast_object_list([plan], src=0)), or give every "
+            "rank the same order, memory_budget and cost model"
+        )
+        assert r["plan_prefetch"] is not None
+        assert "prefetch is 0 on rank 0 and 2 on rank 1" in r["plan_prefetch"]
+    assert r0["other_world_warnings"] == [
+        "apply_fully_shard: the plan was made for 8 ranks and is applied on 2; its grouping, "
+        "prefetch, resharding and memory were chosen for 8. Plan again with world_size=2 (and "
+        "a cost model for these ranks)"
+    ]
     print(r0["modules"]["msg"])
 
 
@@ -265,3 +337,30 @@ def test_a_parameter_one_rank_lacks_is_named_with_the_rank_that_has_it() -> None
                 "and frozen parameters) before wrapping."
             )
         assert r["after"] == 2.0
+
+
+class _MixedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.low = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        self.full = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def test_a_group_that_mixes_dtypes_is_refused_before_wrapping() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_MixedBlock(), torch.nn.Linear(4, 2))
+    order = record_execution_order(model, torch.randn(2, 4))
+    plan = plan_wrap(model, order, ModuleWrapPolicy({_MixedBlock}))
+    assert plan.groups == [[""], ["0"]]
+    with pytest.raises(ValueError) as info:
+        apply_fully_shard(model, plan)
+    assert str(info.value) == (
+        "apply_fully_shard: group ['0'] mixes trainable parameter dtypes: bfloat16 "
+        "(0.low.weight), float32 (0.full.weight); FSDP2 needs one dtype per group. Pass "
+        "mp_policy=MixedPrecisionPolicy(param_dtype=...), cast the module to one dtype, or plan "
+        "with a finer init_policy that puts them in different groups"
+    )
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())  # nothing wrapped

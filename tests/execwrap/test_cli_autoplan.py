@@ -137,6 +137,7 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     chosen = plan["search"]["candidates"][plan["search"]["chosen"]]
     assert chosen["step_time_s"] == plan["estimate"]["step_time_s"]
     assert plan["prefetch"] == chosen["prefetch"]
+    assert plan["stats"]["prefetch"] == plan["prefetch"]  # the plan's stats at its own depth
     # the summary's collectives and peak are the chosen plan's, not --prefetch's
     rows = {
         line.split("  ")[1]: line.rsplit("  ", 1)[1]
@@ -152,6 +153,16 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     )
     for base in data["baselines"].values():
         assert base["estimate"]["world_size"] == 2
+    assert main(["show", str(out / "report.json")]) == 0
+    shown = capsys.readouterr().out
+    assert ", bucket size auto\n" in shown
+    kept = sum(1 for f in plan["reshard_after_forward"][1:] if not f)
+    assert (
+        f"auto plan: prefetch {plan['prefetch']}, {kept} group(s) besides the root not resharded "
+        f"after forward, predicted step {plan['estimate']['step_time_s'] * 1e3:.1f} ms, peak "
+    ) in shown
+    assert "on 2 ranks (budget 10.00 MiB)\n" in shown
+    assert f"stats (prefetch {plan['prefetch']}): " in shown
     page = (out / "report.html").read_text()
     assert '<section id="predicted">' in page
     assert ('id="chart-step"' in page and 'id="chart-candidates"' in page) or NO_CHARTS_LINE in page
@@ -200,3 +211,13 @@ def test_report_for_a_gpu_preset_estimates_compute(
     assert data["order"]["timing_method"] == "estimated"
     assert data["plan"]["search"]["world_size"] == 8
     assert data["plan"]["estimate"]["compute_time_s"] > data["plan"]["estimate"]["optimizer_time_s"]
+
+
+def test_prefetch_with_auto_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["report", "--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--prefetch", "2"]
+    assert main(args) == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: --prefetch 2: with --bucket-size auto the auto-planner chooses the "
+        "prefetch depth (0, 1 or 2) and reshard_after_forward; leave --prefetch out (the "
+        "baselines are then predicted at prefetch 1)"
+    )

@@ -272,13 +272,18 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
 def test_refuses_other_world_size_or_device() -> None:
     cm = _model()
     cm.check_compatible(world_size=2, device_type="cpu")
-    with pytest.raises(
-        ValueError,
-        match=r"cost model \(test\) does not fit world size 8 \(this cost model is for 2 ranks\): "
-        r"calibrate on the target process group \(`execwrap calibrate` under torchrun "
-        r"--nproc_per_node=8\)",
-    ):
+    with pytest.raises(ValueError) as info:
         cm.check_compatible(world_size=8, device_type="cpu")
+    assert str(info.value) == (
+        "cost model (test) does not fit world size 8 (this cost model is for 2 ranks): calibrate "
+        "on the target's 8 ranks (`execwrap calibrate` under torchrun) or use a preset that "
+        "describes them (CostModel.preset(name, world_size=8): the NVLink presets one node of "
+        "2-8 GPUs, h100-ib-400g 2 or more whole nodes of 8)"
+    )
+    # a calibration's long description is cut at its first ";"
+    described = _model(source="calibrated on 2 gloo ranks; in-step factors: " + "x" * 300)
+    with pytest.raises(ValueError, match=r"^cost model \(calibrated on 2 gloo ranks\) does not"):
+        described.check_compatible(world_size=8, device_type="cpu")
     with pytest.raises(
         ValueError, match=r"does not fit device type 'cuda' \(this cost model is for 'cpu'\)"
     ):
@@ -351,3 +356,19 @@ def test_cost_model_loads_without_torch(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2]
     )
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("meta", r"calibrate: device must be a CPU or CUDA device, got 'meta'"),
+        ("cuda", r"calibrate: device 'cuda', but CUDA is not available here; pass device='cpu'"),
+    ],
+)
+def test_calibrate_refuses_a_device_it_cannot_time_on(device: str, message: str) -> None:
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ValueError, match=message):
+        CostModel.calibrate(device=device)

@@ -187,3 +187,41 @@ def test_a_disturbed_timing_step_is_warned_about(caplog: pytest.LogCaptureFixtur
         "before planning from these times"
     )
     assert order.forward_times_s[0] < 0.03  # the median step, not the stalled one
+
+
+class _Attention(nn.Module):
+    """qkv projection and causal attention, ``dropout_p`` on the attention weights."""
+
+    def __init__(self, dropout_p: float = 0.0) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48, bias=False)
+        self.dropout_p = dropout_p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(1, 16, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout_p
+        )
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1], ids=["fused", "dropout"])
+def test_attention_on_meta_is_estimated_like_on_cpu(dropout_p: float) -> None:
+    """On meta, ``scaled_dot_product_attention`` runs the kernel a CPU would choose:
+    fused without dropout (saving q, k, v, the output and its log-sum-exp, not the
+    16 x 16 attention weights of each head), the math path with dropout."""
+    rates = ComputeRates("cpu", flops_per_s=1e9, memory_bytes_per_s=1e9, op_overhead_s=1e-6)
+    orders = {}
+    for device in ("cpu", "meta"):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = _Attention(dropout_p)
+        x = torch.randn(1, 16, 16).to(device)
+        orders[device] = record_execution_order(model, x, timing=rates)
+    cpu, meta = orders["cpu"], orders["meta"]
+    assert meta.saved_activation_bytes == cpu.saved_activation_bytes
+    assert meta.forward_times_s == pytest.approx(cpu.forward_times_s, rel=1e-12)
+    assert meta.backward_times_s == pytest.approx(cpu.backward_times_s, rel=1e-12)
+    # the qkv call saves x (1024 bytes); the root saves the qkv output (3072, one storage for
+    # q, k and v) and, fused, the output (1024) and log-sum-exp (128): 4224; the math path
+    # also saves the decomposition's scaled operands, attention weights and dropout mask
+    assert meta.saved_activation_bytes == {0.0: [4224, 1024], 0.1: [11264, 1024]}[dropout_p]

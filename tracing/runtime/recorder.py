@@ -25,7 +25,7 @@ from tracing.order import ExecutionOrder, ParamUse
 from tracing.rates import ComputeRates
 from tracing.runtime.backward import GradReadyOrder, module_backward_order
 from tracing.runtime.call_stack import CallKind, CallStack
-from tracing.runtime.estimate import RooflineMode
+from tracing.runtime.estimate import FusedAttentionMode, RooflineMode
 from tracing.runtime.hooks import HookSet
 from tracing.runtime.param_map import ParamMap
 from tracing.runtime.timing import CallTimer, Clock, CudaClock, PerfClock, VirtualClock
@@ -131,6 +131,7 @@ class RuntimeRecorder:
         self._hooks = HookSet()
         self.timer: CallTimer | None = None
         self._roofline: RooflineMode | None = None
+        self._fused_attention: FusedAttentionMode | None = None
         try:
             for fqn, t in self._params.tensors.items():
                 self._hooks.add_grad_ready_hook(t, fqn, self._backward.on_ready)
@@ -142,10 +143,15 @@ class RuntimeRecorder:
             )
             if clock is not None:
                 self.timer = CallTimer(self._params.modules, clock, hooks=self._hooks)
+                if isinstance(clock, VirtualClock):
+                    self._fused_attention = FusedAttentionMode()
+                    self._fused_attention.__enter__()
                 if isinstance(clock, VirtualClock) and isinstance(timing, ComputeRates):
                     self._roofline = RooflineMode(timing, clock)
                     self._roofline.__enter__()
         except BaseException:
+            if self._fused_attention is not None:
+                self._fused_attention.__exit__(None, None, None)
             self._hooks.remove()
             raise
 
@@ -213,6 +219,8 @@ class RuntimeRecorder:
             self._calls.clear()
             if self._roofline is not None:
                 self._roofline.__exit__(None, None, None)
+            if self._fused_attention is not None:
+                self._fused_attention.__exit__(None, None, None)
             if self.timer is not None:
                 self.timer.remove()
         finally:
