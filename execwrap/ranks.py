@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_order_across_ranks",
     "check_plan_across_ranks",
+    "check_plan_before_sharding",
     "order_fingerprint",
     "param_table",
 ]
@@ -416,21 +417,29 @@ def check_plan_before_sharding(
     for another world size, then :func:`check_plan_across_ranks` over the mesh's group
     (``reshard``: group -> the plan's ``reshard_after_forward``, empty for none)."""
     _warn_if_planned_for_other_ranks(plan, mesh)
+    spans, group = _check_group(mesh)
+    if not spans:
+        logger.debug("apply_fully_shard: an n-D mesh over part of the world; ranks not compared")
+        return
     check_plan_across_ranks(
         [list(u.module_fqns) for u in plan.units],
         prefetch,
         [reshard[tuple(u.module_fqns)] for u in plan.units] if reshard else None,
-        _check_group(mesh),
+        group,
         reshard_kwarg=fully_shard_kwargs.get("reshard_after_forward"),
     )
 
 
-def _check_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
-    """The group whose ranks must apply the same plan: the mesh's (1-D), else the
-    default group; ``None`` also for an n-D mesh over the whole world."""
-    if mesh is None or mesh.ndim != 1:
-        return None
-    return mesh.get_group()
+def _check_group(mesh: DeviceMesh | None) -> tuple[bool, dist.ProcessGroup | None]:
+    """``(compare?, group)``: the ranks that must apply the same plan: a 1-D mesh's
+    group, the default group for no mesh or an n-D mesh over the whole world; an
+    n-D mesh over part of it (one pipeline stage's) is not compared."""
+    if mesh is None:
+        return True, None
+    if mesh.ndim == 1:
+        return True, mesh.get_group()
+    whole = dist.is_available() and dist.is_initialized() and mesh.size() == dist.get_world_size()
+    return whole, None
 
 
 def _warn_if_planned_for_other_ranks(plan: WrapPlan, mesh: DeviceMesh | None) -> None:
