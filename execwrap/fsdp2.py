@@ -253,7 +253,8 @@ def _shard_groups(
     ordered = [*_post_order(model, groups), [""]]
     kwargs_by_group = {tuple(fqns): kwargs_for(fqns) for fqns in ordered}
     for fqns in ordered:
-        check_uniform_dtype(model, fqns, (params or {}).get(tuple(fqns), ()), kwargs_by_group)
+        key = tuple(fqns)
+        check_uniform_dtype(model, fqns, (params or {}).get(key, ()), kwargs_by_group[key])
     for fqns in ordered[:-1]:
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules

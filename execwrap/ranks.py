@@ -415,7 +415,8 @@ def check_plan_before_sharding(
 ) -> None:
     """``apply_fully_shard``'s checks before wrapping: one WARNING for an auto plan made
     for another world size, then :func:`check_plan_across_ranks` over the mesh's group
-    (``reshard``: group -> the plan's ``reshard_after_forward``, empty for none)."""
+    (``reshard``: group -> the plan's ``reshard_after_forward`` as applied, empty when
+    the plan's per-group flags are not used)."""
     _warn_if_planned_for_other_ranks(plan, mesh)
     spans, group = _check_group(mesh)
     if not spans:
@@ -424,7 +425,7 @@ def check_plan_before_sharding(
     check_plan_across_ranks(
         [list(u.module_fqns) for u in plan.units],
         prefetch,
-        [reshard[tuple(u.module_fqns)] for u in plan.units] if reshard else None,
+        list(plan.reshard_after_forward or ()) if reshard else None,
         group,
         reshard_kwarg=fully_shard_kwargs.get("reshard_after_forward"),
     )

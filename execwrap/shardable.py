@@ -87,13 +87,13 @@ def check_uniform_dtype(
     model: nn.Module,
     fqns: list[str],
     param_fqns: Sequence[str],
-    kwargs_by_group: Mapping[tuple[str, ...], Mapping[str, Any]],
+    kwargs: Mapping[str, Any],
 ) -> None:
     """Refuse a group whose trainable parameters mix dtypes, unless its
     ``mp_policy`` casts them to one ``param_dtype`` (FSDP2 otherwise fails at
     the first forward with ``AssertionError: FSDP expects uniform original
-    parameter dtype``, naming no module)."""
-    kwargs = kwargs_by_group[tuple(fqns)]
+    parameter dtype``, naming no module). ``kwargs``: the group's ``fully_shard``
+    kwargs."""
     policy = kwargs.get("mp_policy")
     if policy is not None and getattr(policy, "param_dtype", None) is not None:
         return

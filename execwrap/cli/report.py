@@ -132,11 +132,6 @@ def _baselines(
     return {name: planning.plan_wrap(model, order, policy) for name, policy in policies.items()}
 
 
-def _plan_prefetch(plan: WrapPlan, options: ReportOptions) -> int:
-    """The depth the plan's stats are at: an auto plan's own, else ``--prefetch``."""
-    return options.prefetch if plan.prefetch is None else plan.prefetch
-
-
 def _write(
     model: nn.Module, plan: WrapPlan, baselines: dict[str, WrapPlan], options: ReportOptions
 ) -> dict[str, Path]:
@@ -163,7 +158,7 @@ def _summary_rows(
     options: ReportOptions,
 ) -> list[tuple[str, str]]:
     """The terminal summary: what was captured and planned, and the baselines."""
-    stats = plan.stats(_plan_prefetch(plan, options))
+    stats = plan.stats(options.prefetch)
     bucket = options.bucket_numel
     bucket_text = (
         "auto"

@@ -68,10 +68,9 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
     echo()
     echo(f"plan: policy {plan.policy_name or '-'}, bucket size {bucket}")
     if plan.estimate is not None and plan.prefetch is not None:
-        flags = plan.reshard_after_forward or ()
-        kept = sum(1 for i, f in enumerate(flags) if not f and i != plan.root_index)
         echo(
-            f"auto plan: prefetch {plan.prefetch}, {kept} group(s) besides the root not "
+            f"auto plan: prefetch {plan.prefetch}, {len(plan.kept_unsharded())} group(s) "
+            "besides the root not "
             "resharded after forward, "
             f"predicted step {plan.estimate.step_time_s * 1e3:.1f} ms, peak "
             f"{format_bytes(plan.estimate.peak_memory_bytes)} per rank on "

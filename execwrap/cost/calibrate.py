@@ -55,7 +55,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.fixed_costs import fsdp_fixed_costs, in_step_curve, sync_device
+from execwrap.cost.fixed_costs import (
+    bandwidth_line,
+    fsdp_fixed_costs,
+    in_step_curve,
+    sync_device,
+)
 from tracing.checks import is_int
 from tracing.rates import ComputeRates
 
@@ -80,7 +85,7 @@ _SMALLEST = 4 * 1024
 _COPY_BYTES = 64 * 2**20
 #: On CPU, the size range ``[low, high)`` in bytes over which the in-step all-gather
 #: and reduce-scatter curves are one alpha-beta line
-#: (:meth:`~execwrap.cost.CollectiveCurve.with_line_between`). ``low`` is the smallest
+#: (:func:`~execwrap.cost.fixed_costs.bandwidth_line`). ``low`` is the smallest
 #: size an in-step factor is measured at (256 KiB stacks); ``high`` is glibc's largest
 #: mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``, 32 MiB on 64-bit, mallopt(3)): a
 #: larger buffer always comes from fresh mmap pages and page-faults on every use, and
@@ -174,8 +179,8 @@ def calibration_fields(
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     if dev.type == "cpu":
-        ag_curve = ag_curve.with_line_between(sizes, *CPU_BANDWIDTH_RANGE)
-        rs_curve = rs_curve.with_line_between(sizes, *CPU_BANDWIDTH_RANGE)
+        ag_curve = bandwidth_line(ag_curve, sizes, *CPU_BANDWIDTH_RANGE)
+        rs_curve = bandwidth_line(rs_curve, sizes, *CPU_BANDWIDTH_RANGE)
     fields: dict[str, Any] = {
         "device_type": dev.type,
         "backend": backend,

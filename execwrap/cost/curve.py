@@ -144,56 +144,6 @@ class CollectiveCurve:
             segments.append(CurveSegment(None if last else s1, t0 - s0 * slope, slope))
         return cls(tuple(segments))
 
-    def with_line_between(
-        self, sizes: Sequence[int], low_bytes: int, high_bytes: int
-    ) -> CollectiveCurve:
-        """This curve with one alpha-beta line over ``[low_bytes, high_bytes)``.
-
-        The curve is resampled at ``sizes``, its own segment ends and
-        ``low_bytes``; the samples in the range are replaced by the line through them that minimises the
-        squared *relative* error (least squares weighted by ``1 / time**2``,
-        slope and intercept kept ``>= 0``), the others kept. Piecewise-linear
-        through noisy medians, neighbouring sizes can be 30% apart in one
-        calibration and the other way round in the next, and a plan that merges
-        units compares exactly such sizes; one line per range averages their
-        noise (see :func:`execwrap.cost.calibrate.calibration_fields` for where
-        it is used and what it changed).
-
-        Args:
-            sizes: sizes to resample at, bytes.
-            low_bytes: the range's first size, bytes (included).
-            high_bytes: the range's end, bytes (excluded).
-
-        Returns:
-            The new curve; this one unchanged if fewer than two of ``sizes``
-            lie in the range.
-
-        Example:
-            >>> wobbly = CollectiveCurve.from_samples([1, 2, 3, 4, 8], [1.0, 2.0, 2.0, 4.0, 30.0])
-            >>> line = wobbly.with_line_between([1, 2, 3, 4, 8], 2, 8)
-            >>> [round(line.time(n), 4) for n in (1, 2, 3, 4, 8)]
-            [1.0, 1.7778, 2.4444, 3.1111, 30.0]
-        """
-        bounds = (s.up_to_bytes for s in self.segments if s.up_to_bytes is not None)
-        at = sorted({*(int(n) for n in sizes), *bounds, int(low_bytes)})
-        inside = [n for n in at if low_bytes <= n < high_bytes]
-        if len(inside) < 2:
-            return self
-        weights = [1.0 / self.time(n) ** 2 for n in inside]
-        s = sum(weights)
-        sx = sum(w * n for w, n in zip(weights, inside, strict=True))
-        sy = sum(w * self.time(n) for w, n in zip(weights, inside, strict=True))
-        sxx = sum(w * n * n for w, n in zip(weights, inside, strict=True))
-        sxy = sum(w * n * self.time(n) for w, n in zip(weights, inside, strict=True))
-        slope = max(0.0, (s * sxy - sx * sy) / (s * sxx - sx * sx))
-        latency = (sy - slope * sx) / s
-        if latency < 0:  # through the origin instead
-            latency, slope = 0.0, sxy / sxx
-        return CollectiveCurve.from_samples(
-            at,
-            [latency + slope * n if low_bytes <= n < high_bytes else self.time(n) for n in at],
-        )
-
     @classmethod
     def lower_envelope(cls, lines: Sequence[tuple[float, float]]) -> CollectiveCurve:
         """The cheapest of several alpha-beta lines at every size.

@@ -69,6 +69,7 @@ __all__ = [
     "STACKS",
     "InStepCosts",
     "FACTOR_RANGE",
+    "bandwidth_line",
     "fit_in_step",
     "fsdp_fixed_costs",
     "in_step_curve",
@@ -174,6 +175,46 @@ def in_step_curve(
             curve.time(n) if n <= _LATENCY_BYTES else max(floor, curve.time(n) * factor(n))
             for n in at
         ],
+    )
+
+
+def bandwidth_line(
+    curve: CollectiveCurve, sizes: Sequence[int], low_bytes: int, high_bytes: int
+) -> CollectiveCurve:
+    """``curve`` with one alpha-beta line over ``[low_bytes, high_bytes)``.
+
+    The curve is resampled at ``sizes``, its own segment ends and ``low_bytes``;
+    the samples in the range are replaced by the line ``latency + bytes * slope``
+    (both ``>= 0``) that minimises their squared *relative* error
+    (:func:`nonnegative_least_squares` on rows ``(1 / t, n / t)`` against 1), the
+    others kept: one line averages the noise of neighbouring medians, which merged
+    and unmerged units compare (:data:`execwrap.cost.calibrate.CPU_BANDWIDTH_RANGE`
+    says where it is used and what it changed).
+
+    Args:
+        curve: the curve (seconds by bytes).
+        sizes: sizes to resample at, bytes.
+        low_bytes, high_bytes: the range, bytes (``low_bytes`` in it, ``high_bytes`` not).
+
+    Returns:
+        The new curve; ``curve`` itself if fewer than two sizes lie in the range.
+
+    >>> wobbly = CollectiveCurve.from_samples([1, 2, 3, 4, 8], [1.0, 2.0, 2.0, 4.0, 30.0])
+    >>> line = bandwidth_line(wobbly, [1, 2, 3, 4, 8], 2, 8)
+    >>> [round(line.time(n), 4) for n in (1, 2, 3, 4, 8)]
+    [1.0, 1.7778, 2.4444, 3.1111, 30.0]
+    """
+    bounds = (s.up_to_bytes for s in curve.segments if s.up_to_bytes is not None)
+    at = sorted({*(int(n) for n in sizes), *bounds, int(low_bytes)})
+    times = {n: curve.time(n) for n in at}
+    inside = [n for n in at if low_bytes <= n < high_bytes]
+    if len(inside) < 2:
+        return curve
+    latency, slope = nonnegative_least_squares(
+        [[1.0 / times[n], n / times[n]] for n in inside], [1.0] * len(inside)
+    )
+    return CollectiveCurve.from_samples(
+        at, [latency + slope * n if n in inside else times[n] for n in at]
     )
 
 

@@ -52,26 +52,28 @@ def test_curve_from_samples_is_piecewise_linear_and_monotone() -> None:
         CollectiveCurve.from_samples([1], [1.0])
 
 
-def test_curve_with_line_between_fits_one_line_by_relative_error() -> None:
+def test_bandwidth_line_fits_one_line_by_relative_error() -> None:
+    from execwrap.cost.fixed_costs import bandwidth_line
+
     # in-range samples (2, 2), (3, 2), (4, 4); weights 1/t^2 = 1/4, 1/4, 1/16:
     # slope = (S Sxy - Sx Sy) / (S Sxx - Sx^2) = (0.5625 * 3.5 - 1.5 * 1.25) / (0.5625 * 4.25
     # - 1.5^2) = 2/3, latency = (Sy - slope Sx) / S = 0.25 / 0.5625 = 4/9
     wobbly = CollectiveCurve.from_samples([1, 2, 3, 4, 8], [1.0, 2.0, 2.0, 4.0, 30.0])
-    line = wobbly.with_line_between([1, 2, 3, 4, 8], 2, 8)
+    line = bandwidth_line(wobbly, [1, 2, 3, 4, 8], 2, 8)
     assert [line.time(n) for n in (2, 3, 4)] == pytest.approx([16 / 9, 22 / 9, 28 / 9])
     assert (line.time(1), line.time(8)) == (1.0, 30.0)  # outside the range: kept
     # relative, not absolute, error: one 100x disturbed time barely moves the line (an
     # unweighted least-squares line would price the 10-byte size at -27 s and 40 at 186)
     steep = CollectiveCurve.from_samples([10, 20, 40], [1.0, 2.0, 200.0])
-    fitted = steep.with_line_between([10, 20, 40], 10, 41)
+    fitted = bandwidth_line(steep, [10, 20, 40], 10, 41)
     assert [fitted.time(n) for n in (10, 20, 40)] == pytest.approx(
         [1.0098, 2.0196, 4.0392], abs=1e-4
     )
     # fewer than two sizes in the range: unchanged
-    assert wobbly.with_line_between([1, 2, 3, 4, 8], 5, 8) is wobbly
-    # a negative intercept is refitted through the origin: slope Sxy / Sxx
+    assert bandwidth_line(wobbly, [1, 2, 3, 4, 8], 5, 8) is wobbly
+    # a negative intercept is not allowed: the line goes through the origin, slope Sxy / Sxx
     concave = CollectiveCurve.from_samples([100, 200], [1.0, 5.0])
-    through_origin = concave.with_line_between([100, 200], 100, 201)
+    through_origin = bandwidth_line(concave, [100, 200], 100, 201)
     # weights 1 and 1/25: Sxy = 100 + 200 * 5 / 25 = 140, Sxx = 100^2 + 200^2 / 25 = 11600
     assert through_origin.time(100) == pytest.approx(100 * 140 / 11600)
     assert through_origin.time(200) == pytest.approx(200 * 140 / 11600)
