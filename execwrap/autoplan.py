@@ -70,7 +70,7 @@ from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
 from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
 from execwrap.report.formatting import format_bytes
-from tracing.checks import check_int, is_int
+from tracing.checks import check_int, check_size
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -100,25 +100,31 @@ REFINE_TOP = 4
 
 
 def check_memory_budget(memory_budget: Any, where: str) -> int | None:
-    """``memory_budget`` (bytes per rank, or ``None``), checked.
+    """``memory_budget`` (bytes per rank, or ``None``), checked and returned as an ``int``.
+
+    A whole number of bytes: an int, a NumPy integer or a float with no
+    fractional part (``40e9``).
 
     Raises:
-        TypeError: not an int (or a bool) or ``None``.
+        TypeError: not a whole number (a bool, a string, ``1.5``) nor ``None``.
         ValueError: zero or negative.
     """
     if memory_budget is None:
         return None
-    if not is_int(memory_budget):
+    try:
+        return check_size(
+            memory_budget, f"{where}: memory_budget", minimum=1, unit="bytes per rank"
+        )
+    except TypeError:
         raise TypeError(
             f"{where}: memory_budget must be a number of bytes per rank (int) or None, got "
             f"{type(memory_budget).__name__} {memory_budget!r}"
-        )
-    if memory_budget <= 0:
+        ) from None
+    except ValueError:
         raise ValueError(
             f"{where}: memory_budget must be > 0 bytes per rank, got {memory_budget!r}; pass "
             "None for no limit"
-        )
-    return int(memory_budget)
+        ) from None
 
 
 def check_auto_options(

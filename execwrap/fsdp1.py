@@ -40,7 +40,7 @@ from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
 from execwrap.apply_watch import mark_applied, watch
 from execwrap.auto_wrap import policy_name
-from execwrap.autoplan import check_auto_options
+from execwrap.autoplan import check_auto_options, check_memory_budget
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
@@ -48,7 +48,7 @@ from execwrap.ranks import check_order_across_ranks
 from execwrap.shardable import check_shardable
 from execwrap.text import listed
 from tracing import TracingConfig, capture_execution_order
-from tracing.checks import is_int
+from tracing.checks import check_size
 from tracing.order import ExecutionOrder, param_infos, shared_param_map
 
 if TYPE_CHECKING:
@@ -182,15 +182,17 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.tracing_config must be a tracing.TracingConfig "
                 f"or None; got {type(self.tracing_config).__name__}"
             )
-        if (
-            self.bucket_numel is not None
-            and self.bucket_numel != "auto"
-            and (not is_int(self.bucket_numel) or self.bucket_numel <= 0)
+        if self.bucket_numel is not None and not (
+            isinstance(self.bucket_numel, str) and self.bucket_numel == "auto"
         ):
-            raise ValueError(
-                "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
-                f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
-            )
+            try:  # an int, a NumPy integer or a whole float (1e8), kept as an int
+                self.bucket_numel = check_size(self.bucket_numel, "bucket_numel")
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
+                    f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
+                ) from None
+        self.memory_budget = check_memory_budget(self.memory_budget, "ParamExecOrderWrapPolicy")
         check_auto_options(
             "ParamExecOrderWrapPolicy",
             self.bucket_numel,

@@ -66,7 +66,7 @@ from execwrap.auto_wrap import (
     policy_name,
     policy_unit_modules,
 )
-from execwrap.autoplan import check_auto_options, search_plan
+from execwrap.autoplan import check_auto_options, check_memory_budget, search_plan
 from execwrap.bucketing import bucket_units
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView, OrderView, check_order_fits
@@ -83,7 +83,7 @@ from execwrap.stated_groups import (
     stated_group_note,
     stated_group_units,
 )
-from tracing.checks import check_int
+from tracing.checks import check_size
 from tracing.fqn import is_within
 from tracing.order import ExecutionOrder
 
@@ -236,7 +236,8 @@ def plan_wrap_unwatched(
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
-    _check_arguments(model, order, bucket_numel)
+    bucket_numel = _check_arguments(model, order, bucket_numel)
+    memory_budget = check_memory_budget(memory_budget, "plan_wrap")
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     check_auto_options(
@@ -325,8 +326,9 @@ def _auto_plan(
     )
 
 
-def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
-    """The types of :func:`plan_wrap`'s arguments, and a positive ``bucket_numel``."""
+def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | str | None:
+    """The types of :func:`plan_wrap`'s arguments; returns ``bucket_numel`` as an ``int``
+    (a NumPy integer or a whole float such as ``1e8`` accepted), ``"auto"`` or ``None``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"plan_wrap: model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(order, ExecutionOrder):
@@ -334,14 +336,15 @@ def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> None:
             f"plan_wrap: order must be an ExecutionOrder, got {type(order).__name__}; capture "
             "one with tracing.capture_execution_order(model, ...)"
         )
-    if bucket_numel is not None and bucket_numel != "auto":
-        check_int(
-            bucket_numel,
-            "plan_wrap: bucket_numel",
-            minimum=1,
-            unit="elements",
-            hint='; pass None for no bucketing, or "auto" for the auto-planner',
-        )
+    if bucket_numel is None or (isinstance(bucket_numel, str) and bucket_numel == "auto"):
+        return bucket_numel
+    return check_size(
+        bucket_numel,
+        "plan_wrap: bucket_numel",
+        minimum=1,
+        unit="elements",
+        hint='; pass None for no bucketing, or "auto" for the auto-planner',
+    )
 
 
 def _outermost_ignored(model: nn.Module, ignored: set[nn.Module]) -> tuple[str, ...]:

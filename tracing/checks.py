@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
-__all__ = ["check_int", "is_int"]
+__all__ = ["check_int", "check_size", "is_int"]
 
 
 def is_int(value: Any) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is not a count)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether ``value`` is an integer (``int``, a NumPy integer, any
+    :class:`numbers.Integral`) and not a ``bool`` (``True`` is not a count).
+
+    >>> is_int(3), is_int(True), is_int(3.0)
+    (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(
@@ -51,4 +58,60 @@ def check_int(
         )
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}{counted}, got {value!r}{hint}")
+    return int(value)
+
+
+def check_size(
+    value: Any,
+    name: str,
+    *,
+    minimum: int = 1,
+    unit: str = "",
+    hint: str = "",
+) -> int:
+    """Return ``value`` as an ``int`` if it is a whole number ``>= minimum``.
+
+    For sizes (elements, bytes), where ``1e8`` and ``40e9`` are how people
+    write them: an integer (:func:`is_int`) or a finite float with no
+    fractional part is accepted and returned as an ``int``; a count (prefetch
+    depth, ranks) takes :func:`check_int` instead.
+
+    Args:
+        value: the argument to check.
+        name: how the message names it, e.g. ``"plan_wrap: memory_budget"``.
+        minimum: the smallest allowed value.
+        unit: what it counts, for the message (``"elements"``, ``"bytes per rank"``).
+        hint: text appended to the message.
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError: not a number, a bool, or a float with a fractional part or
+            not finite.
+        ValueError: ``value < minimum``.
+
+    >>> check_size(1e8, "bucket_numel"), check_size(2**20, "bucket_numel")
+    (100000000, 1048576)
+    >>> check_size(0.5, "bucket_numel", unit="elements")
+    Traceback (most recent call last):
+    ...
+    TypeError: bucket_numel must be a whole number >= 1 (elements), got float 0.5
+    """
+    counted = f" ({unit})" if unit else ""
+    whole = is_int(value) or (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and float(value).is_integer()
+    )
+    if not whole:
+        raise TypeError(
+            f"{name} must be a whole number >= {minimum}{counted}, got "
+            f"{type(value).__name__} {value!r}{hint}"
+        )
+    if value < minimum:
+        raise ValueError(
+            f"{name} must be a whole number >= {minimum}{counted}, got {value!r}{hint}"
+        )
     return int(value)

@@ -329,6 +329,11 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     )
 
 
+#: A bare ``--memory-budget`` number (no unit) below this many bytes is refused as a
+#: forgotten unit (``--memory-budget 40`` meant 40 GiB, not 40 bytes).
+_BARE_BUDGET_MIN = 2**20
+
+
 def _auto_options(
     args: argparse.Namespace, bucket_numel: int | str | None
 ) -> tuple[str | None, int | None, int | None]:
@@ -358,7 +363,8 @@ def _auto_options(
         )
     looks_like_file = "/" in cost_model or "\\" in cost_model or cost_model.endswith(".json")
     if looks_like_file and not Path(cost_model).is_file():
-        raise CLIError(f"--cost-model {cost_model!r}: no such file")
+        what = "a folder, not a cost model file" if Path(cost_model).is_dir() else "no such file"
+        raise CLIError(f"--cost-model {cost_model!r}: {what}")
     if world_size is not None and world_size < 1:
         raise CLIError(f"--world-size must be >= 1, got {world_size}")
     memory_budget = None
@@ -369,6 +375,12 @@ def _auto_options(
             raise CLIError(f"--memory-budget: {exc}") from None
         if memory_budget <= 0:
             raise CLIError(f"--memory-budget {budget_text!r}: must be > 0 bytes")
+        if memory_budget < _BARE_BUDGET_MIN and budget_text.strip().isdigit():
+            raise CLIError(
+                f"--memory-budget {budget_text!r} is {memory_budget} bytes, less than any "
+                f"model's peak: write the unit, e.g. {budget_text.strip()}GiB or "
+                f"{budget_text.strip()}GB (a bare number is bytes)"
+            )
     return cost_model, world_size, memory_budget
 
 

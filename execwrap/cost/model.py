@@ -118,6 +118,11 @@ class CostModel:
             raise ValueError(
                 f"CostModel.device_type must be e.g. 'cpu' or 'cuda', got {self.device_type!r}"
             )
+        if "nccl" in self.backend.lower() and self.device_type != "cuda":
+            raise ValueError(
+                f"CostModel: backend {self.backend!r} runs on CUDA devices, but device_type is "
+                f"{self.device_type!r}; a CPU cost model is calibrated on gloo"
+            )
         if not (0.0 <= self.overlap <= 1.0):
             raise ValueError(f"CostModel.overlap must be within [0, 1], got {self.overlap!r}")
         if not math.isfinite(self.copy_bytes_per_s) or self.copy_bytes_per_s <= 0:
@@ -357,7 +362,7 @@ class CostModel:
             return cls(
                 device_type=str(data["device_type"]),
                 backend=str(data["backend"]),
-                world_size=int(data["world_size"]),
+                world_size=data["world_size"],  # an int in the JSON: "2" is refused
                 all_gather=CollectiveCurve.from_dict(data["all_gather"]),
                 reduce_scatter=CollectiveCurve.from_dict(data["reduce_scatter"]),
                 copy_bytes_per_s=float(data["copy_bytes_per_s"]),

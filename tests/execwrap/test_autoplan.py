@@ -167,7 +167,8 @@ def _model_and_order() -> tuple[nn.Module, object]:
         (
             dict(bucket_numel="Auto"),
             TypeError,
-            r"bucket_numel must be an int >= 1 \(elements\), got str \'Auto\'; pass None for no "
+            r"bucket_numel must be a whole number >= 1 \(elements\), got str \'Auto\'; pass None "
+            r"for no "
             r'bucketing, or "auto" for the auto-planner',
         ),
     ],
@@ -368,6 +369,33 @@ def test_report_shows_the_predicted_step_and_the_candidates(tmp_path: Path) -> N
     drawn = sum(len(c.get_offsets()) for c in ax.collections)
     assert drawn == len(best.search.candidates) + 1
     assert [line.get_xdata()[0] for line in ax.lines] == [10**9 / 2**20]  # the budget, in MiB
+
+
+def test_sizes_take_numpy_integers_and_whole_floats() -> None:
+    """A budget or bucket size written as ``1e9`` or taken from NumPy plans as the int."""
+    import numpy as np
+
+    from execwrap import ParamExecOrderWrapPolicy
+
+    model, order = _model_and_order()
+    linear = ModuleWrapPolicy({nn.Linear})
+    budgeted = [
+        plan_wrap(
+            model, order, linear, bucket_numel="auto", cost_model=cost_model(), memory_budget=b
+        )
+        for b in (10**9, 1e9, np.int64(10**9))
+    ]
+    assert [p.groups for p in budgeted] == [[[""], ["0", "1", "2"]]] * 3
+    bucketed = [
+        plan_wrap(model, order, linear, bucket_numel=b) for b in (512, 512.0, np.int32(512))
+    ]
+    assert [p.groups for p in bucketed] == [[[""], ["0", "1"], ["2"]]] * 3
+    policy = ParamExecOrderWrapPolicy(bucket_numel=1e3, order=order)
+    assert (policy.bucket_numel, type(policy.bucket_numel)) == (1000, int)
+    with pytest.raises(TypeError, match=r"memory_budget must be a number of bytes per rank"):
+        plan_wrap(model, order, bucket_numel="auto", cost_model=cost_model(), memory_budget=1.5)
+    with pytest.raises(TypeError, match=r"bucket_numel must be a whole number >= 1"):
+        plan_wrap(model, order, bucket_numel=True)  # type: ignore[arg-type]
 
 
 def test_policy_takes_the_auto_keywords() -> None:

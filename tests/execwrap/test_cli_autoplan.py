@@ -59,6 +59,16 @@ def test_parse_bytes_refuses(text: str, match: str) -> None:
         parse_bytes(text)
 
 
+def test_cost_model_folder_is_named_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "calibrations"
+    folder.mkdir()
+    args = ["--bucket-size", "auto", "--cost-model", f"{folder}/"]
+    assert main(["report", "--out", str(tmp_path / "r"), *args]) == 2
+    assert f"--cost-model '{folder}/': a folder, not a cost model file" in _err_line(capsys)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -79,6 +89,11 @@ def test_parse_bytes_refuses(text: str, match: str) -> None:
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "0"],
             "--memory-budget '0': must be > 0 bytes",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "40"],
+            "--memory-budget '40' is 40 bytes, less than any model's peak: write the unit, "
+            "e.g. 40GiB or 40GB (a bare number is bytes)",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--world-size", "0"],

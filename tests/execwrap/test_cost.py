@@ -269,6 +269,19 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         ValueError, match=r"bad\.json: malformed cost model: missing field 'overlap'"
     ):
         CostModel.load(bad)
+    good = _model().to_dict()
+    for field, value, message in (
+        ("world_size", "2", r"CostModel.world_size must be an int >= 1 \(ranks\), got str '2'"),
+        (
+            "backend",
+            "nccl",
+            r"CostModel: backend 'nccl' runs on CUDA devices, but device_type is 'cpu'; a CPU "
+            r"cost model is calibrated on gloo",
+        ),
+    ):
+        bad.write_text(json.dumps({**good, field: value}))
+        with pytest.raises(ValueError, match=r"bad\.json: malformed cost model: " + message):
+            CostModel.load(bad)
 
 
 def test_refuses_other_world_size_or_device() -> None:

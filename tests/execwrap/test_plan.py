@@ -483,9 +483,11 @@ def test_bucketing_never_puts_a_unit_and_its_parameter_holding_parent_in_one_gro
 
 def test_bad_arguments() -> None:
     model, order = LayerOrder(), layer_order()
-    with pytest.raises(ValueError, match=r"bucket_numel must be an int >= 1 \(elements\), got 0"):
+    with pytest.raises(
+        ValueError, match=r"bucket_numel must be a whole number >= 1 \(elements\), got 0"
+    ):
         plan_wrap(model, order, bucket_numel=0)
-    with pytest.raises(TypeError, match="bucket_numel must be an int"):
+    with pytest.raises(TypeError, match="bucket_numel must be a whole number >= 1"):
         plan_wrap(model, order, bucket_numel=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="order must be an ExecutionOrder"):
         plan_wrap(model, ["", "layer0"])  # type: ignore[arg-type]
