@@ -29,6 +29,7 @@ __all__ = [
     "ranks",
     "spearman",
     "split_half_spearman",
+    "steal_share",
 ]
 
 #: Names of the auto plans in the grid.
@@ -88,6 +89,19 @@ def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
     if len(rows) < 2 or len(halves) < len(rows):
         return math.nan
     return spearman([h[0] for h in halves], [h[1] for h in halves])
+
+
+def steal_share(rows: Sequence[dict[str, Any]], cpus: int) -> float:
+    """The host's steal during the timed steps of every plan, as a share of the CPU
+    time the machine had (``steal_s`` and ``wall_s`` of the rows; ``nan`` without them).
+
+    >>> steal_share([{"steal_s": 0.1, "wall_s": 2.0}, {"steal_s": 0.0, "wall_s": 3.0}], 2)
+    0.01
+    """
+    if not rows or any("steal_s" not in r or "wall_s" not in r for r in rows):
+        return math.nan
+    wall = sum(r["wall_s"] for r in rows)
+    return sum(r["steal_s"] for r in rows) / (wall * cpus) if wall > 0 else math.nan
 
 
 def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch.nn as nn
 from benchmarks._autoplan_models import MODELS, ModelSpec, PlanSpec, block_numel, grid
 from benchmarks._bench import median
 from benchmarks._ranks import barrier, rank_main, spawn_ranks
+from execwrap.cost.host import clean_samples, steal_seconds
 
 __all__ = ["spawn"]
 
@@ -126,8 +127,11 @@ def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Mo
 
 def _time_interleaved(
     trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
-) -> dict[str, list[float]]:
-    """Every plan once per round, in an order shuffled per round (the same on every
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds of each plan's timed steps, and the host's steal during each (CPU
+    seconds over all CPUs, :func:`execwrap.cost.host.steal_seconds`).
+
+    Every plan runs once per round, in an order shuffled per round (the same on every
     rank: seeded by the round). A plan's fresh allocations land on the memory the plan
     before it just freed; with a fixed rotation each plan would always follow the same
     one, and that neighbour's footprint would bias its time. With ``job["paired"]`` each
@@ -138,17 +142,20 @@ def _time_interleaved(
     one at a time; its prediction looked 10-23% short.)"""
     names = list(trainers)
     times: dict[str, list[float]] = {n: [] for n in names}
+    steals: dict[str, list[float]] = {n: [] for n in names}
     for r in range(job["warmup"] + job["steps"]):
         for n in random.Random(r).sample(names, len(names)):
             if job["paired"]:
                 trainers[n].step()  # untimed: the timed step follows one of its own plan
             barrier(device)
+            steal0 = steal_seconds()
             start = time.perf_counter()
             trainers[n].step()
             elapsed = time.perf_counter() - start
             if r >= job["warmup"]:
                 times[n].append(elapsed)
-    return times
+                steals[n].append(steal_seconds() - steal0)
+    return times, steals
 
 
 def _tracked_peak(trainer: _Trainer, device: torch.device) -> tuple[int, int | None]:
@@ -190,15 +197,19 @@ def _bench_model(
     predicted = {p.name: _predict(plans[p.name], p, cm, world) for p in specs}
     del base
     trainers = {p.name: _Trainer(spec, size, plans[p.name], p, (x, y), mesh) for p in specs}
-    times = _time_interleaved(trainers, job, device)
+    times, steals = _time_interleaved(trainers, job, device)
     peaks = {n: _tracked_peak(t, device) for n, t in trainers.items()}
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, {"times": times, "peaks": peaks})
+    dist.all_gather_object(gathered, {"times": times, "peaks": peaks, "steals": steals})
     if rank != 0:
         return None
     rows = []
     for p in specs:
-        per_step = [max(g["times"][p.name][i] for g in gathered) for i in range(job["steps"])]
+        steps = range(job["steps"])
+        every_step = [max(g["times"][p.name][i] for g in gathered) for i in steps]
+        # the most any rank's host took (one host here: the same counter on every rank)
+        stolen = [max(g["steals"][p.name][i] for g in gathered) for i in steps]
+        per_step = clean_samples(every_step, stolen)
         plan, estimate = plans[p.name], predicted[p.name]
         flags = getattr(plan, "reshard_after_forward", None)
         kept = (
@@ -215,6 +226,13 @@ def _bench_model(
                 "kept": kept,
                 "predicted_s": float(estimate.step_time_s),
                 "measured_s": median(per_step),
+                "measured_all_s": median(every_step),
+                "steps_used": len(per_step),
+                "clean_steps": sum(1 for x in stolen if x <= 0.0),
+                "steal_s": sum(stolen),
+                "steps_s": every_step,
+                "steals_s": stolen,
+                "wall_s": sum(every_step),
                 "spread_s": _quartiles(per_step),
                 "halves_s": (median(per_step[0::2]), median(per_step[1::2]))
                 if len(per_step) >= 2

@@ -55,9 +55,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil
 import torch
 
-from benchmarks._autoplan_metrics import claims
+from benchmarks._autoplan_metrics import claims, steal_share
 from benchmarks._autoplan_models import MODELS, grid
 from benchmarks._autoplan_ranks import spawn
 from benchmarks._bench import (
@@ -143,6 +144,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
         "budget: measured peak / budget (<= 1)",
         "step-time spread (IQR / median, median over plans)",
         "measured vs itself: Spearman of odd vs even steps",
+        "host steal during the timed steps; steps without steal per plan",
         "all met",
     ]
     rows = []
@@ -160,6 +162,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
                 f"{c['budget_peak'] / c['budget']:.3f}",
                 f"{c['spread'] * 100:.1f}%",
                 f"{c['split_half']:.3f}",
+                f"{c['steal'] * 100:.1f}%; {c['clean_steps']}",
                 "yes" if c["all_met"] else "no",
             ]
         )
@@ -297,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         rows = result["models"][name]
         per_model[name] = claims(rows)
+        per_model[name]["steal"] = steal_share(rows, psutil.cpu_count() or 1)
+        clean = [r["clean_steps"] for r in rows]
+        per_model[name]["clean_steps"] = f"{min(clean)}-{max(clean)} of {job['steps']}"
         size = ", ".join(f"{k} {v}" for k, v in job["sizes"][name].items())
         sections.append(
             f"### {name}: {MODELS[name].description} ({size})\n\n"
@@ -326,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         "Plans take turns step by step (order shuffled per round"
         f"{'; each turn an untimed step, then the timed one of the same plan' if job['paired'] else ''}"
         "); step time = slowest rank, "
-        f"median of {job['steps']} "
-        f"steps after {job['warmup']} warm-up rounds, with the quartiles of the steps in brackets "
+        f"median of the {job['steps']} timed "
+        f"steps after {job['warmup']} warm-up rounds, over those during which the host gave none "
+        "of this machine's CPU time to other guests (no steal, `execwrap.cost.host`) when they "
+        "are at least half, else over all, with the quartiles of those steps in brackets "
         "(the spread column: how large a difference between plans is noise); the plans' medians "
         "over the odd-numbered steps ranked against those over the even-numbered ones give "
         "the run's agreement with itself (what the Spearman of predictions can be judged against); AdamW. "

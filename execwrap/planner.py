@@ -326,7 +326,7 @@ def _auto_plan(
     )
 
 
-def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | str | None:
+def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | Literal["auto"] | None:
     """The types of :func:`plan_wrap`'s arguments; returns ``bucket_numel`` as an ``int``
     (a NumPy integer or a whole float such as ``1e8`` accepted), ``"auto"`` or ``None``."""
     if not isinstance(model, nn.Module):
@@ -336,8 +336,10 @@ def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | str | N
             f"plan_wrap: order must be an ExecutionOrder, got {type(order).__name__}; capture "
             "one with tracing.capture_execution_order(model, ...)"
         )
-    if bucket_numel is None or (isinstance(bucket_numel, str) and bucket_numel == "auto"):
-        return bucket_numel
+    if bucket_numel is None:
+        return None
+    if isinstance(bucket_numel, str) and bucket_numel == "auto":
+        return "auto"
     return check_size(
         bucket_numel,
         "plan_wrap: bucket_numel",

@@ -5,7 +5,10 @@ Modules, one job each:
 * :mod:`~execwrap.cost.model`: :class:`CostModel` (times, compatibility checks, JSON);
 * :mod:`~execwrap.cost.curve`: :class:`CollectiveCurve`, piecewise latency + bytes / bandwidth;
 * :mod:`~execwrap.cost.presets`: cited presets for common GPU clusters;
-* :mod:`~execwrap.cost.calibrate`: the measurement on the live process group.
+* :mod:`~execwrap.cost.calibrate`: the measurement on the live process group, with
+  :mod:`~execwrap.cost.sweep` (bare collectives and copies by size),
+  :mod:`~execwrap.cost.fixed_costs` (FSDP2's costs inside a step), :mod:`~execwrap.cost.fit`
+  (the least-squares fits) and :mod:`~execwrap.cost.host` (steal time on virtual machines).
 
 Importing this package loads no torch (the calibration imports it when it runs).
 """

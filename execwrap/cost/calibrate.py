@@ -44,10 +44,8 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,21 +53,23 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.fit import bandwidth_line
 from execwrap.cost.fixed_costs import (
-    bandwidth_line,
     fsdp_fixed_costs,
     in_step_curve,
     sync_device,
 )
+from execwrap.cost.host import StealMeter, clean_median, steal_seconds
+from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes
 from tracing.checks import is_int
 from tracing.rates import ComputeRates
 
 __all__ = [
     "CPU_BANDWIDTH_RANGE",
     "NO_PROCESS_GROUP_HINT",
+    "STEAL_WARN_SHARE",
     "calibration_fields",
     "measure_compute_rates",
-    "sweep_sizes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,11 +81,10 @@ NO_PROCESS_GROUP_HINT = (
     "torchrun (e.g. `torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json`)"
 )
 
-_SMALLEST = 4 * 1024
 _COPY_BYTES = 64 * 2**20
 #: On CPU, the size range ``[low, high)`` in bytes over which the in-step all-gather
 #: and reduce-scatter curves are one alpha-beta line
-#: (:func:`~execwrap.cost.fixed_costs.bandwidth_line`). ``low`` is the smallest
+#: (:func:`~execwrap.cost.fit.bandwidth_line`). ``low`` is the smallest
 #: size an in-step factor is measured at (256 KiB stacks); ``high`` is glibc's largest
 #: mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``, 32 MiB on 64-bit, mallopt(3)): a
 #: larger buffer always comes from fresh mmap pages and page-faults on every use, and
@@ -98,35 +97,6 @@ _COPY_BYTES = 64 * 2**20
 #: plan's error minus the per-block plan's fell from 14.0 to 3.4 points (GPT) and
 #: from 11.7 to 4.1 (Llama).
 CPU_BANDWIDTH_RANGE = (256 * 2**10, 32 * 2**20)
-
-
-def sweep_sizes(max_bytes: int, world_size: int) -> list[int]:
-    """Buffer sizes of the sweep: 4 KiB times powers of 4 up to 1 MiB, then powers of 2
-    and the midpoints 1.5 times each (1, 1.5, 2, 3, 4, 6 MiB, ...) up to ``max_bytes``,
-    each a multiple of ``4 * world_size`` bytes (whole float32 shards). Large sizes
-    are denser: on CPU a collective's time bends where its buffers outgrow the caches
-    and glibc's mmap threshold (32 MiB: a fresh 33.6 MiB all-gather output took 32 ms,
-    a 31 MiB one 16 ms, 2 gloo ranks), and a line from 16 to 64 MiB overpriced a
-    25 MiB all-gather by half against FSDP2 steps.
-
-    >>> sweep_sizes(2**20, 2)
-    [4096, 16384, 65536, 262144, 1048576]
-    >>> [n / 2**20 for n in sweep_sizes(8 * 2**20, 2)[4:]]
-    [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]
-    """
-    step = 4 * world_size
-    sizes: list[int] = []
-    size = _SMALLEST
-    while size <= max(max_bytes, _SMALLEST * 4):
-        sizes.append(-(-size // step) * step)
-        if size < 2**20:
-            size *= 4
-        else:
-            half = size * 3 // 2
-            if half <= max_bytes:
-                sizes.append(-(-half // step) * step)
-            size *= 2
-    return sizes
 
 
 def calibration_fields(
@@ -161,21 +131,24 @@ def calibration_fields(
     dev = _device(device, backend)
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if not (is_int(max_bytes) and max_bytes >= _SMALLEST):
-        raise ValueError(f"calibrate: max_bytes must be an int >= {_SMALLEST}, got {max_bytes!r}")
-    started = time.perf_counter()
+    if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
+        raise ValueError(
+            f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}, got {max_bytes!r}"
+        )
     sizes = sweep_sizes(max_bytes, world)
-    ag, rs, copies = _sweep(sizes, group, dev, repeat=repeat)
-    sweep_ag = CollectiveCurve.from_samples(sizes, ag)
-    sweep_rs = CollectiveCurve.from_samples(sizes, rs)
-    copy_rate = _copy_rate(dev)
-    rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
-    optimizer_curve = _optimizer_curve(dev, repeat=repeat)
-    overlap = _overlap(group, dev, repeat=repeat)
-    copy_curve = CollectiveCurve.from_samples(sizes, copies)
-    in_step = fsdp_fixed_costs(
-        group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
-    )
+    with StealMeter() as host:
+        ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
+        sweep_ag = CollectiveCurve.from_samples(sizes, ag)
+        sweep_rs = CollectiveCurve.from_samples(sizes, rs)
+        copy_rate = _copy_rate(dev)
+        rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
+        optimizer_curve = _optimizer_curve(dev, repeat=repeat)
+        overlap = _overlap(group, dev, repeat=repeat)
+        copy_curve = CollectiveCurve.from_samples(sizes, copies)
+        in_step = fsdp_fixed_costs(
+            group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
+        )
+    _warn_of_steal(host, group)
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
     if dev.type == "cpu":
@@ -196,8 +169,8 @@ def calibration_fields(
         "optimizer_param_overhead_s": in_step.optimizer_param_overhead_s,
         "optimizer_curve": optimizer_curve,
         "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
-        f"{datetime.date.today().isoformat()} in {time.perf_counter() - started:.1f} s"
-        f"{f' (repeat {repeat})' if repeat > 1 else ''}; "
+        f"{datetime.date.today().isoformat()} in {host.wall_s:.1f} s"
+        f"{f' (repeat {repeat})' if repeat > 1 else ''}, host steal {host.share():.1%}; "
         f"in-step factors: {in_step.describe()}",
         "torch_version": str(torch.__version__),
     }
@@ -208,6 +181,26 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+#: Share of the CPU time that the host may take during calibration (steal) before
+#: calibration warns: above it, the runs it dropped as interrupted were many.
+STEAL_WARN_SHARE = 0.02
+
+
+def _warn_of_steal(host: StealMeter, group: dist.ProcessGroup) -> None:
+    """A WARNING (from the group's rank 0) when the host took more than
+    :data:`STEAL_WARN_SHARE` of the CPU time during calibration."""
+    share = host.share()
+    if share > STEAL_WARN_SHARE and dist.get_rank(group) == 0:
+        logger.warning(
+            "calibrate: the host gave %.1f%% of this machine's CPU time to other guests "
+            "(steal) during the %.0f s of calibration; runs it interrupted were left out "
+            "where enough others were not, but the figures may still be slow: calibrate "
+            "again when the host is quieter",
+            100 * share,
+            host.wall_s,
+        )
 
 
 def measure_compute_rates(
@@ -260,105 +253,20 @@ def _checked_device(device: torch.device | str) -> torch.device:
 def _median_time(
     fn: Callable[[], Any], dev: torch.device, *, repeats: int, warmup: int = 1
 ) -> float:
-    """Median seconds of ``fn()`` (device synchronised around each run)."""
+    """Median seconds of ``fn()`` (device synchronised around each run) over the runs
+    the host did not interrupt (:func:`~execwrap.cost.host.clean_median`)."""
     for _ in range(warmup):
         fn()
     sync_device(dev)
-    times = []
+    times, steals = [], []
     for _ in range(repeats):
+        steal0 = steal_seconds()
         t0 = time.perf_counter()
         fn()
         sync_device(dev)
         times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
-
-
-def _repeats(nbytes: int) -> int:
-    """More runs for small (noisy, cheap) sizes than for large ones."""
-    return 15 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
-
-
-def _collective_fn(
-    kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device
-) -> Callable[[], None]:
-    """One all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``) as FSDP2
-    issues it: into a freshly allocated output, reduce-scatters of float32 with AVG."""
-    world = dist.get_world_size(group)
-    full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
-    shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
-    if kind == "all_gather":
-
-        def run() -> None:
-            dist.all_gather_single(torch.empty_like(full), shard, group=group)
-
-    else:
-
-        def run() -> None:
-            dist.reduce_scatter_single(
-                torch.empty_like(shard), full, op=dist.ReduceOp.AVG, group=group
-            )
-
-    return run
-
-
-def _sweep(
-    sizes: list[int], group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1
-) -> tuple[list[float], list[float], list[float]]:
-    """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
-    buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
-    collective), so the allocator hands the freed buffer back as a training loop's steady
-    state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
-    25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
-    Before each run the caches are flushed (:func:`_cache_evictor`): in a training step
-    a collective's buffers are cold, and a buffer that fits in the last-level cache
-    would otherwise be timed hot (a 3 MiB reduce-scatter took 2.9 ms hot and 4.9 ms
-    after an 8 MiB write, 2 gloo ranks; 12 MiB ones the same either way).
-    Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
-    slower than a larger one."""
-    out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
-    evict = _cache_evictor(dev)
-    for n in sizes:
-        for kind in out:
-            fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
-            fn()  # warm-up
-            samples = []
-            for _ in range(_repeats(n) * repeat):
-                evict()
-                if kind != "copy":
-                    dist.barrier(group=group)
-                sync_device(dev)
-                t0 = time.perf_counter()
-                fn()
-                sync_device(dev)
-                samples.append(time.perf_counter() - t0)
-            out[kind].append(max(float(statistics.median(samples)), 1e-9))
-    return out["all_gather"], out["reduce_scatter"], out["copy"]
-
-
-def _last_level_cache_bytes() -> int:
-    """The CPU's largest cache in bytes (Linux sysfs; 32 MiB where it can't be read)."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = path.read_text().strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except (ValueError, OSError):
-            continue
-    return max(sizes, default=32 * 2**20)
-
-
-def _cache_evictor(dev: torch.device) -> Callable[[], None]:
-    """A function that flushes the CPU caches (writes a buffer of twice the last-level
-    cache, at least 16 MiB); a no-op on CUDA, where NCCL's buffers are not the CPU's."""
-    if dev.type == "cuda":
-        return lambda: None
-    buf = torch.empty(max(2 * _last_level_cache_bytes(), 16 * 2**20) // 4, dtype=torch.float32)
-
-    def evict() -> None:
-        buf.fill_(1.0)
-
-    return evict
+        steals.append(steal_seconds() - steal0)
+    return clean_median(times, steals)
 
 
 def _copy_rate(dev: torch.device) -> float:
@@ -367,17 +275,6 @@ def _copy_rate(dev: torch.device) -> float:
     dst = torch.empty_like(src)
     seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
     return _COPY_BYTES / max(seconds, 1e-9)
-
-
-def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
-    """A copy of ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out fills new
-    unsharded storage (allocation and first-touch page faults included)."""
-    src = torch.ones(max(1, nbytes // 4), device=dev)
-
-    def run() -> None:
-        torch.empty_like(src).copy_(src)
-
-    return run
 
 
 #: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
@@ -415,16 +312,19 @@ def _optimizer_curve(dev: torch.device, *, repeat: int = 1) -> CollectiveCurve:
             p.grad = torch.randn_like(p)
         steps[(n, m)] = torch.optim.AdamW(params, lr=1e-3).step
     samples: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
+    steals: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
     for r in range(2 + 9 * repeat):
         for key, step in steps.items():
             sync_device(dev)
+            steal0 = steal_seconds()
             t0 = time.perf_counter()
             step()
             sync_device(dev)
             if r >= 2:  # warm-up: the states are allocated in the first step
                 samples[key].append(time.perf_counter() - t0)
+                steals[key].append(steal_seconds() - steal0)
     del steps
-    med = {key: float(statistics.median(v)) for key, v in samples.items()}
+    med = {key: clean_median(v, steals[key]) for key, v in samples.items()}
     per_tensor = [
         max((med[(n, counts[n])] - med[(16, counts[n])]) / counts[n], 1e-9) for n in _OPT_SIZES
     ]

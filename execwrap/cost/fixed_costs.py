@@ -61,6 +61,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.fit import nonnegative_least_squares
+from execwrap.cost.host import clean_median, steal_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +71,10 @@ __all__ = [
     "STACKS",
     "InStepCosts",
     "FACTOR_RANGE",
-    "bandwidth_line",
     "fit_in_step",
     "fsdp_fixed_costs",
     "in_step_curve",
     "group_bytes",
-    "nonnegative_least_squares",
     "stacks_within",
     "sync_device",
 ]
@@ -178,46 +178,6 @@ def in_step_curve(
     )
 
 
-def bandwidth_line(
-    curve: CollectiveCurve, sizes: Sequence[int], low_bytes: int, high_bytes: int
-) -> CollectiveCurve:
-    """``curve`` with one alpha-beta line over ``[low_bytes, high_bytes)``.
-
-    The curve is resampled at ``sizes``, its own segment ends and ``low_bytes``;
-    the samples in the range are replaced by the line ``latency + bytes * slope``
-    (both ``>= 0``) that minimises their squared *relative* error
-    (:func:`nonnegative_least_squares` on rows ``(1 / t, n / t)`` against 1), the
-    others kept: one line averages the noise of neighbouring medians, which merged
-    and unmerged units compare (:data:`execwrap.cost.calibrate.CPU_BANDWIDTH_RANGE`
-    says where it is used and what it changed).
-
-    Args:
-        curve: the curve (seconds by bytes).
-        sizes: sizes to resample at, bytes.
-        low_bytes, high_bytes: the range, bytes (``low_bytes`` in it, ``high_bytes`` not).
-
-    Returns:
-        The new curve; ``curve`` itself if fewer than two sizes lie in the range.
-
-    >>> wobbly = CollectiveCurve.from_samples([1, 2, 3, 4, 8], [1.0, 2.0, 2.0, 4.0, 30.0])
-    >>> line = bandwidth_line(wobbly, [1, 2, 3, 4, 8], 2, 8)
-    >>> [round(line.time(n), 4) for n in (1, 2, 3, 4, 8)]
-    [1.0, 1.7778, 2.4444, 3.1111, 30.0]
-    """
-    bounds = (s.up_to_bytes for s in curve.segments if s.up_to_bytes is not None)
-    at = sorted({*(int(n) for n in sizes), *bounds, int(low_bytes)})
-    times = {n: curve.time(n) for n in at}
-    inside = [n for n in at if low_bytes <= n < high_bytes]
-    if len(inside) < 2:
-        return curve
-    latency, slope = nonnegative_least_squares(
-        [[1.0 / times[n], n / times[n]] for n in inside], [1.0] * len(inside)
-    )
-    return CollectiveCurve.from_samples(
-        at, [latency + slope * n if n in inside else times[n] for n in at]
-    )
-
-
 def group_bytes(k: int, d: int, world: int) -> int:
     """Bytes of one stack group: ``k`` float32 ``d x d`` layers, dim 0 padded to a
     multiple of ``world`` as FSDP2 pads it."""
@@ -258,7 +218,8 @@ def fsdp_fixed_costs(
         copy: seconds of a copy into a fresh buffer, by bytes.
         max_bytes: the sweep's largest size: larger stacks are not run
             (:func:`stacks_within`).
-        repeat: run ``repeat * ROUNDS`` rounds (medians of more samples).
+        repeat: run ``repeat * ROUNDS`` rounds (medians of more samples), and up to
+            as many again while rounds are interrupted by the host (steal).
 
     Returns:
         The :class:`InStepCosts` (rank 0's and every other rank's may differ;
@@ -409,39 +370,6 @@ def _clamped(nbytes: int, raw: tuple[float, float], *, warn: bool) -> tuple[floa
     return a, b
 
 
-def nonnegative_least_squares(rows: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float]:
-    """``x >= 0`` minimising ``|A x - b|`` for a few unknowns: every subset of unknowns
-    solved by least squares (the others 0), the best feasible one kept.
-
-    >>> [round(v, 6) for v in nonnegative_least_squares([[1, 0], [0, 1], [1, 1]], [1, 2, 3])]
-    [1.0, 2.0]
-    >>> nonnegative_least_squares([[1.0, 1.0], [1.0, 2.0]], [1.0, -1.0])
-    [0.0, 0.0]
-    """
-    n = len(rows[0])
-    best = [0.0] * n
-    best_err = sum(b * b for b in rhs)
-    for size in range(1, n + 1):
-        for subset in itertools.combinations(range(n), size):
-            a = torch.tensor([[r[j] for j in subset] for r in rows], dtype=torch.float64)
-            b = torch.tensor(list(rhs), dtype=torch.float64).unsqueeze(1)
-            # columns scaled to unit norm (they may differ by orders of magnitude)
-            scale = a.norm(dim=0).clamp_min(1e-30)
-            sol = torch.linalg.lstsq(a / scale, b).solution.squeeze(1) / scale
-            if bool((sol < 0).any()):
-                continue
-            x = [0.0] * n
-            for j, v in zip(subset, sol.tolist(), strict=True):
-                x[j] = float(v)
-            err = sum(
-                (sum(r[j] * x[j] for j in range(n)) - bb) ** 2
-                for r, bb in zip(rows, rhs, strict=True)
-            )
-            if err < best_err - 1e-30:
-                best, best_err = x, err
-    return best
-
-
 def _step_fns(
     model: nn.Module, width: int, dev: torch.device
 ) -> tuple[Callable[[], tuple[float, ...]], Callable[[], tuple[float, ...]]]:
@@ -487,14 +415,36 @@ def _interleaved(
 ) -> dict[str, tuple[float, ...]]:
     """Median seconds of each phase of each function, run in rounds (each once per
     round, in the same order on every rank: they may issue collectives), a barrier
-    before each run."""
+    before each run.
+
+    A round is *clean* when no rank's host took CPU time from it (steal, the most
+    over ranks: an all-reduce, so that every rank runs the same rounds). Rounds are
+    added, up to ``2 * rounds`` in all, until ``rounds`` of them are clean, and the
+    medians are over the clean rounds (:func:`~execwrap.cost.host.clean_median`: over
+    every round when fewer than half are clean). Steal matters most here: with a
+    collective in every millisecond, a stalled vCPU stalls both ranks (2 gloo ranks,
+    4.9% steal during calibration: the 1 KiB stacks' medians 1.1-1.9x those of a
+    calibration without steal, and the fixed cost per group 1154 vs 755 µs).
+    """
     times: dict[str, list[tuple[float, ...]]] = {k: [] for k in fns}
-    for _ in range(rounds):
+    steals: list[float] = []
+    while len(steals) < rounds or (
+        sum(1 for s in steals if s <= 0.0) < rounds and len(steals) < 2 * rounds
+    ):
+        steal0 = steal_seconds()
         for k, fn in fns.items():
             dist.barrier(group=group)
             sync_device(dev)
             times[k].append(fn())
+        stolen = torch.tensor([steal_seconds() - steal0], dtype=torch.float64, device=dev)
+        dist.all_reduce(stolen, op=dist.ReduceOp.MAX, group=group)
+        steals.append(float(stolen.item()))
+    logger.debug(
+        "calibrate: %d of %d round(s) of the FSDP2 stacks without steal",
+        sum(1 for s in steals if s <= 0.0),
+        len(steals),
+    )
     return {
-        k: tuple(float(statistics.median(phase)) for phase in zip(*v, strict=True))
+        k: tuple(clean_median(phase, steals) for phase in zip(*v, strict=True))
         for k, v in times.items()
     }

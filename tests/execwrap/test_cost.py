@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from execwrap.cost import PRESETS, CollectiveCurve, ComputeRates, CostModel, CurveSegment
-from execwrap.cost.calibrate import NO_PROCESS_GROUP_HINT, sweep_sizes
+from execwrap.cost.calibrate import NO_PROCESS_GROUP_HINT
+from execwrap.cost.sweep import sweep_sizes
 
 
 def _model(**changes: object) -> CostModel:
@@ -53,7 +54,7 @@ def test_curve_from_samples_is_piecewise_linear_and_monotone() -> None:
 
 
 def test_bandwidth_line_fits_one_line_by_relative_error() -> None:
-    from execwrap.cost.fixed_costs import bandwidth_line
+    from execwrap.cost.fit import bandwidth_line
 
     # in-range samples (2, 2), (3, 2), (4, 4); weights 1/t^2 = 1/4, 1/4, 1/16:
     # slope = (S Sxy - Sx Sy) / (S Sxx - Sx^2) = (0.5625 * 3.5 - 1.5 * 1.25) / (0.5625 * 4.25
@@ -136,7 +137,7 @@ def test_copy_out_time_sums_parameters() -> None:
 
 
 def test_nonnegative_least_squares() -> None:
-    from execwrap.cost.fixed_costs import nonnegative_least_squares
+    from execwrap.cost.fit import nonnegative_least_squares
 
     # exact solution inside the feasible set
     assert nonnegative_least_squares([[3, 3], [3, 24]], [3.0, 10.0]) == pytest.approx(
