@@ -115,16 +115,16 @@ def check_memory_budget(memory_budget: Any, where: str) -> int | None:
         return check_size(
             memory_budget, f"{where}: memory_budget", minimum=1, unit="bytes per rank"
         )
-    except TypeError:
+    except TypeError as e:
         raise TypeError(
-            f"{where}: memory_budget must be a number of bytes per rank (int) or None, got "
+            f"{where}: memory_budget must be a whole number of bytes per rank or None, got "
             f"{type(memory_budget).__name__} {memory_budget!r}"
-        ) from None
-    except ValueError:
+        ) from e
+    except ValueError as e:
         raise ValueError(
             f"{where}: memory_budget must be > 0 bytes per rank, got {memory_budget!r}; pass "
             "None for no limit"
-        ) from None
+        ) from e
 
 
 def check_auto_options(
@@ -142,7 +142,8 @@ def check_auto_options(
         ValueError: ``bucket_numel="auto"`` without a cost model; a cost
             model, world size, budget or optimizer without ``bucket_numel="auto"``;
             a world size or budget that is not positive; an unknown optimizer.
-        TypeError: a world size or budget that is not an int; a cost model that
+        TypeError: a world size that is not an int, or a budget that is not a whole
+            number; a cost model that
             is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
             the message says how to load one).
     """

@@ -98,7 +98,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             preset) for ``bucket_numel="auto"``.
         world_size: ranks to plan for (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
-            bytes (``None``: no limit).
+            bytes, a whole number (``40e9`` is accepted; ``None``: no limit).
         optimizer: the optimizer the auto plan is priced with (its state in
             memory, its step in time; :data:`execwrap.simulate.OPTIMIZERS`;
             ``None``: ``"adamw"``).
@@ -138,7 +138,8 @@ class ParamExecOrderWrapPolicy(_Policy):
         TypeError: ``init_policy`` is not callable / not a ``_Policy``,
             ``tracing_config`` is not a :class:`TracingConfig`, ``order`` is
             not an :class:`ExecutionOrder`, or ``example_kwargs`` not a dict.
-        ValueError: ``bucket_numel`` is not a positive int, ``None`` or
+        ValueError: ``bucket_numel`` is not a positive whole number (an int, a
+            NumPy integer or a float such as ``1e8``, kept as an int), ``None`` or
             ``"auto"``; ``"auto"`` without a ``cost_model``; ``cost_model``,
             ``world_size`` or ``memory_budget`` without ``"auto"``; a
             ``memory_budget`` or ``world_size`` that is not positive;
@@ -187,11 +188,11 @@ class ParamExecOrderWrapPolicy(_Policy):
         ):
             try:  # an int, a NumPy integer or a whole float (1e8), kept as an int
                 self.bucket_numel = check_size(self.bucket_numel, "bucket_numel")
-            except (TypeError, ValueError):
+            except (TypeError, ValueError) as e:
                 raise ValueError(
                     "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
                     f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
-                ) from None
+                ) from e
         self.memory_budget = check_memory_budget(self.memory_budget, "ParamExecOrderWrapPolicy")
         check_auto_options(
             "ParamExecOrderWrapPolicy",

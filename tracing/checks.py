@@ -10,13 +10,12 @@ __all__ = ["check_int", "check_size", "is_int"]
 
 
 def is_int(value: Any) -> bool:
-    """Whether ``value`` is an integer (``int``, a NumPy integer, any
-    :class:`numbers.Integral`) and not a ``bool`` (``True`` is not a count).
+    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is not a count).
 
     >>> is_int(3), is_int(True), is_int(3.0)
     (True, False, False)
     """
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_int(
@@ -72,9 +71,10 @@ def check_size(
     """Return ``value`` as an ``int`` if it is a whole number ``>= minimum``.
 
     For sizes (elements, bytes), where ``1e8`` and ``40e9`` are how people
-    write them: an integer (:func:`is_int`) or a finite float with no
-    fractional part is accepted and returned as an ``int``; a count (prefetch
-    depth, ranks) takes :func:`check_int` instead.
+    write them: an integer (any :class:`numbers.Integral`, NumPy's too; not a
+    ``bool``) or a finite float with no fractional part is accepted and
+    returned as an ``int``; a count (prefetch depth, ranks) takes
+    :func:`check_int` instead.
 
     Args:
         value: the argument to check.
@@ -99,11 +99,9 @@ def check_size(
     TypeError: bucket_numel must be a whole number >= 1 (elements), got float 0.5
     """
     counted = f" ({unit})" if unit else ""
-    whole = is_int(value) or (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and float(value).is_integer()
+    whole = not isinstance(value, bool) and (
+        isinstance(value, numbers.Integral)
+        or (isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer())
     )
     if not whole:
         raise TypeError(

@@ -375,7 +375,7 @@ def _auto_options(
             raise CLIError(f"--memory-budget: {exc}") from None
         if memory_budget <= 0:
             raise CLIError(f"--memory-budget {budget_text!r}: must be > 0 bytes")
-        if memory_budget < _BARE_BUDGET_MIN and budget_text.strip().isdigit():
+        if memory_budget < _BARE_BUDGET_MIN and not any(c.isalpha() for c in budget_text):
             raise CLIError(
                 f"--memory-budget {budget_text!r} is {memory_budget} bytes, less than any "
                 f"model's peak: write the unit, e.g. {budget_text.strip()}GiB or "

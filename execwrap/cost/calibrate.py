@@ -5,7 +5,7 @@ collectives) and returns the model's constructor arguments, measured on rank
 0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
 The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
 
-* collectives: a log sweep (:func:`sweep_sizes`: factor 4 to 1 MiB, then
+* collectives (:mod:`execwrap.cost.sweep`): a log sweep (factor 4 to 1 MiB, then
   denser) of buffer sizes from 4 KiB to ``max_bytes`` of
   ``all_gather_single`` and ``reduce_scatter_single`` with ``ReduceOp.AVG``
   into freshly allocated outputs (what FSDP2 calls for float32), each size's
@@ -34,9 +34,13 @@ The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
   4 KiB to 16 MiB (its size-dependent cost per tensor).
 
-On CUDA, timings synchronise the device; collectives run on the current
-device. Calibration never changes the process group or the default dtype,
-and frees what it allocated.
+Every median is over the runs during which the host gave none of this
+machine's CPU time to other guests (steal, :mod:`execwrap.cost.host`), when
+at least half of the runs were such; the steal share over the whole
+calibration is named in ``source`` and warned of above
+:data:`STEAL_WARN_SHARE`. On CUDA, timings synchronise the device;
+collectives run on the current device. Calibration never changes the
+process group or the default dtype, and frees what it allocated.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ calibration's sweep of bare collectives (an :class:`InStepCosts`):
 The stacks (:data:`STACKS`) are groups of ``k`` bias-free ``Linear(d, d)``
 layers, each group its own ``fully_shard`` unit, with several group counts,
 plus the same stacks unsharded, all timed in interleaved rounds (median of
-:data:`ROUNDS`), forward and backward apart. For each stack and phase the
+:data:`ROUNDS`, over the runs the host did not interrupt), forward and backward apart. For each stack and phase the
 least-squares slope over the group count of sharded minus unsharded time is
 one group's cost in that phase, which the simulator prices as
 
@@ -62,7 +62,7 @@ import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.fit import nonnegative_least_squares
-from execwrap.cost.host import clean_median, steal_seconds
+from execwrap.cost.host import CLEAN_SHARE_MIN, clean_median, steal_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ STACKS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
     (2, 1024, (1, 2, 4)),
 )
 #: Interleaved rounds; the median round is used, as a training step's time is read
-#: as the median of its steps.
+#: as the median of its steps (over the rounds without steal, up to twice as many
+#: rounds run while the host interrupts them: :func:`_interleaved`).
 ROUNDS = 15
 #: Rows of a stack's input batch. (256 rows, so that the ranks arrive at the
 #: collectives apart after some compute, as in a step, raised the first design's
@@ -417,34 +418,45 @@ def _interleaved(
     round, in the same order on every rank: they may issue collectives), a barrier
     before each run.
 
-    A round is *clean* when no rank's host took CPU time from it (steal, the most
-    over ranks: an all-reduce, so that every rank runs the same rounds). Rounds are
-    added, up to ``2 * rounds`` in all, until ``rounds`` of them are clean, and the
-    medians are over the clean rounds (:func:`~execwrap.cost.host.clean_median`: over
-    every round when fewer than half are clean). Steal matters most here: with a
-    collective in every millisecond, a stalled vCPU stalls both ranks (2 gloo ranks,
+    A run is *clean* when no rank's host took CPU time during it (steal, the most
+    over ranks: one all-reduce per round, so that every rank sees the same readings
+    and runs the same rounds). Rounds are added, up to ``2 * rounds`` in all, until
+    every function has ``rounds`` clean runs, and each median is over the function's
+    clean runs when it has at least half of ``rounds`` of them, else over all its
+    runs (:func:`~execwrap.cost.host.clean_median`). Steal matters most here: with a
+    collective every millisecond, a stalled vCPU stalls both ranks (2 gloo ranks,
     4.9% steal during calibration: the 1 KiB stacks' medians 1.1-1.9x those of a
     calibration without steal, and the fixed cost per group 1154 vs 755 µs).
     """
-    times: dict[str, list[tuple[float, ...]]] = {k: [] for k in fns}
-    steals: list[float] = []
-    while len(steals) < rounds or (
-        sum(1 for s in steals if s <= 0.0) < rounds and len(steals) < 2 * rounds
-    ):
-        steal0 = steal_seconds()
-        for k, fn in fns.items():
+    names = list(fns)
+    times: dict[str, list[tuple[float, ...]]] = {k: [] for k in names}
+    steals: dict[str, list[float]] = {k: [] for k in names}
+    done = 0
+    while done < rounds or (done < 2 * rounds and _fewest_clean(steals) < rounds):
+        stolen = []
+        for k in names:
             dist.barrier(group=group)
             sync_device(dev)
-            times[k].append(fn())
-        stolen = torch.tensor([steal_seconds() - steal0], dtype=torch.float64, device=dev)
-        dist.all_reduce(stolen, op=dist.ReduceOp.MAX, group=group)
-        steals.append(float(stolen.item()))
+            steal0 = steal_seconds()
+            times[k].append(fns[k]())
+            stolen.append(steal_seconds() - steal0)
+        most = torch.tensor(stolen, dtype=torch.float64, device=dev)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        for k, s in zip(names, most.tolist(), strict=True):
+            steals[k].append(float(s))
+        done += 1
     logger.debug(
-        "calibrate: %d of %d round(s) of the FSDP2 stacks without steal",
-        sum(1 for s in steals if s <= 0.0),
-        len(steals),
+        "calibrate: %d round(s) of the FSDP2 stacks; the fewest clean runs of a stack: %d",
+        done,
+        _fewest_clean(steals),
     )
+    enough = math.ceil(CLEAN_SHARE_MIN * rounds)
     return {
-        k: tuple(clean_median(phase, steals) for phase in zip(*v, strict=True))
+        k: tuple(clean_median(phase, steals[k], minimum=enough) for phase in zip(*v, strict=True))
         for k, v in times.items()
     }
+
+
+def _fewest_clean(steals: dict[str, list[float]]) -> int:
+    """The fewest runs without steal of any function."""
+    return min((sum(1 for s in v if s <= 0.0) for v in steals.values()), default=0)

@@ -18,10 +18,11 @@ reading is 0 and every sample counts.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -40,7 +41,7 @@ def steal_seconds() -> float:
 
 @dataclass
 class StealMeter:
-    """Steal over a stretch of time, and per sample within it.
+    """Steal over one or more stretches of time (each a ``with`` block).
 
     Attributes:
         steal_s: CPU seconds of steal over everything measured so far (all CPUs).
@@ -56,7 +57,7 @@ class StealMeter:
 
     steal_s: float = 0.0
     wall_s: float = 0.0
-    _start: tuple[float, float] | None = None
+    _start: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __enter__(self) -> StealMeter:
         self._start = (steal_seconds(), time.perf_counter())
@@ -75,16 +76,20 @@ class StealMeter:
         return self.steal_s / (self.wall_s * cpus) if self.wall_s > 0 else 0.0
 
 
-def clean_samples(samples: Sequence[float], steals: Sequence[float]) -> list[float]:
+def clean_samples(
+    samples: Sequence[float], steals: Sequence[float], *, minimum: int | None = None
+) -> list[float]:
     """The samples the host did not interrupt, when there are enough of them.
 
     Args:
         samples: measured values (e.g. seconds), one per sample.
         steals: steal seconds during each sample (:func:`steal_seconds` differences).
+        minimum: how many clean samples are enough (default: :data:`CLEAN_SHARE_MIN`
+            of all samples, rounded up).
 
     Returns:
-        The samples with no steal when they are at least :data:`CLEAN_SHARE_MIN`
-        of all; else every sample (the host interrupted most of them).
+        The samples with no steal when there are at least ``minimum``; else every
+        sample (the host interrupted too many of them).
 
     Raises:
         ValueError: ``steals`` of another length than ``samples``.
@@ -93,18 +98,24 @@ def clean_samples(samples: Sequence[float], steals: Sequence[float]) -> list[flo
     [1.0, 2.0, 3.0]
     >>> clean_samples([1.0, 9.0, 8.0], [0.0, 0.01, 0.02])
     [1.0, 9.0, 8.0]
+    >>> clean_samples([1.0, 9.0, 8.0], [0.0, 0.01, 0.02], minimum=1)
+    [1.0]
     """
     if len(samples) != len(steals):
         raise ValueError(
             f"clean_samples: {len(samples)} sample(s) and {len(steals)} steal reading(s); "
             "expected one reading per sample"
         )
+    if minimum is None:
+        minimum = math.ceil(CLEAN_SHARE_MIN * len(samples))
     clean = [float(v) for v, s in zip(samples, steals, strict=True) if s <= 0.0]
-    return clean if len(clean) >= CLEAN_SHARE_MIN * len(samples) else [float(v) for v in samples]
+    return clean if clean and len(clean) >= minimum else [float(v) for v in samples]
 
 
-def clean_median(samples: Sequence[float], steals: Sequence[float]) -> float:
-    """Median of :func:`clean_samples`.
+def clean_median(
+    samples: Sequence[float], steals: Sequence[float], *, minimum: int | None = None
+) -> float:
+    """Median of :func:`clean_samples` (same arguments).
 
     Raises:
         ValueError: no samples, or ``steals`` of another length.
@@ -114,4 +125,4 @@ def clean_median(samples: Sequence[float], steals: Sequence[float]) -> float:
     """
     if not samples:
         raise ValueError("clean_median: no samples")
-    return float(statistics.median(clean_samples(samples, steals)))
+    return float(statistics.median(clean_samples(samples, steals, minimum=minimum)))

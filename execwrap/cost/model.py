@@ -118,7 +118,7 @@ class CostModel:
             raise ValueError(
                 f"CostModel.device_type must be e.g. 'cpu' or 'cuda', got {self.device_type!r}"
             )
-        if "nccl" in self.backend.lower() and self.device_type != "cuda":
+        if self.backend.lower() == "nccl" and self.device_type != "cuda":
             raise ValueError(
                 f"CostModel: backend {self.backend!r} runs on CUDA devices, but device_type is "
                 f"{self.device_type!r}; a CPU cost model is calibrated on gloo"

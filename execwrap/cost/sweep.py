@@ -22,11 +22,6 @@ from execwrap.cost.host import clean_median, steal_seconds
 
 __all__ = [
     "SMALLEST_BYTES",
-    "cache_evictor",
-    "collective_fn",
-    "fresh_copy_fn",
-    "last_level_cache_bytes",
-    "repeats_for",
     "sweep",
     "sweep_sizes",
 ]
@@ -64,12 +59,12 @@ def sweep_sizes(max_bytes: int, world_size: int) -> list[int]:
     return sizes
 
 
-def repeats_for(nbytes: int) -> int:
+def _repeats_for(nbytes: int) -> int:
     """More runs for small (noisy, cheap) sizes than for large ones."""
     return 15 if nbytes <= 2**20 else 9 if nbytes <= 16 * 2**20 else 7
 
 
-def collective_fn(
+def _collective_fn(
     kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device
 ) -> Callable[[], None]:
     """One all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``) as FSDP2
@@ -96,24 +91,24 @@ def sweep(
     sizes: list[int], group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1
 ) -> tuple[list[float], list[float], list[float]]:
     """Median seconds per size of an all-gather, a reduce-scatter and a copy into a fresh
-    buffer (:func:`fresh_copy_fn`): each size's runs back to back (a barrier before each
+    buffer (:func:`_fresh_copy_fn`): each size's runs back to back (a barrier before each
     collective), so the allocator hands the freed buffer back as a training loop's steady
     state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
     25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
-    Before each run the caches are flushed (:func:`cache_evictor`): in a training step
+    Before each run the caches are flushed (:func:`_cache_evictor`): in a training step
     a collective's buffers are cold, and a buffer that fits in the last-level cache
     would otherwise be timed hot (a 3 MiB reduce-scatter took 2.9 ms hot and 4.9 ms
     after an 8 MiB write, 2 gloo ranks; 12 MiB ones the same either way).
     Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
     slower than a larger one."""
     out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
-    evict = cache_evictor(dev)
+    evict = _cache_evictor(dev)
     for n in sizes:
         for kind in out:
-            fn = fresh_copy_fn(n, dev) if kind == "copy" else collective_fn(kind, n, group, dev)
+            fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
             fn()  # warm-up
             samples, steals = [], []
-            for _ in range(repeats_for(n) * repeat):
+            for _ in range(_repeats_for(n) * repeat):
                 evict()
                 if kind != "copy":
                     dist.barrier(group=group)
@@ -128,7 +123,7 @@ def sweep(
     return out["all_gather"], out["reduce_scatter"], out["copy"]
 
 
-def last_level_cache_bytes() -> int:
+def _last_level_cache_bytes() -> int:
     """The CPU's largest cache in bytes (Linux sysfs; 32 MiB where it can't be read)."""
     sizes = []
     for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
@@ -141,12 +136,12 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 * 2**20)
 
 
-def cache_evictor(dev: torch.device) -> Callable[[], None]:
+def _cache_evictor(dev: torch.device) -> Callable[[], None]:
     """A function that flushes the CPU caches (writes a buffer of twice the last-level
     cache, at least 16 MiB); a no-op on CUDA, where NCCL's buffers are not the CPU's."""
     if dev.type == "cuda":
         return lambda: None
-    buf = torch.empty(max(2 * last_level_cache_bytes(), 16 * 2**20) // 4, dtype=torch.float32)
+    buf = torch.empty(max(2 * _last_level_cache_bytes(), 16 * 2**20) // 4, dtype=torch.float32)
 
     def evict() -> None:
         buf.fill_(1.0)
@@ -154,7 +149,7 @@ def cache_evictor(dev: torch.device) -> Callable[[], None]:
     return evict
 
 
-def fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
+def _fresh_copy_fn(nbytes: int, dev: torch.device) -> Callable[[], None]:
     """A copy of ``nbytes`` into a newly allocated buffer, as FSDP2's copy-out fills new
     unsharded storage (allocation and first-touch page faults included)."""
     src = torch.ones(max(1, nbytes // 4), device=dev)

@@ -109,7 +109,9 @@ class StepEstimate:
         overhead_time_s: copy-in/copy-out/reduce-scatter copies and the fixed
             cost per group on the compute stream.
         optimizer_time_s: the optimizer step (part of ``compute_time_s``).
-        comm_time_s: total collective time (exposed or not).
+        comm_time_s: total collective time (exposed or not), each collective at its
+            cost model time alone: on CUDA, concurrent collectives that share the link
+            take longer on the timeline than this sum says.
         all_gathers: all-gathers per step.
         reduce_scatters: reduce-scatters per step.
         peak_time_s: when the peak happens, seconds from the step's start.
