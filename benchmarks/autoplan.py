@@ -47,6 +47,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,12 @@ def _repeat(job: dict[str, Any]) -> str:
     """``" with repeat=4"`` for a calibration with more runs than the default, else ``""``."""
     n = job["calibration_repeat"]
     return f" with `repeat={n}`" if n > 1 else ""
+
+
+def _host_steal(cm: dict[str, Any]) -> str:
+    """``", host steal 0.3% of the CPU time"``: the calibration's, as its source names it."""
+    found = re.search(r"host steal ([0-9.]+%)", str(cm.get("source", "")))
+    return f", host steal {found.group(1)} of the CPU time" if found else ""
 
 
 def _in_step(cm: dict[str, Any]) -> str:
@@ -324,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     note = (
         f"{args.world_size} ranks, {backend}. Cost model calibrated in this run on the same "
-        f"process group in {result['calibrate_s']:.1f} s{_repeat(job)} (overlap {cm['overlap']:.2f}, fixed "
+        f"process group in {result['calibrate_s']:.1f} s{_repeat(job)}{_host_steal(cm)} (overlap "
+        f"{cm['overlap']:.2f}, fixed "
         f"cost per collective {cm['group_overhead_s'] * 1e6:.0f} µs per group + "
         f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
         f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s{_in_step(cm)}). Orders with compute times from "

@@ -161,8 +161,7 @@ def plan_wrap(
         model: the unwrapped root module (the meta device is fine).
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
-        bucket_numel: FSDP2 group size cap in elements, a whole number (an int, a
-            NumPy integer or a float such as ``1e8``; planned as an int); ``None``: no buckets;
+        bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
             ``"auto"``: the auto-planner (:mod:`execwrap.autoplan`) chooses the
             groups, the prefetch depth and ``reshard_after_forward`` per group
             (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,

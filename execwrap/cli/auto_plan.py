@@ -120,7 +120,8 @@ def plan_auto(
     except PlanError as exc:
         raise CLIError(f"--memory-budget: {shorten(exc, 400)}") from exc
     except ValueError as exc:
-        raise CLIError(f"--cost-model {options.cost_model!r}: {shorten(exc, 300)}") from exc
+        # the whole message: it ends with the remedy (calibrate on N ranks, or a preset)
+        raise CLIError(f"--cost-model {options.cost_model!r}: {shorten(exc, 800)}") from exc
     return plan, cm
 
 

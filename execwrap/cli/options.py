@@ -93,7 +93,7 @@ def parse_numel(text: str) -> int:
     return int(value)
 
 
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$")
 _BYTE_UNITS = {
     "": 1,
     "b": 1,
@@ -113,8 +113,8 @@ def parse_bytes(text: str) -> int:
 
     ``"40GiB"`` -> ``42_949_672_960`` (binary: KiB, MiB, GiB, TiB are powers of
     1024); ``"8GB"`` -> ``8_000_000_000`` (decimal: KB, MB, GB, TB);
-    ``"4096"`` / ``"4096B"`` -> ``4096``. Units are case-insensitive; a bare
-    ``K``/``M``/``G`` is refused as ambiguous.
+    ``"4096"`` / ``"4096B"`` -> ``4096``; ``"40e9"`` -> ``40_000_000_000`` (as in
+    Python). Units are case-insensitive; a bare ``K``/``M``/``G`` is refused as ambiguous.
 
     Raises:
         ValueError: not a non-negative number with one of these units, or
@@ -329,11 +329,6 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     )
 
 
-#: A bare ``--memory-budget`` number (no unit) below this many bytes is refused as a
-#: forgotten unit (``--memory-budget 40`` meant 40 GiB, not 40 bytes).
-_BARE_BUDGET_MIN = 2**20
-
-
 def _auto_options(
     args: argparse.Namespace, bucket_numel: int | str | None
 ) -> tuple[str | None, int | None, int | None]:
@@ -375,7 +370,8 @@ def _auto_options(
             raise CLIError(f"--memory-budget: {exc}") from None
         if memory_budget <= 0:
             raise CLIError(f"--memory-budget {budget_text!r}: must be > 0 bytes")
-        if memory_budget < _BARE_BUDGET_MIN and not any(c.isalpha() for c in budget_text):
+        bare = not re.sub(r"[\d.\seE+-]", "", budget_text)  # no unit: bytes
+        if bare and memory_budget < 2**20:  # below 1 MiB: a forgotten unit
             raise CLIError(
                 f"--memory-budget {budget_text!r} is {memory_budget} bytes, less than any "
                 f"model's peak: write the unit, e.g. {budget_text.strip()}GiB or "

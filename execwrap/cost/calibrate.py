@@ -64,7 +64,7 @@ from execwrap.cost.fixed_costs import (
     sync_device,
 )
 from execwrap.cost.host import StealMeter, clean_median, steal_seconds
-from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes
+from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
 from tracing.checks import is_int
 from tracing.rates import ComputeRates
 
@@ -136,9 +136,7 @@ def calibration_fields(
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
-        raise ValueError(
-            f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}, got {max_bytes!r}"
-        )
+        raise ValueError(f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}: {max_bytes!r}")
     sizes = sweep_sizes(max_bytes, world)
     with StealMeter() as host:
         ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
@@ -261,16 +259,7 @@ def _median_time(
     the host did not interrupt (:func:`~execwrap.cost.host.clean_median`)."""
     for _ in range(warmup):
         fn()
-    sync_device(dev)
-    times, steals = [], []
-    for _ in range(repeats):
-        steal0 = steal_seconds()
-        t0 = time.perf_counter()
-        fn()
-        sync_device(dev)
-        times.append(time.perf_counter() - t0)
-        steals.append(steal_seconds() - steal0)
-    return clean_median(times, steals)
+    return clean_median(*timed_runs(fn, dev, repeats))
 
 
 def _copy_rate(dev: torch.device) -> float:

@@ -5,10 +5,10 @@ machine's vCPUs have work: that time is *steal*, counted by the kernel per
 CPU (``/proc/stat``'s 8th column, read through :func:`psutil.cpu_times`) in
 jiffies (10 ms on most Linux builds). A timing that the host interrupted
 measures the host's neighbours, not FSDP: on the 2-vCPU machine this project
-is developed on, one benchmark run saw 0.0% steal during calibration and 5%
-during one model's timed steps, whose plans all measured 12-17% slower than
-the same plans in runs without it (see the README's *Auto-planning:
-predicted vs measured*).
+is developed on, one benchmark run saw no steal during calibration and 22.5
+CPU-seconds of it during one model's timed steps, whose 12 plans all measured
+7-27% slower than in a run with 0.1% steal (2 gloo ranks; the README's
+*Auto-planning: predicted vs measured*).
 
 :class:`StealMeter` measures the steal over a stretch of time;
 :func:`clean_samples` keeps the samples the host did not interrupt, when there

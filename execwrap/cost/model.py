@@ -118,11 +118,6 @@ class CostModel:
             raise ValueError(
                 f"CostModel.device_type must be e.g. 'cpu' or 'cuda', got {self.device_type!r}"
             )
-        if self.backend.lower() == "nccl" and self.device_type != "cuda":
-            raise ValueError(
-                f"CostModel: backend {self.backend!r} runs on CUDA devices, but device_type is "
-                f"{self.device_type!r}; a CPU cost model is calibrated on gloo"
-            )
         if not (0.0 <= self.overlap <= 1.0):
             raise ValueError(f"CostModel.overlap must be within [0, 1], got {self.overlap!r}")
         if not math.isfinite(self.copy_bytes_per_s) or self.copy_bytes_per_s <= 0:
@@ -231,13 +226,25 @@ class CostModel:
             origin = self.source.split(";")[0].strip() or "unnamed"
             if len(origin) > 100:
                 origin = origin[:99] + "…"
+            remedies = []
+            if world_size != self.world_size:
+                remedies.append(
+                    f"calibrate on the target's {world_size} ranks (`execwrap calibrate` under "
+                    f"torchrun) or use a preset that describes them (CostModel.preset(name, "
+                    f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
+                    "h100-ib-400g 2 or more whole nodes of 8)"
+                )
+            if device_type != self.device_type:
+                remedies.append(
+                    f"the order's compute times are for {device_type!r}: time it on the cost "
+                    "model's device, or estimate it (record_execution_order on the meta device "
+                    f"with timing=cost_model.compute), or use a cost model for {device_type!r}"
+                )
             raise ValueError(
                 f"cost model ({origin}) does not fit "
                 + " and ".join(problems)
-                + f": calibrate on the target's {world_size} ranks (`execwrap calibrate` under "
-                f"torchrun) or use a preset that describes them (CostModel.preset(name, "
-                f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
-                "h100-ib-400g 2 or more whole nodes of 8)"
+                + ": "
+                + "; and ".join(remedies)
             )
 
     # ------------------------------------------------------- constructors

@@ -24,6 +24,7 @@ __all__ = [
     "SMALLEST_BYTES",
     "sweep",
     "sweep_sizes",
+    "timed_runs",
 ]
 
 #: The sweep's smallest buffer, bytes.
@@ -107,20 +108,37 @@ def sweep(
         for kind in out:
             fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
             fn()  # warm-up
-            samples, steals = [], []
-            for _ in range(_repeats_for(n) * repeat):
-                evict()
-                if kind != "copy":
-                    dist.barrier(group=group)
-                sync_device(dev)
-                steal0 = steal_seconds()
-                t0 = time.perf_counter()
-                fn()
-                sync_device(dev)
-                samples.append(time.perf_counter() - t0)
-                steals.append(steal_seconds() - steal0)
-            out[kind].append(max(clean_median(samples, steals), 1e-9))
+            before = evict if kind == "copy" else lambda: (evict(), dist.barrier(group=group))
+            runs = timed_runs(fn, dev, _repeats_for(n) * repeat, before=before)
+            out[kind].append(max(clean_median(*runs), 1e-9))
     return out["all_gather"], out["reduce_scatter"], out["copy"]
+
+
+def timed_runs(
+    fn: Callable[[], object],
+    dev: torch.device,
+    runs: int,
+    *,
+    before: Callable[[], object] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``runs`` runs of ``fn()`` (the device synchronised before
+    and after each), and the host's steal during each (CPU seconds over all CPUs,
+    :func:`~execwrap.cost.host.steal_seconds`): the arguments of
+    :func:`~execwrap.cost.host.clean_median`. ``before()`` runs untimed before each
+    run (a cache flush, a barrier).
+    """
+    times, steals = [], []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        sync_device(dev)
+        steal0 = steal_seconds()
+        t0 = time.perf_counter()
+        fn()
+        sync_device(dev)
+        times.append(time.perf_counter() - t0)
+        steals.append(steal_seconds() - steal0)
+    return times, steals
 
 
 def _last_level_cache_bytes() -> int:

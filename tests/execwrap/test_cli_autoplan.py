@@ -40,6 +40,8 @@ def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
         ("4096", 4096),
         ("4096B", 4096),
         (" 2 TiB ", 2 * 2**40),
+        ("40e9", 40 * 10**9),  # as in Python, where plan_wrap takes memory_budget=40e9
+        ("2.5e3MiB", 2500 * 2**20),
     ],
 )
 def test_parse_bytes(text: str, nbytes: int) -> None:
@@ -89,6 +91,10 @@ def test_cost_model_folder_is_named_as_one(
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "0"],
             "--memory-budget '0': must be > 0 bytes",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "4e5"],
+            "--memory-budget '4e5' is 400000 bytes, less than any model's peak: write the unit",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "40"],

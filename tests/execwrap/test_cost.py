@@ -270,19 +270,13 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         ValueError, match=r"bad\.json: malformed cost model: missing field 'overlap'"
     ):
         CostModel.load(bad)
-    good = _model().to_dict()
-    for field, value, message in (
-        ("world_size", "2", r"CostModel.world_size must be an int >= 1 \(ranks\), got str '2'"),
-        (
-            "backend",
-            "nccl",
-            r"CostModel: backend 'nccl' runs on CUDA devices, but device_type is 'cpu'; a CPU "
-            r"cost model is calibrated on gloo",
-        ),
+    bad.write_text(json.dumps({**_model().to_dict(), "world_size": "2"}))
+    with pytest.raises(
+        ValueError,
+        match=r"bad\.json: malformed cost model: CostModel.world_size must be an int >= 1 "
+        r"\(ranks\), got str '2'",
     ):
-        bad.write_text(json.dumps({**good, field: value}))
-        with pytest.raises(ValueError, match=r"bad\.json: malformed cost model: " + message):
-            CostModel.load(bad)
+        CostModel.load(bad)
 
 
 def test_refuses_other_world_size_or_device() -> None:
@@ -300,10 +294,14 @@ def test_refuses_other_world_size_or_device() -> None:
     described = _model(source="calibrated on 2 gloo ranks; in-step factors: " + "x" * 300)
     with pytest.raises(ValueError, match=r"^cost model \(calibrated on 2 gloo ranks\) does not"):
         described.check_compatible(world_size=8, device_type="cpu")
-    with pytest.raises(
-        ValueError, match=r"does not fit device type 'cuda' \(this cost model is for 'cpu'\)"
-    ):
+    with pytest.raises(ValueError) as info:
         cm.check_compatible(world_size=2, device_type="cuda")
+    assert str(info.value) == (
+        "cost model (test) does not fit device type 'cuda' (this cost model is for 'cpu'): the "
+        "order's compute times are for 'cuda': time it on the cost model's device, or estimate "
+        "it (record_execution_order on the meta device with timing=cost_model.compute), or use "
+        "a cost model for 'cuda'"
+    )
     with pytest.raises(ValueError, match=r"world size 4 .* and device type 'cuda'"):
         cm.check_compatible(world_size=4, device_type="cuda")
 
