@@ -93,15 +93,16 @@ def split_half_spearman(rows: Sequence[dict[str, Any]]) -> float:
 
 def steal_share(rows: Sequence[dict[str, Any]], cpus: int) -> float:
     """The host's steal during the timed steps of every plan, as a share of the CPU
-    time the machine had (``steal_s`` and ``wall_s`` of the rows; ``nan`` without them).
+    time the machine had (each row's ``steals_s`` over its ``steps_s``; ``nan``
+    without them).
 
-    >>> steal_share([{"steal_s": 0.1, "wall_s": 2.0}, {"steal_s": 0.0, "wall_s": 3.0}], 2)
+    >>> steal_share([{"steals_s": [0.1], "steps_s": [2.0]}, {"steals_s": [0.0], "steps_s": [3.0]}], 2)
     0.01
     """
-    if not rows or any("steal_s" not in r or "wall_s" not in r for r in rows):
+    if not rows or any("steals_s" not in r or "steps_s" not in r for r in rows):
         return math.nan
-    wall = sum(r["wall_s"] for r in rows)
-    return sum(r["steal_s"] for r in rows) / (wall * cpus) if wall > 0 else math.nan
+    wall = sum(sum(r["steps_s"]) for r in rows)
+    return sum(sum(r["steals_s"]) for r in rows) / (wall * cpus) if wall > 0 else math.nan
 
 
 def claims(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

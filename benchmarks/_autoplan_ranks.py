@@ -227,12 +227,9 @@ def _bench_model(
                 "predicted_s": float(estimate.step_time_s),
                 "measured_s": median(per_step),
                 "measured_all_s": median(every_step),
-                "steps_used": len(per_step),
                 "clean_steps": sum(1 for x in stolen if x <= 0.0),
-                "steal_s": sum(stolen),
                 "steps_s": every_step,
                 "steals_s": stolen,
-                "wall_s": sum(every_step),
                 "spread_s": _quartiles(per_step),
                 "halves_s": (median(per_step[0::2]), median(per_step[1::2]))
                 if len(per_step) >= 2
