@@ -96,7 +96,8 @@ def steal_share(rows: Sequence[dict[str, Any]], cpus: int) -> float:
     time the machine had (each row's ``steals_s`` over its ``steps_s``; ``nan``
     without them).
 
-    >>> steal_share([{"steals_s": [0.1], "steps_s": [2.0]}, {"steals_s": [0.0], "steps_s": [3.0]}], 2)
+    >>> rows = [{"steals_s": [0.1], "steps_s": [2.0]}, {"steals_s": [0.0], "steps_s": [3.0]}]
+    >>> steal_share(rows, 2)
     0.01
     """
     if not rows or any("steals_s" not in r or "steps_s" not in r for r in rows):

@@ -23,9 +23,10 @@ calibration's sweep of bare collectives (an :class:`InStepCosts`):
 The stacks (:data:`STACKS`) are groups of ``k`` bias-free ``Linear(d, d)``
 layers, each group its own ``fully_shard`` unit, with several group counts,
 plus the same stacks unsharded, all timed in interleaved rounds (median of
-:data:`ROUNDS`, over the runs the host did not interrupt), forward and backward apart. For each stack and phase the
-least-squares slope over the group count of sharded minus unsharded time is
-one group's cost in that phase, which the simulator prices as
+:data:`ROUNDS`, over the runs the host did not interrupt), forward and backward
+apart. For each stack and phase the least-squares slope over the group count
+of sharded minus unsharded time is one group's cost in that phase, which the
+simulator prices as
 
 * forward: ``AG(S) + copy(S / W) + k * copy(S / k) + (g + k t)``;
 * backward: ``AG(S) + RS(S) + copy(S / W) + k * copy(S / k) + copy(S) +

@@ -12,8 +12,9 @@ CPU-seconds of it during one model's timed steps, whose 12 plans all measured
 
 :class:`StealMeter` measures the steal over a stretch of time;
 :func:`clean_samples` keeps the samples the host did not interrupt, when there
-are enough of them, and :func:`clean_median` is their median. Where the OS reports no steal (bare metal, not Linux) every
-reading is 0 and every sample counts.
+are enough of them, and :func:`clean_median` is their median. Where the OS
+reports no steal (bare metal, not Linux) every reading is 0 and every sample
+counts.
 """
 
 from __future__ import annotations
