@@ -70,7 +70,7 @@ from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
 from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
 from execwrap.report.formatting import format_bytes
-from tracing.checks import check_int, check_size
+from tracing.checks import check_integral, check_size
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -84,6 +84,7 @@ __all__ = [
     "REFINE_TOP",
     "check_auto_options",
     "check_memory_budget",
+    "check_world_size",
     "search_plan",
 ]
 
@@ -127,6 +128,23 @@ def check_memory_budget(memory_budget: Any, where: str) -> int | None:
         ) from e
 
 
+def check_world_size(world_size: Any, where: str) -> int | None:
+    """``world_size`` (ranks, or ``None`` for the cost model's), checked and returned as an ``int``.
+
+    An int or a NumPy integer (``np.int64(8)`` plans, and is saved, as ``8``).
+
+    Raises:
+        TypeError: not an integer (a bool, a float, a string) nor ``None``.
+        ValueError: zero or negative.
+
+    >>> check_world_size(8, "plan_wrap"), check_world_size(None, "plan_wrap")
+    (8, None)
+    """
+    if world_size is None:
+        return None
+    return check_integral(world_size, f"{where}: world_size", minimum=1, unit="ranks")
+
+
 def check_auto_options(
     where: str,
     bucket_numel: Any,
@@ -142,7 +160,7 @@ def check_auto_options(
         ValueError: ``bucket_numel="auto"`` without a cost model; a cost
             model, world size, budget or optimizer without ``bucket_numel="auto"``;
             a world size or budget that is not positive; an unknown optimizer.
-        TypeError: a world size that is not an int, or a budget that is not a whole
+        TypeError: a world size that is not an integer, or a budget that is not a whole
             number; a cost model that
             is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
             the message says how to load one).
@@ -151,8 +169,7 @@ def check_auto_options(
     from execwrap.simulate.step import OPTIMIZERS
 
     check_memory_budget(memory_budget, where)
-    if world_size is not None:
-        check_int(world_size, f"{where}: world_size", minimum=1, unit="ranks")
+    check_world_size(world_size, where)
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(
             f"{where}: cost_model must be an execwrap.CostModel, got "
@@ -242,7 +259,7 @@ def search_plan(
     space = SearchSpace.build(
         plan,
         cost_model,
-        world_size=world_size,
+        world_size=check_world_size(world_size, "plan_wrap"),
         trainable_dtypes=trainable_dtypes,
         optimizer=optimizer,
         compute=compute,

@@ -40,7 +40,7 @@ from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
 from execwrap.apply_watch import mark_applied, watch
 from execwrap.auto_wrap import policy_name
-from execwrap.autoplan import check_auto_options, check_memory_budget
+from execwrap.autoplan import check_auto_options, check_memory_budget, check_world_size
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
@@ -96,7 +96,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``example_inputs``).
         cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
             preset) for ``bucket_numel="auto"``.
-        world_size: ranks to plan for (default: the cost model's).
+        world_size: ranks to plan for, an int or a NumPy integer, kept as an int
+            (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
             bytes, a whole number (``40e9`` is accepted; ``None``: no limit).
         optimizer: the optimizer the auto plan is priced with (its state in
@@ -194,6 +195,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                     f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
                 ) from e
         self.memory_budget = check_memory_budget(self.memory_budget, "ParamExecOrderWrapPolicy")
+        self.world_size = check_world_size(self.world_size, "ParamExecOrderWrapPolicy")
         check_auto_options(
             "ParamExecOrderWrapPolicy",
             self.bucket_numel,

@@ -66,7 +66,12 @@ from execwrap.auto_wrap import (
     policy_name,
     policy_unit_modules,
 )
-from execwrap.autoplan import check_auto_options, check_memory_budget, search_plan
+from execwrap.autoplan import (
+    check_auto_options,
+    check_memory_budget,
+    check_world_size,
+    search_plan,
+)
 from execwrap.bucketing import bucket_units
 from execwrap.errors import PlanError
 from execwrap.model_view import ModelView, OrderView, check_order_fits
@@ -173,9 +178,9 @@ def plan_wrap(
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
         cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
-            :class:`execwrap.cost.CostModel`, ranks (default: the cost model's),
-            peak bytes per rank, a whole number (``None``: no limit), the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+            :class:`execwrap.cost.CostModel`, ranks (an int, NumPy's too; default: the
+            cost model's), peak bytes per rank, a whole number (``None``: no limit), the
+            optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -238,6 +243,7 @@ def plan_wrap_unwatched(
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
     memory_budget = check_memory_budget(memory_budget, "plan_wrap")
+    world_size = check_world_size(world_size, "plan_wrap")
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     check_auto_options(

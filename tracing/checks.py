@@ -6,7 +6,7 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["check_int", "check_size", "is_int"]
+__all__ = ["check_int", "check_integral", "check_size", "is_int"]
 
 
 def is_int(value: Any) -> bool:
@@ -60,6 +60,48 @@ def check_int(
     return int(value)
 
 
+def check_integral(
+    value: Any,
+    name: str,
+    *,
+    minimum: int = 0,
+    unit: str = "",
+    hint: str = "",
+) -> int:
+    """Return ``value`` as an ``int`` if it is an integer (NumPy's too, not a bool) ``>= minimum``.
+
+    :func:`check_int` for counts that often come out of NumPy (a world size
+    read from an array or a config): any :class:`numbers.Integral` is
+    accepted and returned as a plain ``int`` (so it stays JSON-serialisable);
+    a float, even a whole one, is refused. The messages are
+    :func:`check_int`'s.
+
+    Args:
+        value: the argument to check.
+        name: how the message names it, e.g. ``"simulate_step: world_size"``.
+        minimum: the smallest allowed value.
+        unit: what it counts, for the message (``"ranks"``).
+        hint: text appended to the message.
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError: ``value`` is not an integer (or is a bool).
+        ValueError: ``value < minimum``.
+
+    >>> check_integral(8, "world_size", minimum=1)  # np.int64(8) too
+    8
+    >>> check_integral(2.0, "world_size", minimum=1, unit="ranks")
+    Traceback (most recent call last):
+    ...
+    TypeError: world_size must be an int >= 1 (ranks), got float 2.0
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    return check_int(value, name, minimum=minimum, unit=unit, hint=hint)
+
+
 def check_size(
     value: Any,
     name: str,
@@ -73,8 +115,8 @@ def check_size(
     For sizes (elements, bytes), where ``1e8`` and ``40e9`` are how people
     write them: an integer (any :class:`numbers.Integral`, NumPy's too; not a
     ``bool``) or a finite float with no fractional part is accepted and
-    returned as an ``int``; a count (prefetch depth, ranks) takes
-    :func:`check_int` instead.
+    returned as an ``int``; a count takes :func:`check_int` (prefetch depth)
+    or :func:`check_integral` (ranks) instead.
 
     Args:
         value: the argument to check.

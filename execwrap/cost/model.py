@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
 from tracing.atomic import atomic_write_text
-from tracing.checks import check_int
+from tracing.checks import check_integral
 from tracing.rates import ComputeRates
 
 if TYPE_CHECKING:
@@ -113,7 +113,8 @@ class CostModel:
     torch_version: str = ""
 
     def __post_init__(self) -> None:
-        check_int(self.world_size, "CostModel.world_size", minimum=1, unit="ranks")
+        ranks = check_integral(self.world_size, "CostModel.world_size", minimum=1, unit="ranks")
+        object.__setattr__(self, "world_size", ranks)  # a NumPy integer stored as an int
         if not self.device_type or not isinstance(self.device_type, str):
             raise ValueError(
                 f"CostModel.device_type must be e.g. 'cpu' or 'cuda', got {self.device_type!r}"

@@ -20,6 +20,7 @@ are estimates: measure your own cluster with ``execwrap calibrate``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +105,9 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
 
     Args:
         name: a key of :data:`PRESETS`.
-        world_size: ranks (default: the preset's); within one node for the
-            NVLink presets, several whole nodes for the InfiniBand ones.
+        world_size: ranks, an int or a NumPy integer (default: the
+            preset's); within one node for the NVLink presets, several whole
+            nodes for the InfiniBand ones.
 
     Raises:
         ValueError: unknown name (the message lists the presets), or a world
@@ -115,6 +117,8 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
         raise ValueError(f"unknown cost-model preset {name!r}; choose one of {sorted(PRESETS)}")
     p = PRESETS[name]
     w = p.default_world_size if world_size is None else world_size
+    if isinstance(w, numbers.Integral) and not isinstance(w, bool):
+        w = int(w)  # a NumPy integer is stored (and saved) as an int
     if not isinstance(w, int) or isinstance(w, bool) or w < 2:
         raise ValueError(f"preset {name!r}: world_size must be an int >= 2, got {world_size!r}")
     if not p.inter_node and w > p.gpus_per_node:

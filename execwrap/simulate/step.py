@@ -77,7 +77,7 @@ from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.schedule import StepProgram, UnitSpec, prefetch_lists
 from execwrap.unit import enclosing_units
-from tracing.checks import check_int
+from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
@@ -129,7 +129,7 @@ def simulate_step(
         plan: the plan (units in execution order); its order's timing gives
             the compute unless ``compute`` is passed.
         cost_model: the cluster's cost model, for ``world_size`` ranks.
-        world_size: data-parallel ranks (the shard factor).
+        world_size: data-parallel ranks (the shard factor): an int or a NumPy integer.
         prefetch: explicit prefetch depth (``0``: FSDP2's implicit
             prefetching only); ``None``: an auto plan's ``plan.prefetch``, else 1.
         reshard_after_forward: per ``fully_shard`` call: ``None`` (an auto
@@ -148,13 +148,13 @@ def simulate_step(
             ``reshard_after_forward`` or ``compute`` has a wrong length, an
             unknown optimizer, or the plan's order has no timing and no
             ``compute`` is given.
-        TypeError: ``world_size`` or ``prefetch`` is not an int.
+        TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
         >>> est = simulate_step(plan, CostModel.preset("h100-nvlink-8"), world_size=8)  # doctest: +SKIP
         >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
     """
-    check_int(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
+    world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
     prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)

@@ -398,6 +398,44 @@ def test_sizes_take_numpy_integers_and_whole_floats() -> None:
         plan_wrap(model, order, bucket_numel=True)  # type: ignore[arg-type]
 
 
+def test_world_size_takes_numpy_integers() -> None:
+    """A world size from NumPy plans, simulates and is saved as the int; a float is refused."""
+    from execwrap import CostModel, ParamExecOrderWrapPolicy, simulate_step
+
+    np = pytest.importorskip("numpy")
+
+    model, order = _model_and_order()
+    linear = ModuleWrapPolicy({nn.Linear})
+    plan = plan_wrap(
+        model, order, linear, bucket_numel="auto", cost_model=cost_model(), world_size=np.int64(2)
+    )
+    assert plan.groups == [[""], ["0", "1", "2"]]
+    assert [type(plan.estimate.world_size), type(plan.search.world_size)] == [int, int]
+    assert json.loads(json.dumps(plan.estimate.to_dict()))["world_size"] == 2
+    policy = ParamExecOrderWrapPolicy(
+        linear, bucket_numel="auto", cost_model=cost_model(), world_size=np.int32(2)
+    )
+    assert (policy.world_size, type(policy.world_size)) == (2, int)
+    three, cm, compute = _three()
+    estimate = simulate_step(three, cm, world_size=np.int64(2), compute=compute)
+    assert (estimate.world_size, type(estimate.world_size)) == (2, int)
+    assert estimate == simulate_step(three, cm, world_size=2, compute=compute)
+    models = [
+        CostModel.preset("h100-ib-400g", world_size=np.int64(32)),
+        cost_model().replace(world_size=np.uint8(4)),
+    ]
+    assert [(m.world_size, type(m.world_size)) for m in models] == [(32, int), (4, int)]
+    assert [json.loads(json.dumps(m.to_dict()))["world_size"] for m in models] == [32, 4]
+    with pytest.raises(
+        TypeError, match=r"^plan_wrap: world_size must be an int >= 1 \(ranks\), got float 2\.0$"
+    ):
+        plan_wrap(model, order, bucket_numel="auto", cost_model=cost_model(), world_size=2.0)
+    with pytest.raises(
+        TypeError, match=r"^simulate_step: world_size must be an int >= 1 \(ranks\), got bool True$"
+    ):
+        simulate_step(three, cm, world_size=True, compute=compute)
+
+
 def test_policy_takes_the_auto_keywords() -> None:
     from execwrap import ParamExecOrderWrapPolicy, TracingConfig
 
