@@ -2,7 +2,8 @@
 
 Modules, one job each:
 
-* :mod:`~execwrap.cost.model`: :class:`CostModel` (times, compatibility checks, JSON);
+* :mod:`~execwrap.cost.model`: :class:`CostModel` (times, compatibility checks, JSON), with
+  :mod:`~execwrap.cost.model_fields` (the saved JSON's fields, checked on load);
 * :mod:`~execwrap.cost.curve`: :class:`CollectiveCurve`, piecewise latency + bytes / bandwidth;
 * :mod:`~execwrap.cost.presets`: cited presets for common GPU clusters;
 * :mod:`~execwrap.cost.calibrate`: the measurement on the live process group, with

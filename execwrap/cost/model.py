@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.model_fields import COST_MODEL_FIELDS
 from tracing.atomic import atomic_write_text
 from tracing.checks import check_integral
 from tracing.rates import ComputeRates
@@ -353,7 +354,17 @@ class CostModel:
 
         Raises:
             ValueError: not a cost model, another schema version, or a field
-                missing or invalid; the message names ``source``.
+                missing or invalid (a number written as a string, a negative
+                time, a device type or backend execwrap does not model: see
+                :mod:`execwrap.cost.model_fields`); the message names ``source``,
+                the field, the value found and what is accepted.
+
+        Example:
+            >>> data = {**CostModel.preset("h100-nvlink-8").to_dict(), "backend": "mpi"}
+            >>> CostModel.from_dict(data, source="cost.json")  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            tracing.schema.SchemaError: cost.json: ... field backend: expected ... got str 'mpi'; ...
         """
         if not isinstance(data, dict) or data.get("kind") != COST_MODEL_KIND:
             raise ValueError(
@@ -366,32 +377,13 @@ class CostModel:
                 f"{source}: unsupported cost model schema_version {version!r} (this execwrap "
                 f"reads {COST_MODEL_SCHEMA_VERSION}); calibrate again"
             )
+        f = COST_MODEL_FIELDS.check(data, source=source, what="cost model")
         try:
             return cls(
-                device_type=str(data["device_type"]),
-                backend=str(data["backend"]),
-                world_size=data["world_size"],  # an int in the JSON: "2" is refused
-                all_gather=CollectiveCurve.from_dict(data["all_gather"]),
-                reduce_scatter=CollectiveCurve.from_dict(data["reduce_scatter"]),
-                copy_bytes_per_s=float(data["copy_bytes_per_s"]),
-                group_overhead_s=float(data["group_overhead_s"]),
-                param_overhead_s=float(data.get("param_overhead_s", 0.0)),
-                copy_curve=None
-                if data.get("copy_curve") is None
-                else CollectiveCurve.from_dict(data["copy_curve"]),
-                overlap=float(data["overlap"]),
-                compute=ComputeRates.from_dict(data["compute"]),
-                optimizer_param_overhead_s=float(data.get("optimizer_param_overhead_s", 0.0)),
-                optimizer_curve=None
-                if data.get("optimizer_curve") is None
-                else CollectiveCurve.from_dict(data["optimizer_curve"]),
-                source=str(data.get("source", "")),
-                created=str(data.get("created", "")),
-                torch_version=str(data.get("torch_version", "")),
+                **{k: f[k] for k in COST_MODEL_FIELDS.fields if k != "compute"},
+                compute=ComputeRates(**f["compute"]),
             )
-        except KeyError as e:
-            raise ValueError(f"{source}: malformed cost model: missing field {e}") from e
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:  # the ranges the constructors check
             raise ValueError(f"{source}: malformed cost model: {e}") from e
 
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -267,16 +267,103 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     data["schema_version"] = 1
     bad.write_text(json.dumps(data))
     with pytest.raises(
-        ValueError, match=r"bad\.json: malformed cost model: missing field 'overlap'"
+        ValueError, match=r"bad\.json: malformed cost model: field overlap: missing"
     ):
         CostModel.load(bad)
     bad.write_text(json.dumps({**_model().to_dict(), "world_size": "2"}))
     with pytest.raises(
         ValueError,
-        match=r"bad\.json: malformed cost model: CostModel.world_size must be an int >= 1 "
-        r"\(ranks\), got str '2'",
+        match=r"bad\.json: malformed cost model: field world_size: expected an int >= 1 "
+        r"\(ranks\), got str '2'$",
     ):
         CostModel.load(bad)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"all_gather": [{"up_to_bytes": None, "latency_s": "1e-4", "seconds_per_byte": 0}]},
+            "field all_gather[0].latency_s: expected a finite number, got str '1e-4'",
+        ),
+        (
+            {"reduce_scatter": [{"up_to_bytes": None, "latency_s": 0, "seconds_per_byte": "1"}]},
+            "field reduce_scatter[0].seconds_per_byte: expected a finite number >= 0.0, got "
+            "str '1'",
+        ),
+        (
+            {"all_gather": [{"up_to_bytes": None, "latency_s": -1e-4, "seconds_per_byte": 0}]},
+            "field all_gather[0].latency_s: expected a time >= 0 s where the segment starts "
+            "(0 bytes), got -0.0001",
+        ),
+        (
+            {
+                "copy_curve": [
+                    {"up_to_bytes": 4096, "latency_s": 1e-4, "seconds_per_byte": 0.0},
+                    {"up_to_bytes": None, "latency_s": -1e-3, "seconds_per_byte": 1e-9},
+                ]
+            },
+            "field copy_curve[1].latency_s: expected a time >= 0 s where the segment starts "
+            "(4096 bytes), got latency_s -0.001 + 4096 x seconds_per_byte 1e-09 = "
+            "-0.000995904 s",
+        ),
+        (
+            {"copy_bytes_per_s": "5e9"},
+            "field copy_bytes_per_s: expected a finite number, got str '5e9'",
+        ),
+        (
+            {"group_overhead_s": -1e-3},
+            "field group_overhead_s: expected a finite number >= 0.0, got -0.001",
+        ),
+        (
+            {"optimizer_param_overhead_s": "8e-5"},
+            "field optimizer_param_overhead_s: expected a finite number >= 0.0, got str '8e-5'",
+        ),
+        (
+            {"backend": "mpi"},
+            "field backend: expected the process group's backend, 'gloo' or 'nccl' (or a "
+            "per-device list of them such as 'cpu:gloo,cuda:nccl', or 'undefined': "
+            "init_process_group() without a backend), got str 'mpi'; execwrap models FSDP2 on "
+            "gloo and nccl only",
+        ),
+        (
+            {"device_type": "tpu"},
+            "field device_type: expected 'cpu' or 'cuda' (the devices execwrap calibrates and "
+            "simulates FSDP2 on), got str 'tpu'",
+        ),
+        (
+            {"compute": {"device_type": "cpu", "flops_per_s": "1e11", "memory_bytes_per_s": 1}},
+            "field compute.flops_per_s: expected a finite number, got str '1e11'",
+        ),
+    ],
+)
+def test_load_refuses_invalid_content(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_model().to_dict(), **change}))
+    with pytest.raises(ValueError) as info:
+        CostModel.load(bad)
+    assert str(info.value) == f"{bad}: malformed cost model: {message}"
+
+
+def test_load_takes_every_preset_and_calibration_shape(tmp_path: Path) -> None:
+    """What the presets and a calibration write loads back: every preset at its world
+    sizes, the backends ``dist.get_backend`` names, and a curve through steep medians
+    (its later segments' lines cross zero before they start: not a negative time)."""
+    models = [
+        CostModel.preset(name, world_size=w)
+        for name in sorted(PRESETS)
+        for w in ((16, 32) if name == "h100-ib-400g" else (2, 4, 8))
+    ]
+    steep = CollectiveCurve.from_samples([1024, 2**20, 2**21, 2**25], [1e-4, 1.1e-4, 5e-2, 0.06])
+    assert steep.segments[2].latency_s < 0
+    models += [
+        _model(all_gather=steep, reduce_scatter=steep, copy_curve=steep, optimizer_curve=steep)
+    ]
+    models += [_model(backend=b) for b in ("nccl", "undefined", "cpu:gloo", "cpu:gloo,cuda:nccl")]
+    for i, cm in enumerate(models):
+        assert CostModel.load(cm.save(tmp_path / f"{i}.json")) == cm
 
 
 def test_refuses_other_world_size_or_device() -> None:

@@ -1,0 +1,151 @@
+"""A :class:`~execwrap.cost.CostModel` on disk: its JSON fields and the checks on load.
+
+:data:`COST_MODEL_FIELDS` says how each field of ``CostModel.to_dict()`` is
+checked (one pass, strict JSON types, one-line errors naming the file and the
+field; see :mod:`tracing.schema`): times and rates are JSON numbers, never
+strings (``"1e-4"``); fixed costs and the curves' times are ``>= 0``; the
+device type is one execwrap calibrates on (``"cpu"``, ``"cuda"``) and the
+backend one FSDP2 runs its collectives on (:data:`BACKENDS`). Value ranges the
+:class:`~execwrap.cost.CostModel` constructor checks itself (``overlap <= 1``,
+rates ``> 0``, compute rates for the model's device) are left to it.
+
+>>> segment = {"up_to_bytes": None, "latency_s": "1e-4", "seconds_per_byte": 1e-9}
+>>> COST_MODEL_FIELDS.fields["all_gather"].check([segment], "all_gather")
+Traceback (most recent call last):
+...
+tracing.schema.SchemaError: <dict>: field all_gather[0].latency_s: expected a finite number, got str '1e-4'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from execwrap.cost.curve import CollectiveCurve, CurveSegment
+from tracing.schema import (
+    Check,
+    Field,
+    Record,
+    SchemaError,
+    field_path,
+    integer,
+    list_of,
+    number,
+    optional,
+    string,
+    type_and_value,
+)
+
+__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES"]
+
+#: Devices a cost model can describe: the ones calibration times on and presets describe.
+DEVICE_TYPES = ("cpu", "cuda")
+#: Process-group backends a cost model can describe (FSDP2's collectives run on them).
+#: A calibration records ``dist.get_backend(group)``, which is also a per-device list
+#: of these (``"cpu:gloo,cuda:nccl"``) or ``"undefined"`` (torch's name for the backend
+#: of ``init_process_group()`` called without one), so those load as well.
+BACKENDS = ("gloo", "nccl")
+
+_SEGMENT = Record(
+    {
+        "up_to_bytes": Field(optional(integer(1, what="bytes"))),
+        "latency_s": Field(number(None)),
+        "seconds_per_byte": Field(number(0.0)),
+    }
+)
+
+
+def _curve() -> Check:
+    """A :class:`CollectiveCurve` (``to_dict``'s list of segments): in increasing size
+    order, only the last open-ended, and never a negative time where a segment starts."""
+    segments = list_of(_SEGMENT)
+
+    def check(value: Any, path: str) -> CollectiveCurve:
+        checked = segments(value, path)
+        if not checked:
+            raise SchemaError(path, "expected at least one curve segment, got an empty list")
+        start = 0
+        for i, seg in enumerate(checked):
+            where = field_path(path, i)
+            up_to, latency, slope = seg["up_to_bytes"], seg["latency_s"], seg["seconds_per_byte"]
+            if (up_to is None) != (i == len(checked) - 1) or (up_to is not None and up_to <= start):
+                raise SchemaError(
+                    field_path(where, "up_to_bytes"),
+                    f"expected increasing sizes, null on the last segment only, got {up_to!r}",
+                )
+            at_start = latency + start * slope
+            if at_start < -1e-9 * (abs(latency) + start * slope):  # rounding of a fitted line
+                found = (
+                    f"{latency!r}"
+                    if not start
+                    else f"latency_s {latency!r} + {start} x seconds_per_byte {slope!r} = "
+                    f"{at_start:.6g} s"
+                )
+                raise SchemaError(
+                    field_path(where, "latency_s"),
+                    f"expected a time >= 0 s where the segment starts ({start} bytes), got {found}",
+                )
+            start = up_to if up_to is not None else start
+        return CollectiveCurve(
+            tuple(
+                CurveSegment(s["up_to_bytes"], s["latency_s"], s["seconds_per_byte"])
+                for s in checked
+            )
+        )
+
+    return check
+
+
+def _device_type(value: Any, path: str) -> str:
+    if value not in DEVICE_TYPES or not isinstance(value, str):
+        raise SchemaError(
+            path,
+            f"expected {' or '.join(map(repr, DEVICE_TYPES))} (the devices execwrap calibrates "
+            f"and simulates FSDP2 on), got {type_and_value(value)}",
+        )
+    return value
+
+
+def _backend(value: Any, path: str) -> str:
+    parts = [p.partition(":")[2] or p for p in value.split(",")] if isinstance(value, str) else []
+    if value != "undefined" and not (parts and all(p in BACKENDS for p in parts)):
+        raise SchemaError(
+            path,
+            f"expected the process group's backend, {' or '.join(map(repr, BACKENDS))} (or a "
+            "per-device list of them such as 'cpu:gloo,cuda:nccl', or 'undefined': "
+            "init_process_group() without a backend), got "
+            f"{type_and_value(value)}; execwrap models FSDP2 on gloo and nccl only",
+        )
+    return value
+
+
+_COMPUTE = Record(
+    {
+        "device_type": Field(string()),
+        "flops_per_s": Field(number(None)),
+        "memory_bytes_per_s": Field(number(None)),
+        "op_overhead_s": Field(number(0.0), required=False, default=0.0),
+    }
+)
+
+#: How each field of a saved cost model is checked (``kind`` and ``schema_version``
+#: are read before: :meth:`~execwrap.cost.CostModel.from_dict`).
+COST_MODEL_FIELDS = Record(
+    {
+        "device_type": Field(_device_type),
+        "backend": Field(_backend),
+        "world_size": Field(integer(1, what="ranks")),
+        "all_gather": Field(_curve()),
+        "reduce_scatter": Field(_curve()),
+        "copy_bytes_per_s": Field(number(None)),
+        "group_overhead_s": Field(number(0.0)),
+        "param_overhead_s": Field(number(0.0), required=False, default=0.0),
+        "copy_curve": Field(optional(_curve()), required=False),
+        "overlap": Field(number(0.0)),
+        "compute": Field(_COMPUTE),
+        "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
+        "optimizer_curve": Field(optional(_curve()), required=False),
+        "source": Field(string(), required=False, default=""),
+        "created": Field(string(), required=False, default=""),
+        "torch_version": Field(string(), required=False, default=""),
+    }
+)
