@@ -389,10 +389,27 @@ class CostModel:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model as JSON to ``path`` atomically (temp file + rename).
 
+        Missing folders are created; a reader of ``path`` sees the old file or the
+        whole new one, never part of it.
+
         Returns:
             The path written.
+
+        Raises:
+            IsADirectoryError: ``path`` is a folder (nothing is written); the
+                message names it and a file path to pass instead.
+            OSError: the folder cannot be created or the file written.
+
+        Example:
+            >>> CostModel.preset("h100-nvlink-8").save("cost.json")  # doctest: +SKIP
+            PosixPath('cost.json')
         """
         path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(
+                f"CostModel.save: {str(path)!r} is a folder; pass the path of the JSON file to "
+                f"write, e.g. {str(path / 'cost.json')!r}"
+            )
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 

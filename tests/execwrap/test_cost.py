@@ -108,6 +108,19 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert CostModel.from_dict(cm.to_dict()) == cm
 
 
+def test_save_to_a_folder_names_it(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError) as info:
+        _model().save(folder)
+    assert str(info.value) == (
+        f"CostModel.save: {str(folder)!r} is a folder; pass the path of the JSON file to "
+        f"write, e.g. {str(folder / 'cost.json')!r}"
+    )
+    assert list(folder.iterdir()) == [] and sorted(tmp_path.iterdir()) == [folder]
+    assert CostModel.load(_model().save(folder / "cost.json")) == _model()
+
+
 def test_optimizer_time_per_tensor() -> None:
     # no curve: 7 passes over the bytes at the memory rate (1e10 B/s) + 80 us per tensor
     cm = _model()
