@@ -38,7 +38,13 @@ if TYPE_CHECKING:
     from execwrap.compare import compare_plans
     from execwrap.cost import CostModel
     from execwrap.divergence import Divergence, first_divergence
-    from execwrap.errors import ExecwrapError, OrderDivergenceError, ParamMismatchError, PlanError
+    from execwrap.errors import (
+        ExecwrapError,
+        MemoryBudgetError,
+        OrderDivergenceError,
+        ParamMismatchError,
+        PlanError,
+    )
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp2 import apply_fully_shard
     from execwrap.graph import build_order_graph, order_subgraph
@@ -77,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "Divergence": "execwrap.divergence",
     "first_divergence": "execwrap.divergence",
     "ExecwrapError": "execwrap.errors",
+    "MemoryBudgetError": "execwrap.errors",
     "OrderDivergenceError": "execwrap.errors",
     "ParamMismatchError": "execwrap.errors",
     "PlanError": "execwrap.errors",
@@ -117,6 +124,7 @@ __all__ = [
     "ExecutionOrder",
     "ExecwrapError",
     "MemoryBreakdown",
+    "MemoryBudgetError",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "ParamMismatchError",

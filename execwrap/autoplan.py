@@ -48,7 +48,7 @@ Search:
 3. Choice: the least predicted step time among candidates within the
    budget; ties go to the lower peak, then fewer groups, then the earlier
    candidate. Nothing is random: the same inputs give the same plan.
-4. No candidate fits: :class:`~execwrap.errors.PlanError` names the smallest
+4. No candidate fits: :class:`~execwrap.errors.MemoryBudgetError` names the smallest
    peak any candidate reaches (per-unit groups at each prefetch depth,
    resharding everywhere, are always among them) and what dominates it.
 
@@ -65,7 +65,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from execwrap.errors import PlanError
+from execwrap.errors import MemoryBudgetError
 from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
 from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
@@ -244,8 +244,9 @@ def search_plan(
     Raises:
         ValueError: the cost model is for another world size or device type
             (``CostModel.check_compatible``), or a bad budget.
-        PlanError: no candidate's peak is within ``memory_budget`` (the
-            message names the smallest peak reached and what dominates it).
+        MemoryBudgetError: (a ``PlanError``) no candidate's peak is within
+            ``memory_budget`` (the message names the smallest peak reached and
+            what dominates it; ``part`` is that part's field).
 
     Example:
         >>> best = search_plan(plan, CostModel.preset("h100-nvlink-8"))  # doctest: +SKIP
@@ -430,11 +431,11 @@ def _label(groups: Sequence[tuple[int, int]], prefetch: int, flags: Sequence[boo
 def _choose(
     space: SearchSpace, evaluated: _Evaluations, budget: int | None, seconds: float
 ) -> WrapPlan:
-    """Step 3 and 4: the best fitting candidate as a plan, or :class:`PlanError`."""
+    """Step 3 and 4: the best fitting candidate as a plan, or :class:`MemoryBudgetError`."""
     cands = evaluated.candidates
     fitting = [i for i, c in enumerate(cands) if c.fits]
     if not fitting:
-        raise PlanError(_nothing_fits_message(space, evaluated, budget))
+        raise _nothing_fits(space, evaluated, budget)
     best = min(
         fitting,
         key=lambda i: (cands[i].step_time_s, cands[i].peak_memory_bytes, cands[i].num_groups, i),
@@ -466,18 +467,22 @@ def _choose(
     )
 
 
-def _nothing_fits_message(space: SearchSpace, evaluated: _Evaluations, budget: int | None) -> str:
+def _nothing_fits(
+    space: SearchSpace, evaluated: _Evaluations, budget: int | None
+) -> MemoryBudgetError:
     cands = evaluated.candidates
     smallest = min(range(len(cands)), key=lambda i: (cands[i].peak_memory_bytes, i))
     estimate = evaluated.estimates[smallest]
     part, nbytes = space.dominant_part(estimate)
-    return (
+    parts = {k: v for k, v in estimate.memory.to_dict().items() if k != "total"}
+    finding = (
         f"no plan fits the memory budget of {_bytes_text(budget or 0)} per rank: the smallest peak any "
         f"candidate reaches is {_bytes_text(cands[smallest].peak_memory_bytes)} "
         f"({cands[smallest].label}; {len(cands)} candidate(s) simulated for "
-        f"{space.world_size} rank(s)), dominated by {part} ({_bytes_text(nbytes)}); "
-        f"{space.dominant_hint(part)}"
+        f"{space.world_size} rank(s)), dominated by {part} ({_bytes_text(nbytes)})"
     )
+    key = max(parts, key=lambda k: (parts[k], k))  # the field dominant_part named
+    return MemoryBudgetError(f"{finding}; {space.dominant_hint(part)}", part=key, finding=finding)
 
 
 def _bytes_text(nbytes: int) -> str:

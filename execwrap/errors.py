@@ -11,6 +11,7 @@ from tracing.errors import TracingError
 
 __all__ = [
     "ExecwrapError",
+    "MemoryBudgetError",
     "OrderDivergenceError",
     "ParamMismatchError",
     "PlanError",
@@ -25,6 +26,27 @@ class ExecwrapError(RuntimeError):
 class PlanError(ExecwrapError):
     """A wrap plan failed its own checks (a parameter in no unit or in two,
     an FQN that does not exist in the model, tied parameters split)."""
+
+
+class MemoryBudgetError(PlanError):
+    """No candidate of the auto-planner fits ``memory_budget``
+    (``plan_wrap(..., bucket_numel="auto", memory_budget=...)``).
+
+    The message is ``finding`` followed by how to fit, in Python terms.
+
+    Attributes:
+        part: the :class:`~execwrap.simulate.MemoryBreakdown` field that
+            dominates the smallest peak reached (``"optimizer_state"``,
+            ``"activations"``, ...).
+        finding: the message without the remedy (the budget, the smallest peak
+            reached and what dominates it), for callers that word the remedy
+            in their own terms (the command line names its options).
+    """
+
+    def __init__(self, message: str, *, part: str, finding: str) -> None:
+        super().__init__(message)
+        self.part = part
+        self.finding = finding
 
 
 class OrderDivergenceError(ExecwrapError):

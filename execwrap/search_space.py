@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from execwrap.bucketing import merge_units
 from execwrap.plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate.compute import NO_COMPUTE_TIMES
 from execwrap.simulate.step import padded_bytes
 from execwrap.unit import WrapUnit
 from tracing.fqn import ancestors
@@ -390,12 +391,7 @@ def _atomic_compute(plan: WrapPlan) -> UnitCompute:
     (one WARNING: the plan then weighs communication and memory only)."""
     if plan.order.has_timing:
         return unit_compute(plan)
-    logger.warning(
-        "plan_wrap(bucket_numel='auto'): the order has no compute times, so the auto-planner "
-        "weighs communication and parameter memory only (no compute to overlap, no "
-        "activations); capture with tracing.record_execution_order(model, *inputs, "
-        "timing=True), or on the meta device with timing=cost_model.compute"
-    )
+    logger.warning(NO_COMPUTE_TIMES)
     return UnitCompute.zeros(len(plan.units))
 
 

@@ -6,14 +6,18 @@
 ``--world-size`` and ``--memory-budget``, and :func:`estimate_baselines`
 simulates the report's baseline plans with the same cost model, so the
 candidates chart can place them. Every failure is one
-:class:`~execwrap.cli.errors.CLIError` naming the option.
+:class:`~execwrap.cli.errors.CLIError` naming the option; where the library's
+message would advise a Python call (``CostModel.preset(name, world_size=N)``,
+``optimizer="sgd"``, ``record_execution_order(..., timing=True)``), the command
+line says what to do with its own options instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +25,15 @@ import torch
 import torch.nn as nn
 
 import execwrap.planner as planning
+import execwrap.search_space as search_space
 from execwrap.cli.errors import CLIError
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
-from execwrap.errors import PlanError
+from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate.compute import NO_COMPUTE_TIMES
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 
@@ -35,20 +41,53 @@ __all__ = ["estimate_baselines", "load_cost_model", "plan_auto", "timed_order"]
 
 logger = logging.getLogger(__name__)
 
+_RANKS = "plan for more ranks (--world-size N, with a cost model for N ranks)"
+_FINER = "wrap smaller modules (a finer --policy: transformer:CLASS of a smaller block, or size:N)"
+#: How to shrink each part of the smallest peak (a ``MemoryBreakdown`` field), in CLI terms.
+_BUDGET_REMEDIES = {
+    "sharded_params": f"{_RANKS}, or build the model in a lower-precision dtype (--model)",
+    "sharded_grads": f"{_RANKS}, or freeze parameters in the --model factory",
+    "optimizer_state": f"{_RANKS}; the command line prices AdamW's state (for an optimizer "
+    'with less state, plan in Python: plan_wrap(..., optimizer="sgd"))',
+    "unsharded_params": _FINER,
+    "unsharded_grads": _FINER,
+    "all_gather_buffers": _FINER,
+    "reduce_scatter_buffers": _FINER,
+    "activations": "use a smaller batch or sequence in --input, or activation checkpointing",
+}
+#: The auto-planner's WARNING for an order without compute times, in CLI terms.
+_NO_COMPUTE_TIMES = (
+    "the auto-planner has no compute times, so it weighs communication and parameter memory "
+    "only (no compute to overlap, no activations): pass --input SPEC (one forward and "
+    "backward on those inputs times the compute, or estimates it with a GPU cost model's rates)"
+)
+
 
 def load_cost_model(text: str, world_size: int | None) -> CostModel:
     """The ``--cost-model`` value: a saved cost model file, else a preset name.
 
     Raises:
-        CLIError: the file is not a cost model, or no preset has that name
-            (the message lists them), or the preset has no such world size.
+        CLIError: the file is not a cost model or is for another world size
+            than ``--world-size`` (checked here, before any timing), or no
+            preset has that name (the message lists them), or the preset has
+            no such world size.
     """
     path = Path(text)
     if path.is_file():
         try:
-            return CostModel.load(path)
+            cm = CostModel.load(path)
         except (OSError, ValueError) as exc:
             raise CLIError(f"--cost-model {text!r}: {shorten(exc, 400)}") from exc
+        if world_size is not None and world_size != cm.world_size:
+            raise CLIError(
+                f"--cost-model {text!r} does not fit world size {world_size} (this cost model is "
+                f"for {cm.world_size} ranks): calibrate on the target's {world_size} ranks "
+                "(`execwrap calibrate` under torchrun), pass a preset that describes them "
+                f"(--cost-model PRESET --world-size {world_size}; presets: "
+                f"{', '.join(sorted(PRESETS))}), or leave --world-size out to plan for "
+                f"{cm.world_size} ranks"
+            )
+        return cm
     if text not in PRESETS:
         raise CLIError(
             f"--cost-model {text!r}: no such file and no such preset; presets: "
@@ -103,26 +142,49 @@ def plan_auto(
 
     Raises:
         CLIError: the cost model cannot be loaded, does not fit the world
-            size or device, or no plan fits ``--memory-budget``.
+            size or device, or no plan fits ``--memory-budget`` (the remedy in
+            terms of the command's options).
     """
     assert options.cost_model is not None  # checked by report_options
     cm = load_cost_model(options.cost_model, options.world_size)
     try:
-        plan = planning.plan_wrap(
-            model,
-            order,
-            init_policy,
-            bucket_numel="auto",
-            cost_model=cm,
-            world_size=options.world_size,
-            memory_budget=options.memory_budget,
-        )
+        with _cli_warnings():
+            plan = planning.plan_wrap(
+                model,
+                order,
+                init_policy,
+                bucket_numel="auto",
+                cost_model=cm,
+                world_size=options.world_size,
+                memory_budget=options.memory_budget,
+            )
+    except MemoryBudgetError as exc:
+        remedy = _BUDGET_REMEDIES.get(exc.part)
+        hint = f"to fit, raise --memory-budget{f', or {remedy}' if remedy else ''}"
+        raise CLIError(f"--memory-budget: {shorten(exc.finding, 400)}; {hint}") from exc
     except PlanError as exc:
-        raise CLIError(f"--memory-budget: {shorten(exc, 400)}") from exc
+        raise CLIError(f"planning failed: {shorten(exc, 400)}") from exc
     except ValueError as exc:
         # the whole message: it ends with the remedy (calibrate on N ranks, or a preset)
         raise CLIError(f"--cost-model {options.cost_model!r}: {shorten(exc, 800)}") from exc
     return plan, cm
+
+
+@contextlib.contextmanager
+def _cli_warnings() -> Iterator[None]:
+    """While planning, the planner's WARNING about missing compute times says what to
+    pass on the command line instead of which Python call to make."""
+
+    def reword(record: logging.LogRecord) -> bool:
+        if record.msg == NO_COMPUTE_TIMES:
+            record.msg, record.args = _NO_COMPUTE_TIMES, ()
+        return True
+
+    search_space.logger.addFilter(reword)
+    try:
+        yield
+    finally:
+        search_space.logger.removeFilter(reword)
 
 
 def estimate_baselines(

@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 
 __all__ = ["UnitCompute", "unit_compute"]
 
+#: The WARNING of ``plan_wrap(bucket_numel="auto")`` for an order without compute
+#: times (the command line, which has no Python call to point to, words it its own way).
+NO_COMPUTE_TIMES = (
+    "plan_wrap(bucket_numel='auto'): the order has no compute times, so the auto-planner "
+    "weighs communication and parameter memory only (no compute to overlap, no "
+    "activations); capture with tracing.record_execution_order(model, *inputs, "
+    "timing=True), or on the meta device with timing=cost_model.compute"
+)
+
 
 @dataclass(frozen=True)
 class UnitCompute:

@@ -18,7 +18,7 @@ import pytest
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from execwrap import PlanError, WrapPlan, plan_wrap
+from execwrap import MemoryBudgetError, PlanError, WrapPlan, plan_wrap
 from execwrap.autoplan import search_plan
 from execwrap.partition import best_partition
 from execwrap.plan_search import PlanSearch
@@ -103,8 +103,15 @@ def test_dominant_part_is_the_largest_of_the_breakdown() -> None:
         PlanError,
         match=r"dominated by activations \(2\.86 MiB \(3000000 bytes\)\); "
         r"to fit, raise the budget, or use a smaller batch",
-    ):
+    ) as info:
         search_plan(plan, cm, compute=compute, memory_budget=1000)
+    # the parts a caller words its own remedy from (the command line does)
+    assert isinstance(info.value, MemoryBudgetError) and info.value.part == "activations"
+    assert str(info.value) == (
+        f"{info.value.finding}; to fit, raise the budget, or use a smaller batch or sequence, "
+        "or activation checkpointing"
+    )
+    assert info.value.finding.endswith("dominated by activations (2.86 MiB (3000000 bytes))")
 
 
 # ------------------------------------------------------------------ plan_wrap keywords

@@ -207,7 +207,31 @@ def test_impossible_budget_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
         "execwrap: error: --memory-budget: no plan fits the memory budget of 1.00 KiB (1024 bytes) "
         "per rank: the smallest peak any candidate reaches is "
     )
+    # the remedy names the command's options, not plan_wrap's optimizer= (no such flag)
+    assert line.endswith(
+        "dominated by optimizer state (861.50 KiB (882176 bytes)); to fit, raise --memory-budget, "
+        "or plan for more ranks (--world-size N, with a cost model for N ranks); the command "
+        "line prices AdamW's state (for an optimizer with less state, plan in Python: "
+        'plan_wrap(..., optimizer="sgd"))'
+    )
     assert not (tmp_path / "r").exists()
+
+
+def test_no_compute_times_warning_names_the_input_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --input the planner has no compute times; its WARNING says to pass
+    --input, not to call record_execution_order."""
+    args = ["report", "--model", "tests.execwrap.factories:demo2", "--bucket-size", "auto"]
+    args += ["--cost-model", "h100-nvlink-8", "--out", str(tmp_path / "r"), "--format", "json"]
+    assert main(args) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert warnings == [
+        "WARNING execwrap.search_space: the auto-planner has no compute times, so it weighs "
+        "communication and parameter memory only (no compute to overlap, no activations): pass "
+        "--input SPEC (one forward and backward on those inputs times the compute, or estimates "
+        "it with a GPU cost model's rates)"
+    ]
 
 
 def test_cost_model_for_another_world_size(
@@ -216,7 +240,13 @@ def test_cost_model_for_another_world_size(
     cm_path = cost_model().save(tmp_path / "cost.json")
     args = ["report", "--bucket-size", "auto", "--cost-model", str(cm_path), "--world-size", "4"]
     assert main([*args, "--out", str(tmp_path / "r")]) == 2
-    assert "does not fit world size 4 (this cost model is for 2 ranks)" in _err_line(capsys)
+    assert _err_line(capsys) == (
+        f"execwrap: error: --cost-model '{cm_path}' does not fit world size 4 (this cost model "
+        "is for 2 ranks): calibrate on the target's 4 ranks (`execwrap calibrate` under "
+        "torchrun), pass a preset that describes them (--cost-model PRESET --world-size 4; "
+        "presets: a100-nvlink-8, h100-ib-400g, h100-nvlink-8), or leave --world-size out to "
+        "plan for 2 ranks"
+    )
 
 
 def test_report_for_a_gpu_preset_estimates_compute(
