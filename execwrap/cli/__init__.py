@@ -18,7 +18,8 @@ How it is built, in the order a run goes through it:
 * :mod:`~execwrap.cli.main`: :func:`main`: parse, check, run, exit status;
 * :mod:`~execwrap.cli.parser`: the argparse table;
 * :mod:`~execwrap.cli.options`: every argument checked before torch is
-  imported (with :mod:`~execwrap.cli.input_spec`, the ``--input`` language);
+  imported (with :mod:`~execwrap.cli.input_spec`, the ``--input`` language, and
+  :mod:`~execwrap.cli.budget`, ``--memory-budget`` sizes);
 * the commands: :mod:`~execwrap.cli.report` (with
   :mod:`~execwrap.cli.loading` for ``--model``/``--tracer``/``--policy`` and
   :mod:`~execwrap.cli.inputs` for the example tensors),

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from execwrap.cli.budget import join_negative_values
 from execwrap.cli.calibrate_args import calibrate_options
 from execwrap.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
 from execwrap.cli.options import diff_options, report_options, show_options
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if args.command is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from execwrap.cli.budget import memory_budget_option
 from execwrap.cli.errors import CLIError
 from execwrap.cli.input_spec import InputItem, check_input_file, is_arg_name, parse_input_spec
 from execwrap.report.files import REPORT_FILES, REPORT_FORMATS
@@ -40,7 +41,6 @@ __all__ = [
     "check_out_dir",
     "diff_options",
     "locate_saved",
-    "parse_bytes",
     "parse_concrete_args",
     "parse_numel",
     "parse_policy_spec",
@@ -90,52 +90,6 @@ def parse_numel(text: str) -> int:
     value = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
     if value != int(value):
         raise ValueError(f"invalid element count {text!r}: not a whole number of elements")
-    return int(value)
-
-
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$")
-_BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(text: str) -> int:
-    """Parse a size in bytes with an optional unit.
-
-    ``"40GiB"`` -> ``42_949_672_960`` (binary: KiB, MiB, GiB, TiB are powers of
-    1024); ``"8GB"`` -> ``8_000_000_000`` (decimal: KB, MB, GB, TB);
-    ``"4096"`` / ``"4096B"`` -> ``4096``; ``"40e9"`` -> ``40_000_000_000`` (as in
-    Python). Units are case-insensitive; a bare ``K``/``M``/``G`` is refused as ambiguous.
-
-    Raises:
-        ValueError: not a non-negative number with one of these units, or
-            not a whole number of bytes.
-    """
-    match = _BYTES_RE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _BYTE_UNITS:
-        hint = (
-            f"; {match.group(2)!r} is ambiguous: write {match.group(2)}iB (powers of 1024) or "
-            f"{match.group(2)}B (powers of 1000)"
-            if match and unit in ("k", "m", "g", "t")
-            else ""
-        )
-        raise ValueError(
-            f"invalid size {text!r}: expected a number of bytes with an optional unit, e.g. "
-            f"40GiB, 512MiB or 8GB{hint}"
-        )
-    value = float(match.group(1)) * _BYTE_UNITS[unit]
-    if value != int(value):
-        raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
     return int(value)
 
 
@@ -362,21 +316,7 @@ def _auto_options(
         raise CLIError(f"--cost-model {cost_model!r}: {what}")
     if world_size is not None and world_size < 1:
         raise CLIError(f"--world-size must be >= 1, got {world_size}")
-    memory_budget = None
-    if budget_text is not None:
-        try:
-            memory_budget = parse_bytes(budget_text)
-        except ValueError as exc:
-            raise CLIError(f"--memory-budget: {exc}") from None
-        if memory_budget <= 0:
-            raise CLIError(f"--memory-budget {budget_text!r}: must be > 0 bytes")
-        bare = not re.sub(r"[\d.\seE+-]", "", budget_text)  # no unit: bytes
-        if bare and memory_budget < 2**20:  # below 1 MiB: a forgotten unit
-            raise CLIError(
-                f"--memory-budget {budget_text!r} is {memory_budget} bytes, less than any "
-                f"model's peak: write the unit, e.g. {budget_text.strip()}GiB or "
-                f"{budget_text.strip()}GB (a bare number is bytes)"
-            )
+    memory_budget = None if budget_text is None else memory_budget_option(budget_text)
     return cost_model, world_size, memory_budget
 
 

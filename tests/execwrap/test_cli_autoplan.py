@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from execwrap.cli import main
-from execwrap.cli.options import parse_bytes
+from execwrap.cli.budget import parse_bytes
 from execwrap.report.html_page import NO_CHARTS_LINE
 from tests.execwrap.autoplan_cases import cost_model
 
@@ -90,7 +90,8 @@ def test_cost_model_folder_is_named_as_one(
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "0"],
-            "--memory-budget '0': must be > 0 bytes",
+            "--memory-budget '0': must be > 0 bytes per rank, got 0; leave --memory-budget out "
+            "for no limit",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "4e5"],
@@ -117,6 +118,20 @@ def test_auto_options_are_checked(
 ) -> None:
     assert main(["report", "--out", str(tmp_path / "r"), *args]) == 2
     assert message in _err_line(capsys)
+
+
+@pytest.mark.parametrize("budget", [["--memory-budget", "-5GiB"], ["--memory-budget=-5GiB"]])
+def test_negative_memory_budget_is_named(
+    budget: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not argparse's "expected one argument": the library's rule and advice, as options."""
+    args = ["report", "--bucket-size", "auto", "--cost-model", "h100-nvlink-8", *budget]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    text = budget[-1].split("=")[-1]
+    assert _err_line(capsys) == (
+        f"execwrap: error: --memory-budget {text!r}: must be > 0 bytes per rank, got "
+        "-5368709120; leave --memory-budget out for no limit"
+    )
 
 
 def test_argument_errors_import_no_torch(tmp_path: Path) -> None:
