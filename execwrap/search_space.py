@@ -297,7 +297,10 @@ class SearchSpace:
         """Seconds one group ``[i, j)`` adds to a step in the decomposable model of
         :mod:`execwrap.autoplan`: its compute plus the communication its own
         compute does not hide (nothing on CPU, where FSDP2's collectives block
-        the training thread); without ``reshard`` no backward all-gather."""
+        the training thread, and where the collective after its forward and the
+        one after its backward wait for the slowest rank:
+        ``CostModel.sync_wait_time`` of its compute); without ``reshard`` no
+        backward all-gather."""
         p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors, p_copy = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
@@ -313,7 +316,10 @@ class SearchSpace:
         hidden_fwd = overlap * fwd if prefetch > 0 else 0.0
         exposed_fwd = max(0.0, all_gather - hidden_fwd)
         exposed_bwd = max(0.0, (all_gather if reshard else 0.0) + reduce_scatter - overlap * bwd)
-        return fwd + bwd + exposed_fwd + exposed_bwd
+        waits = (
+            cm.sync_wait_time(fwd) + cm.sync_wait_time(bwd) if cm.synchronous_collectives else 0.0
+        )
+        return fwd + bwd + exposed_fwd + exposed_bwd + waits
 
     # ----------------------------------------------------- plans and estimates
     def plan_for(self, groups: Grouping) -> WrapPlan:

@@ -32,7 +32,10 @@ The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
   of real ``fully_shard`` steps of synthetic stacks, and the optimizer's cost
   per DTensor parameter from ``AdamW.step`` on one of those stacks;
 * the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
-  4 KiB to 16 MiB (its size-dependent cost per tensor).
+  4 KiB to 16 MiB (its size-dependent cost per tensor);
+* on CPU, the wait at a collective for the slowest rank after compute
+  (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
+  and without a collective after each), the model's ``sync_jitter``.
 
 Every median is over the runs during which the host gave none of this
 machine's CPU time to other guests (steal, :mod:`execwrap.cost.host`), when
@@ -65,6 +68,7 @@ from execwrap.cost.fixed_costs import (
 )
 from execwrap.cost.host import StealMeter, clean_median, steal_seconds
 from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
+from execwrap.cost.sync_wait import measure_sync_wait
 from tracing.checks import is_int
 from tracing.rates import ComputeRates
 
@@ -150,6 +154,8 @@ def calibration_fields(
         in_step = fsdp_fixed_costs(
             group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
         )
+        # only where collectives block the training thread does the simulator use it
+        jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
     _warn_of_steal(host, group)
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
@@ -170,10 +176,8 @@ def calibration_fields(
         "compute": rates,
         "optimizer_param_overhead_s": in_step.optimizer_param_overhead_s,
         "optimizer_curve": optimizer_curve,
-        "source": f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
-        f"{datetime.date.today().isoformat()} in {host.wall_s:.1f} s"
-        f"{f' (repeat {repeat})' if repeat > 1 else ''}, host steal {host.share():.1%}; "
-        f"in-step factors: {in_step.describe()}",
+        "sync_jitter": jitter,
+        "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
         "torch_version": str(torch.__version__),
     }
     box: list[Any] = [fields]
@@ -183,6 +187,26 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def _source(
+    world: int,
+    backend: str,
+    dev: torch.device,
+    host: StealMeter,
+    repeat: int,
+    factors: str,
+    jitter: float,
+) -> str:
+    """The calibrated model's ``source``: where, when, how long, the host's steal,
+    the in-step factors and the wait for the slowest rank."""
+    return (
+        f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
+        f"{datetime.date.today().isoformat()} in {host.wall_s:.1f} s"
+        f"{f' (repeat {repeat})' if repeat > 1 else ''}, host steal {host.share():.1%}; "
+        f"in-step factors: {factors}; a collective waits "
+        f"{jitter * math.sqrt(1e-3) * 1e3:.2f} ms for the slowest rank after 1 ms of compute"
+    )
 
 
 #: Share of the CPU time that the host may take during calibration (steal) before

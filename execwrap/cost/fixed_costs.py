@@ -75,6 +75,7 @@ __all__ = [
     "fit_in_step",
     "fsdp_fixed_costs",
     "in_step_curve",
+    "interleaved_medians",
     "group_bytes",
     "stacks_within",
     "sync_device",
@@ -92,7 +93,7 @@ STACKS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
 )
 #: Interleaved rounds; the median round is used, as a training step's time is read
 #: as the median of its steps (over the rounds without steal, up to twice as many
-#: rounds run while the host interrupts them: :func:`_interleaved`).
+#: rounds run while the host interrupts them: :func:`interleaved_medians`).
 ROUNDS = 15
 #: Rows of a stack's input batch. (256 rows, so that the ranks arrive at the
 #: collectives apart after some compute, as in a step, raised the first design's
@@ -251,7 +252,7 @@ def fsdp_fixed_costs(
                 fns[f"{k}/{d}/{n}/{sharded}"] = step
                 if sharded and d == STACKS[1][1] and k == STACKS[1][0]:
                     fns[f"opt {n}"] = update
-    times = _interleaved(fns, dev, group, rounds=ROUNDS * repeat)
+    times = interleaved_medians(fns, dev, group, rounds=ROUNDS * repeat)
     # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
     # worker thread that drops a backward-time collective while the interpreter shuts
     # down aborts the process (torch 2.13; see tests/_dist.py).
@@ -408,7 +409,7 @@ def sync_device(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _interleaved(
+def interleaved_medians(
     fns: dict[str, Callable[[], tuple[float, ...]]],
     dev: torch.device,
     group: dist.ProcessGroup,

@@ -82,6 +82,13 @@ class CostModel:
             tensors stay in cache while large ones pay the page faults of the
             step's fresh temporaries, e.g. ``exp_avg_sq.sqrt()``); ``None``:
             the passes at ``compute.memory_bytes_per_s``.
+        sync_jitter: the wait at a collective for the slowest rank, per square
+            root of the compute seconds since the rank's previous collective
+            (seconds per square-root second, ``>= 0``): a collective after
+            ``c`` seconds of compute waits ``sync_jitter * sqrt(c)`` seconds
+            where collectives block the training thread
+            (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
+            ``0`` (presets, models saved before it): no wait.
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -107,6 +114,7 @@ class CostModel:
     param_overhead_s: float = 0.0
     copy_curve: CollectiveCurve | None = None
     optimizer_curve: CollectiveCurve | None = None
+    sync_jitter: float = 0.0
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -126,11 +134,17 @@ class CostModel:
             raise ValueError(
                 f"CostModel.copy_bytes_per_s must be a finite number > 0, got {self.copy_bytes_per_s!r}"
             )
-        for name in ("group_overhead_s", "optimizer_param_overhead_s", "param_overhead_s"):
+        for name in (
+            "group_overhead_s",
+            "optimizer_param_overhead_s",
+            "param_overhead_s",
+            "sync_jitter",
+        ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(
-                    f"CostModel.{name} must be a finite number >= 0 (seconds), got {value!r}"
+                    f"CostModel.{name} must be a finite number >= 0 (seconds"
+                    f"{' per square-root second' if name == 'sync_jitter' else ''}), got {value!r}"
                 )
         if self.compute.device_type != self.device_type:
             raise ValueError(
@@ -150,6 +164,17 @@ class CostModel:
     def collective_overhead(self, tensors: int) -> float:
         """Fixed seconds a group with ``tensors`` parameter tensors spends per collective."""
         return self.group_overhead_s + tensors * self.param_overhead_s
+
+    def sync_wait_time(self, compute_s: float) -> float:
+        """Seconds a collective waits for the slowest rank after ``compute_s`` seconds of
+        compute since the previous one: ``sync_jitter * sqrt(compute_s)``
+        (:mod:`execwrap.cost.sync_wait`; ``0`` for ``compute_s <= 0``).
+
+        >>> cm = CostModel.preset("h100-nvlink-8").replace(sync_jitter=0.01)
+        >>> round(cm.sync_wait_time(4e-3) * 1e3, 3), cm.sync_wait_time(0.0)
+        (0.632, 0.0)
+        """
+        return self.sync_jitter * math.sqrt(compute_s) if compute_s > 0 else 0.0
 
     def copy_time(self, nbytes: int) -> float:
         """Seconds to copy ``nbytes`` bytes into a new buffer (FSDP2 copy-in / copy-out)."""
@@ -343,6 +368,7 @@ class CostModel:
             "optimizer_curve": None
             if self.optimizer_curve is None
             else self.optimizer_curve.to_dict(),
+            "sync_jitter": self.sync_jitter,
             "source": self.source,
             "created": self.created,
             "torch_version": self.torch_version,

@@ -124,6 +124,7 @@ class StepProgram:
         self.all_gathers = 0
         self.reduce_scatters = 0
         self._last_compute: int | None = None
+        self._since_collective = 0.0  # compute-stream seconds since the last collective
         self._pending: dict[int, int] = {}  # unit -> its issued, not yet waited all-gather
         self._unsharded: set[int] = set()
         self._ag_wait: int | None = None  # the copy-out the all-gather streams wait on
@@ -152,6 +153,7 @@ class StepProgram:
         on_start: tuple[MemEvent, ...] = (),
         on_end: tuple[MemEvent, ...] = (),
     ) -> int:
+        self._since_collective += max(0.0, seconds)
         return self._add(Op(COMPUTE, label, max(0.0, seconds), kind, deps, phase, on_start, on_end))
 
     def _collective(
@@ -164,7 +166,14 @@ class StepProgram:
         on_end: tuple[MemEvent, ...] = (),
         on_start: tuple[MemEvent, ...] = (),
     ) -> int:
-        """A collective on its stream; on CPU the training thread waits for it right away."""
+        """A collective on its stream; on CPU the training thread waits for it right away,
+        after waiting for the slowest rank to reach it (:meth:`CostModel.sync_wait_time`
+        of the compute since the previous collective)."""
+        if self.sync:
+            wait = self.cm.sync_wait_time(self._since_collective)
+            if wait > 0:
+                self._add(Op(COMPUTE, f"wait for ranks {label}", wait, "wait", (), phase))
+            self._since_collective = 0.0
         if self.sync and self._last_compute is not None:
             deps = (*deps, self._last_compute)
         op = self._add(Op(stream, label, seconds, "comm", deps, phase, on_start, on_end))

@@ -30,7 +30,7 @@ def _rounds(rank: int, world_size: int, dirty_calls: tuple[int, ...]) -> dict[st
         return (float(index),)
 
     fns = {"a": lambda: run("a"), "b": lambda: run("b")}
-    got = fixed_costs._interleaved(fns, torch.device("cpu"), None, rounds=4)
+    got = fixed_costs.interleaved_medians(fns, torch.device("cpu"), None, rounds=4)
     return {"medians": got, "rounds": calls["a"]}
 
 
