@@ -157,8 +157,9 @@ def check_auto_options(
     """Check the auto-planner's keywords of ``plan_wrap`` / ``ParamExecOrderWrapPolicy``.
 
     Raises:
-        ValueError: ``bucket_numel="auto"`` without a cost model; a cost
-            model, world size, budget or optimizer without ``bucket_numel="auto"``;
+        ValueError: ``bucket_numel="auto"`` without a cost model, or with a
+            ``world_size`` the cost model is not for (``CostModel.check_compatible``'s
+            message); a cost model, world size, budget or optimizer without ``bucket_numel="auto"``;
             a world size or budget that is not positive; an unknown optimizer.
         TypeError: a world size that is not an integer, or a budget that is not a whole
             number; a cost model that
@@ -169,7 +170,7 @@ def check_auto_options(
     from execwrap.simulate.step import OPTIMIZERS
 
     check_memory_budget(memory_budget, where)
-    check_world_size(world_size, where)
+    ranks = check_world_size(world_size, where)
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(
             f"{where}: cost_model must be an execwrap.CostModel, got "
@@ -187,6 +188,8 @@ def check_auto_options(
                 'CostModel.calibrate() on the live process group, or CostModel.preset("...")) '
                 "to predict step times"
             )
+        if ranks is not None:  # the device is known only from the order's compute
+            cost_model.check_compatible(world_size=ranks, device_type=cost_model.device_type)
         return
     given = [
         name

@@ -443,6 +443,36 @@ def test_world_size_takes_numpy_integers() -> None:
         simulate_step(three, cm, world_size=True, compute=compute)
 
 
+def test_world_size_the_cost_model_is_not_for_is_refused_at_construction() -> None:
+    """The policy (and plan_wrap) refuse it with CostModel.check_compatible's message
+    before capturing anything, not when the plan is built."""
+    from execwrap import ParamExecOrderWrapPolicy, TracingConfig
+
+    cm = cost_model()  # for 2 ranks
+    with pytest.raises(ValueError) as expected:
+        cm.check_compatible(world_size=4, device_type=cm.device_type)
+    assert str(expected.value) == (
+        "cost model (test) does not fit world size 4 (this cost model is for 2 ranks): "
+        "calibrate on the target's 4 ranks (`execwrap calibrate` under torchrun) or use a "
+        "preset that describes them (CostModel.preset(name, world_size=4): the NVLink presets "
+        "one node of 2-8 GPUs, h100-ib-400g 2 or more whole nodes of 8)"
+    )
+    linear = ModuleWrapPolicy({nn.Linear})
+    with pytest.raises(ValueError) as info:
+        ParamExecOrderWrapPolicy(
+            linear, TracingConfig(), bucket_numel="auto", cost_model=cm, world_size=4
+        )
+    assert str(info.value) == str(expected.value)
+    model, order = _model_and_order()
+    with pytest.raises(ValueError) as info:
+        plan_wrap(model, order, linear, bucket_numel="auto", cost_model=cm, world_size=4)
+    assert str(info.value) == str(expected.value)
+    policy = ParamExecOrderWrapPolicy(
+        linear, TracingConfig(), bucket_numel="auto", cost_model=cm, world_size=2
+    )
+    assert policy.world_size == 2
+
+
 def test_policy_takes_the_auto_keywords() -> None:
     from execwrap import ParamExecOrderWrapPolicy, TracingConfig
 
