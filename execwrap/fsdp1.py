@@ -28,6 +28,7 @@ Three ways to an order, tried in this sequence:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
@@ -222,6 +223,19 @@ class ParamExecOrderWrapPolicy(_Policy):
             else:
                 self.example_inputs = (self.example_inputs,)
         watch(self, f"ParamExecOrderWrapPolicy({policy_name(self.init_policy)})")
+
+    def __repr__(self) -> str:
+        """The fields not at their defaults, large ones in short (the cost model by its
+        origin and ranks, the order and the plan by their sizes), e.g.
+        ``ParamExecOrderWrapPolicy(init_policy=always_wrap_policy, bucket_numel='auto',
+        cost_model=CostModel(preset h100-nvlink-8, cuda, nccl, 8 ranks))``.
+        """
+        parts = [f"init_policy={policy_name(self.init_policy)}"]
+        for f in dataclasses.fields(self)[1:]:
+            value = getattr(self, f.name)
+            if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
+                parts.append(f"{f.name}={_short_repr(value)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     # ---------------------------------------------------------------- planning
     @property
@@ -424,3 +438,21 @@ def _resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> lis
                 "another model? Capture the order again for this model."
             ) from e
     return modules
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, but one short line for a cost model, an order or a plan."""
+    from execwrap.cost import CostModel
+
+    if isinstance(value, CostModel):
+        origin = value.source.split(";")[0].split(":")[0].strip() or "unnamed"
+        origin = origin if len(origin) <= 60 else origin[:59] + "…"
+        return (
+            f"CostModel({origin}, {value.device_type}, {value.backend}, {value.world_size} ranks)"
+        )
+    if isinstance(value, ExecutionOrder):
+        calls, params = len(value.module_forward_order), len(value.params)
+        return f"ExecutionOrder({value.method}, {calls} calls, {params} params)"
+    if isinstance(value, WrapPlan):
+        return f"WrapPlan({value.policy_name}, {len(value.units)} groups)"
+    return repr(value)

@@ -27,7 +27,7 @@ from execwrap.demo_models import GPT, Block, GPTConfig
 from execwrap.first_step import FirstStepRecording, record_first_step
 from execwrap.fsdp2 import _post_order
 from tests.distributed._policy_cases import L0L2L1, BranchModel, hook_census
-from tracing import ParamInfo, ParamUse
+from tracing import ParamInfo, ParamUse, trace_execution_order
 
 SMALL = GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=2, n_blocks=2)
 
@@ -76,6 +76,26 @@ def test_policy_fields_and_validation() -> None:
         ParamExecOrderWrapPolicy(order={"module_forward_order": []})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="example_kwargs must be a dict"):
         ParamExecOrderWrapPolicy(example_kwargs=[1])  # type: ignore[arg-type]
+
+
+def test_repr_is_short() -> None:
+    """The fields not at their defaults; a cost model, an order and a plan in one short line."""
+    cm = execwrap.CostModel.preset("h100-nvlink-8")
+    policy = ParamExecOrderWrapPolicy(bucket_numel="auto", cost_model=cm, world_size=8)
+    assert repr(policy) == (
+        "ParamExecOrderWrapPolicy(init_policy=always_wrap_policy, bucket_numel='auto', "
+        "cost_model=CostModel(preset h100-nvlink-8, cuda, nccl, 8 ranks), world_size=8)"
+    )
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    planned = ParamExecOrderWrapPolicy(
+        ModuleWrapPolicy({nn.Linear}), order=trace_execution_order(model)
+    )
+    planned.build_plan(model)
+    assert repr(planned) == (
+        "ParamExecOrderWrapPolicy(init_policy=ModuleWrapPolicy({Linear}), "
+        "order=ExecutionOrder(symbolic, 3 calls, 4 params), "
+        "plan=WrapPlan(ModuleWrapPolicy({Linear}), 3 groups))"
+    )
 
 
 def test_run_policy_returns_shallow_copies_for_plan_units() -> None:
