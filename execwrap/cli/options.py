@@ -283,6 +283,22 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     )
 
 
+def _refuse_preset_and_file(name: str) -> None:
+    """A file in the current folder named like a preset: which one is meant is not clear.
+
+    Raises:
+        CLIError: ``name`` is a preset too (naming both and how to choose).
+    """
+    from execwrap.cost.presets import PRESETS  # only when such a file exists: start-up stays light
+
+    if name in PRESETS:
+        raise CLIError(
+            f"--cost-model {name!r} names both the preset {name} and the file ./{name} in the "
+            f"current folder: pass --cost-model ./{name} for the file, or rename or move the "
+            "file for the preset"
+        )
+
+
 def _auto_options(
     args: argparse.Namespace, bucket_numel: int | str | None
 ) -> tuple[str | None, int | None, int | None]:
@@ -314,6 +330,8 @@ def _auto_options(
     if looks_like_file and not Path(cost_model).is_file():
         what = "a folder, not a cost model file" if Path(cost_model).is_dir() else "no such file"
         raise CLIError(f"--cost-model {cost_model!r}: {what}")
+    if not looks_like_file and Path(cost_model).is_file():
+        _refuse_preset_and_file(cost_model)
     if world_size is not None and world_size < 1:
         raise CLIError(f"--world-size must be >= 1, got {world_size}")
     memory_budget = None if budget_text is None else memory_budget_option(budget_text)

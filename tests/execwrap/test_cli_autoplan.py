@@ -134,6 +134,26 @@ def test_negative_memory_budget_is_named(
     )
 
 
+def test_file_named_like_a_preset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file ./h100-ib-400g no longer wins silently over the preset: both are named."""
+    monkeypatch.chdir(tmp_path)
+    cost_model().save(tmp_path / "h100-ib-400g")
+    args = ["report", "--bucket-size", "auto", "--out", "r", "--format", "json"]
+    assert main([*args, "--cost-model", "h100-ib-400g"]) == 2
+    assert _err_line(capsys) == (
+        "execwrap: error: --cost-model 'h100-ib-400g' names both the preset h100-ib-400g and "
+        "the file ./h100-ib-400g in the current folder: pass --cost-model ./h100-ib-400g for "
+        "the file, or rename or move the file for the preset"
+    )
+    assert main([*args, "--cost-model", "./h100-ib-400g"]) == 0  # the file: 2 ranks, not 16
+    assert (
+        json.loads((tmp_path / "r" / "report.json").read_text())["plan"]["search"]["world_size"]
+        == 2
+    )
+
+
 def test_argument_errors_import_no_torch(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = ["report", "--bucket-size", "auto", "--cost-model", "x.json", "--memory-budget", "9G"]
