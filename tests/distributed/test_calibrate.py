@@ -51,12 +51,21 @@ def test_calibrate_two_gloo_ranks() -> None:
     # stacks' sizes (their values are tested exactly in tests/execwrap/test_cost.py)
     factors = re.search(
         r"in-step factors: all-gather ([0-9.x]+), reduce-scatter ([0-9.x]+) the sweep's at "
-        r"256 KiB$",  # max_bytes=1 MiB: the 2 and 8 MiB stacks give none
+        r"256 KiB; ",  # max_bytes=1 MiB: the 2 and 8 MiB stacks give none
         cm.source,
     )
     assert factors is not None, cm.source
     values = [float(v.rstrip("x")) for group in factors.groups() for v in group.split(" / ")]
     assert len(values) == 2 and all(0.5 <= v <= 2.5 for v in values), values
+    # the wait for the slowest rank (execwrap.cost.sync_wait), named in the source after 1 ms
+    wait = re.search(
+        r"; a collective waits (\d+\.\d\d) ms for the slowest rank after 1 ms of "
+        r"compute$",
+        cm.source,
+    )
+    assert wait is not None, cm.source
+    assert float(wait.group(1)) == round(cm.sync_jitter * 1e-3**0.5 * 1e3, 2)
+    assert 0.0 <= cm.sync_jitter < 0.1
     # AdamW's size-dependent cost per tensor, 4 KiB to 16 MiB, non-decreasing in size
     assert cm.optimizer_curve is not None
     opt = [cm.optimizer_curve.time(4 * 4**k * 1024) for k in range(7)]

@@ -40,10 +40,12 @@ def cost_model(
     device: str = "cpu",
     world_size: int = 2,
     copy_bytes_per_s: float = 1.024e6,
+    sync_jitter: float = 0.0,
 ) -> CostModel:
     """One alpha-beta segment for both collectives, fixed costs per collective
-    (``overhead``, plus ``param_overhead`` per parameter tensor); compute rates
-    that do not matter (the tests pass compute)."""
+    (``overhead``, plus ``param_overhead`` per parameter tensor), the wait for
+    the slowest rank (``sync_jitter``); compute rates that do not matter (the
+    tests pass compute)."""
     seg = (CurveSegment(None, latency, per_byte),)
     return CostModel(
         device_type=device,
@@ -55,6 +57,7 @@ def cost_model(
         group_overhead_s=overhead,
         param_overhead_s=param_overhead,
         overlap=overlap,
+        sync_jitter=sync_jitter,
         compute=ComputeRates(device, flops_per_s=1e12, memory_bytes_per_s=1e12),
         source="test",
         created="2026-12-01T00:00:00",

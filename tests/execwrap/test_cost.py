@@ -108,6 +108,25 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert CostModel.from_dict(cm.to_dict()) == cm
 
 
+def test_sync_jitter_round_trips_and_defaults_to_no_wait() -> None:
+    cm = _model(sync_jitter=0.01)
+    assert cm.to_dict()["sync_jitter"] == 0.01
+    assert CostModel.from_dict(cm.to_dict()) == cm
+    assert cm.sync_wait_time(4e-3) == pytest.approx(0.01 * 4e-3**0.5)
+    assert (cm.sync_wait_time(0.0), cm.sync_wait_time(-1.0)) == (0.0, 0.0)
+    older = {k: v for k, v in cm.to_dict().items() if k != "sync_jitter"}  # saved before it
+    assert CostModel.from_dict(older).sync_jitter == 0.0
+    assert CostModel.preset("h100-nvlink-8").sync_jitter == 0.0
+    with pytest.raises(
+        ValueError,
+        match=r"^CostModel.sync_jitter must be a finite number >= 0 \(seconds per square-root "
+        r"second\), got -0.001$",
+    ):
+        _model(sync_jitter=-1e-3)
+    with pytest.raises(ValueError, match=r"cost.json: .*sync_jitter"):
+        CostModel.from_dict({**cm.to_dict(), "sync_jitter": "0.01"}, source="cost.json")
+
+
 def test_save_to_a_folder_names_it(tmp_path: Path) -> None:
     folder = tmp_path / "models"
     folder.mkdir()

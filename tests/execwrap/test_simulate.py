@@ -148,6 +148,34 @@ def test_two_groups_no_reshard() -> None:
     assert est.memory.unsharded_params == 128
 
 
+def test_two_groups_wait_for_the_slowest_rank() -> None:
+    """With ``sync_jitter`` each collective first waits ``0.5 * sqrt(c)`` for compute
+    of ``c`` seconds on the compute stream since the collective before it."""
+    _, two = _plans()
+    cm = _cost().replace(sync_jitter=0.5)
+    est = simulate_step(two, cm, world_size=2, prefetch=1, reshard_after_forward=False, compute=TWO)
+    # before AG(0): overhead .25 + copy-in .5; before AG(1), prefetched by unit 0: copy-out 1
+    # of unit 0 + .75; before RS(1): compute 3 + copy-out 1 + compute 3 + backward 6 +
+    # overhead .25 + RS copy-in 1; before RS(0): backward 6 + overhead .25 + copy-in 1
+    spans = (0.75, 1.75, 14.25, 7.25)
+    waits = [e for e in est.timeline if e.label.startswith("wait for ranks")]
+    assert [e.label for e in waits] == [
+        "wait for ranks all-gather 0",
+        "wait for ranks all-gather 1",
+        "wait for ranks reduce-scatter 1",
+        "wait for ranks reduce-scatter 0",
+    ]
+    assert [e.end_s - e.start_s for e in waits] == pytest.approx([0.5 * c**0.5 for c in spans])
+    assert est.step_time_s == pytest.approx(30.0 + sum(0.5 * c**0.5 for c in spans))
+    assert est.exposed_comm_s == pytest.approx(6.0 + sum(0.5 * c**0.5 for c in spans))
+    # on CUDA the host runs ahead: no wait
+    cuda = _cost("cuda").replace(sync_jitter=0.5)
+    plain = simulate_step(two, _cost("cuda"), world_size=2, prefetch=1, compute=TWO)
+    assert simulate_step(
+        two, cuda, world_size=2, prefetch=1, compute=TWO
+    ).step_time_s == pytest.approx(plain.step_time_s)
+
+
 def test_prefetch_depth_does_not_change_cpu_time_but_memory() -> None:
     _, two = _plans()
     times = set()

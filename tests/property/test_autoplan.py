@@ -3,7 +3,8 @@
 Instances (:mod:`tests.execwrap.autoplan_cases`): chains of 1 to 4 bias-free
 ``Linear`` layers of random widths, random compute and activation bytes per
 layer, a random one-segment cost model (CPU, where collectives block the
-training thread, or CUDA with a random overlap), and no budget or one between
+training thread and wait for the slowest rank, or CUDA with a random
+overlap), and no budget or one between
 the smallest and the largest peak of the brute force. The brute force
 simulates every grouping x prefetch 0-2 x every reshard vector.
 
@@ -12,7 +13,8 @@ simulates every grouping x prefetch 0-2 x every reshard vector.
   least of every candidate within the budget, and with none there the
   PlanError names the smallest peak of all;
 * the dynamic-program path on CPU without a budget (where the step time
-  decomposes by group) finds the brute-force optimum too;
+  decomposes by group: without the wait for the slowest rank, which depends
+  on the compute before each collective) finds the brute-force optimum too;
 * with a budget, on any device, the dynamic-program path's plan fits it and
   is never slower than the fastest per-unit plan that fits.
 """
@@ -40,7 +42,9 @@ _WIDTHS = st.sampled_from([4, 8, 16, 32])
 
 
 @st.composite
-def instances(draw: st.DrawFn, max_layers: int = 5, device: str | None = None):  # type: ignore[no-untyped-def]
+def instances(  # type: ignore[no-untyped-def]
+    draw: st.DrawFn, max_layers: int = 5, device: str | None = None, jitter: bool = True
+):
     n = draw(st.integers(1, max_layers))
     widths = draw(st.lists(_WIDTHS, min_size=n + 1, max_size=n + 1))
     seconds = st.floats(0.0, 0.01, allow_nan=False)
@@ -56,6 +60,7 @@ def instances(draw: st.DrawFn, max_layers: int = 5, device: str | None = None): 
         overlap=draw(st.floats(0.0, 1.0)) if dev == "cuda" else 0.0,
         device=dev,
         copy_bytes_per_s=draw(st.floats(1e6, 1e10)),
+        sync_jitter=draw(st.floats(0.0, 0.05)) if jitter and dev == "cpu" else 0.0,
     )
     budget_at = draw(st.none() | st.floats(-0.1, 1.0))
     return atomic_plan(widths), cm, unit_compute(forward, backward, acts), budget_at
@@ -119,7 +124,7 @@ def test_exhaustive_search_is_the_optimum(instance) -> None:  # type: ignore[no-
     assert budget is None or best.estimate.peak_memory_bytes <= budget
 
 
-@given(instances(max_layers=4, device="cpu"))
+@given(instances(max_layers=4, device="cpu", jitter=False))
 def test_dynamic_program_is_exact_on_cpu_without_budget(instance) -> None:  # type: ignore[no-untyped-def]
     plan, cm, compute, _ = instance
     outcomes = brute_force(plan, cm, compute)
