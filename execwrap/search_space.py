@@ -296,11 +296,10 @@ class SearchSpace:
     def group_cost(self, i: int, j: int, prefetch: int, *, reshard: bool = True) -> float:
         """Seconds one group ``[i, j)`` adds to a step in the decomposable model of
         :mod:`execwrap.autoplan`: its compute plus the communication its own
-        compute does not hide (nothing on CPU, where FSDP2's collectives block
-        the training thread, and where the collective after its forward and the
-        one after its backward wait for the slowest rank:
-        ``CostModel.sync_wait_time`` of its compute); without ``reshard`` no
-        backward all-gather."""
+        compute does not hide (on CPU, where collectives block the training
+        thread: none, but the waits for the slowest rank after its forward and
+        backward, ``CostModel.sync_wait_time``); without ``reshard`` no backward
+        all-gather."""
         p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors, p_copy = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
