@@ -3,7 +3,7 @@
 :func:`calibration_fields` runs on every rank of the group (it issues
 collectives) and returns the model's constructor arguments, measured on rank
 0 and broadcast (``broadcast_object_list``), so that every rank plans alike.
-The measurements, in about 30 s on 2 gloo ranks of a 2-core CPU:
+The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
 
 * collectives (:mod:`execwrap.cost.sweep`): a log sweep (factor 4 to 1 MiB, then
   denser) of buffer sizes from 4 KiB to ``max_bytes`` of

@@ -286,7 +286,7 @@ class CostModel:
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
-        Runs, in about 30 s on 2 gloo ranks of a 2-core CPU: a log sweep of
+        Runs, in 40-55 s on 2 gloo ranks of a 2-core CPU: a log sweep of
         all-gather, reduce-scatter and fresh-copy sizes (medians, CPU caches
         flushed before each run), a large copy, a matmul loop, a tiny-op loop,
         ``AdamW.step`` over tensors of 4 KiB to 16 MiB (the optimizer curve), a
@@ -294,7 +294,9 @@ class CostModel:
         and the forward and backward of real FSDP2 steps of synthetic stacks
         (the fixed cost per group and per parameter tensor of each collective,
         and the in-step factors by size that the collective curves are
-        multiplied by: :mod:`execwrap.cost.fixed_costs`). Every rank must call
+        multiplied by: :mod:`execwrap.cost.fixed_costs`) and, on CPU, spans of
+        compute with and without a collective after each (the wait for the
+        slowest rank: :mod:`execwrap.cost.sync_wait`). Every rank must call
         it; rank 0's numbers are broadcast, so every rank gets the same model
         and plans alike. Details: :mod:`execwrap.cost.calibrate`.
 

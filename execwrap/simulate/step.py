@@ -40,8 +40,11 @@ sets, and nothing else:
 * on CPU (``cost_model.synchronous_collectives``) FSDP2's collectives run
   synchronously on the training thread (gloo, ``async_op=False``, no real
   streams), so they never overlap compute and prefetching changes memory,
-  not time; on CUDA each stream runs its ops in issue order, compute runs at
-  ``overlap`` of its speed while a collective is in flight, concurrent
+  not time, and each first waits for the slowest rank: ``sync_wait_time``
+  of the compute-stream seconds since the collective before it (none before
+  the step's first: the previous step's optimizer is not simulated); on
+  CUDA each stream runs its ops in issue order, compute runs at ``overlap``
+  of its speed while a collective is in flight, concurrent
   collectives share the link, and the CPU is assumed to run ahead of the
   GPU (a GPU-bound step: issue never waits for the host);
 * memory on one rank (categories of ``FSDPMemTracker``): sharded
