@@ -232,6 +232,27 @@ class CostModel:
         """
         return self.device_type == "cpu"
 
+    @property
+    def device_backend(self) -> str:
+        """The backend of the collectives on :attr:`device_type`: ``backend`` itself,
+        the entry for the device of a per-device list (``"cpu:gloo,cuda:nccl"``), or
+        torch's default for the device where ``init_process_group()`` was called
+        without one (``"undefined"``: gloo on CPU, nccl on CUDA).
+
+        >>> cm = CostModel.preset("h100-nvlink-8")
+        >>> cm.replace(backend="cpu:gloo,cuda:nccl").device_backend
+        'nccl'
+        >>> cm.replace(backend="undefined", device_type="cpu",
+        ...            compute=ComputeRates("cpu", 1e9, 1e9)).device_backend
+        'gloo'
+        """
+        if ":" in self.backend:
+            pairs = dict(p.split(":", 1) for p in self.backend.split(",") if ":" in p)
+            return pairs.get(self.device_type, self.backend)
+        if self.backend == "undefined":
+            return "gloo" if self.device_type == "cpu" else "nccl"
+        return self.backend
+
     # ------------------------------------------------------------ checks
     def check_compatible(self, *, world_size: int, device_type: str) -> None:
         """Refuse to be used for another world size or device type.

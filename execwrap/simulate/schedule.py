@@ -204,7 +204,7 @@ class StepProgram:
         # gloo's all-gather receives into a flat buffer of the output's size and copies it
         # into the output chunks (ProcessGroupGloo.cpp, AsyncAllgatherWork: newLikeFlat)
         flat: tuple[MemEvent, ...] = ()
-        if self.cm.backend == "gloo":
+        if self.cm.device_backend == "gloo":
             flat = (MemEvent("all_gather_buffers", f"{label} (gloo flat output)", spec.nbytes),)
         ag = self._collective(
             ALL_GATHER,

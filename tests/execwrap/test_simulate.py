@@ -198,6 +198,10 @@ def test_gloo_all_gather_holds_a_flat_output_while_it_runs() -> None:
     assert gloo.peak_phase == "forward"
     assert gloo.memory.all_gather_buffers == 192
     assert gloo.step_time_s == other.step_time_s  # memory only
+    # gloo on CPU also when the group was made with per-device backends or none named
+    for backend in ("cpu:gloo,cuda:nccl", "undefined"):
+        est = simulate_step(two, _cost(backend=backend), world_size=2, prefetch=1, compute=no_acts)
+        assert est.peak_memory_bytes == 448, backend
 
 
 def test_optimizer_on_the_calibrated_curve_per_tensor() -> None:
