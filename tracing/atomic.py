@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_text", "file_mode", "write_temp"]
+__all__ = ["atomic_write", "atomic_write_text", "file_mode", "refuse_folder", "write_temp"]
 
 
 def file_mode() -> int:
@@ -20,6 +20,29 @@ def file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def refuse_folder(path: Path, what: str, example: str) -> None:
+    """Raise before writing when ``path`` is a folder, naming it and a file path to pass.
+
+    Args:
+        path: where the caller will write a file.
+        what: the caller, for the message (``"CostModel.save"``).
+        example: a file name to suggest inside the folder (``"cost.json"``).
+
+    Raises:
+        IsADirectoryError: ``path`` is an existing folder.
+
+    >>> refuse_folder(Path("/"), "ExecutionOrder.save", "order.json")
+    Traceback (most recent call last):
+    ...
+    IsADirectoryError: ExecutionOrder.save: '/' is a folder; pass the path of the file to write, e.g. '/order.json'
+    """
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"{what}: {str(path)!r} is a folder; pass the path of the file to write, e.g. "
+            f"{str(path / example)!r}"
+        )
 
 
 def write_temp(folder: Path, name: str, writer: Callable[[IO[bytes]], None]) -> Path:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-from tracing.atomic import atomic_write_text
+from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.order_fields import (
     CAPTURE_METHODS,
     READABLE_SCHEMA_VERSIONS,
@@ -360,8 +360,14 @@ class ExecutionOrder:
 
         Returns:
             The path written.
+
+        Raises:
+            IsADirectoryError: ``path`` is a folder (nothing is written); the
+                message names it and a file path to pass instead.
+            OSError: the folder cannot be created or the file written.
         """
         path = Path(path)
+        refuse_folder(path, "ExecutionOrder.save", "order.json")
         text = json.dumps(self.to_dict(), indent=1)
         atomic_write_text(path, text)
         return path

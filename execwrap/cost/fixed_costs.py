@@ -358,19 +358,25 @@ def fit_in_step(
 
 def _clamped(nbytes: int, raw: tuple[float, float], *, warn: bool) -> tuple[float, float]:
     """``raw`` (all-gather, reduce-scatter factors) kept within :data:`FACTOR_RANGE`,
-    with a warning (``warn``; else a debug line) when one was outside it."""
+    with a warning (``warn``; else a debug line) naming the factors that were outside it."""
     low, high = FACTOR_RANGE
-    a, b = (min(high, max(low, f)) for f in raw)
-    if (a, b) != raw:
+    kept = tuple(min(high, max(low, f)) for f in raw)
+    outside = [
+        f"{f:.2f}x {name}"
+        for name, f, k in zip(("all-gather", "reduce-scatter"), raw, kept, strict=True)
+        if f != k
+    ]
+    if outside:
         (logger.warning if warn else logger.debug)(
-            "calibrate: the in-step factors of %d-byte groups (%.2fx all-gather, %.2fx "
-            "reduce-scatter) were kept within %s: a disturbed stack; calibrate again "
-            "on a quiet machine",
+            "calibrate: the in-step %s of %d-byte groups (%s) %s kept within %s: a disturbed "
+            "stack; calibrate again on a quiet machine",
+            "factors" if len(outside) > 1 else "factor",
             nbytes,
-            *raw,
+            ", ".join(outside),
+            "were" if len(outside) > 1 else "was",
             FACTOR_RANGE,
         )
-    return a, b
+    return kept[0], kept[1]
 
 
 def _step_fns(

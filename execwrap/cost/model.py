@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.model_fields import COST_MODEL_FIELDS
-from tracing.atomic import atomic_write_text
+from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.checks import check_integral
 from tracing.rates import ComputeRates
 
@@ -454,11 +454,7 @@ class CostModel:
             PosixPath('cost.json')
         """
         path = Path(path)
-        if path.is_dir():
-            raise IsADirectoryError(
-                f"CostModel.save: {str(path)!r} is a folder; pass the path of the JSON file to "
-                f"write, e.g. {str(path / 'cost.json')!r}"
-            )
+        refuse_folder(path, "CostModel.save", "cost.json")
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 

@@ -133,8 +133,8 @@ def test_save_to_a_folder_names_it(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError) as info:
         _model().save(folder)
     assert str(info.value) == (
-        f"CostModel.save: {str(folder)!r} is a folder; pass the path of the JSON file to "
-        f"write, e.g. {str(folder / 'cost.json')!r}"
+        f"CostModel.save: {str(folder)!r} is a folder; pass the path of the file to write, "
+        f"e.g. {str(folder / 'cost.json')!r}"
     )
     assert list(folder.iterdir()) == [] and sorted(tmp_path.iterdir()) == [folder]
     assert CostModel.load(_model().save(folder / "cost.json")) == _model()
@@ -246,7 +246,21 @@ def test_fit_in_step_keeps_the_factors_in_range(caplog: pytest.LogCaptureFixture
     with caplog.at_level("WARNING", logger="execwrap.cost.fixed_costs"):
         factors, _, _ = fit_in_step(slopes, _AG, _RS, _COPY, 2)
     assert factors[0] == (2**18, 2.5, 0.5)
-    assert "in-step factors of 262144-byte groups (9.00x all-gather" in caplog.text
+    assert caplog.messages == [
+        "calibrate: the in-step factors of 262144-byte groups (9.00x all-gather, 0.01x "
+        "reduce-scatter) were kept within (0.5, 2.5): a disturbed stack; calibrate again on a "
+        "quiet machine"
+    ]
+    caplog.clear()
+    # one factor outside the range: only it is named
+    slopes = _stack_slopes(_AG, _RS, _COPY, {(1, 256): (1.5, 0.01)}, 6e-4, 4e-5)
+    with caplog.at_level("WARNING", logger="execwrap.cost.fixed_costs"):
+        factors, _, _ = fit_in_step(slopes, _AG, _RS, _COPY, 2)
+    assert factors[0] == (2**18, pytest.approx(1.5), 0.5)
+    assert caplog.messages == [
+        "calibrate: the in-step factor of 262144-byte groups (0.01x reduce-scatter) was kept "
+        "within (0.5, 2.5): a disturbed stack; calibrate again on a quiet machine"
+    ]
     with pytest.raises(ValueError, match="no stack of at most 8192 bytes per group"):
         fit_in_step({(1, 256): (1e-3, 2e-3)}, _AG, _RS, _COPY, 2)
 

@@ -174,6 +174,20 @@ def test_load_of_a_foreign_json_file_says_so(tmp_path: Path) -> None:
         ExecutionOrder.load(path)
 
 
+def test_save_to_a_folder_names_it(tmp_path: Path) -> None:
+    folder = tmp_path / "orders"
+    folder.mkdir()
+    order = ExecutionOrder(module_forward_order=[""])
+    with pytest.raises(IsADirectoryError) as info:
+        order.save(folder)
+    assert str(info.value) == (
+        f"ExecutionOrder.save: {str(folder)!r} is a folder; pass the path of the file to write, "
+        f"e.g. {str(folder / 'order.json')!r}"
+    )
+    assert list(folder.iterdir()) == []
+    assert ExecutionOrder.load(order.save(folder / "order.json")) == order
+
+
 def test_saved_file_has_the_usual_mode(tmp_path: Path) -> None:
     umask = os.umask(0o022)
     try:
