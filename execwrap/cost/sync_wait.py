@@ -81,15 +81,17 @@ def measure_sync_wait(group: dist.ProcessGroup, dev: torch.device, *, repeat: in
     flag = torch.zeros(1, device=dev)
     per_mm = _agreed_max(_mm_seconds(a, dev), group, dev)
     fns: dict[str, Callable[[], tuple[float, ...]]] = {}
-    levels = ((0.0, 0), *((s, max(1, round(s / per_mm))) for s in SPANS_S))
-    for span, mms in levels:
-        meets = max(2, round(RUN_S / max(span, 1e-3)))
+    # (span, matmuls per span, collectives per run)
+    levels = [
+        (span, max(1, round(span / per_mm)) if span else 0, max(2, round(RUN_S / max(span, 1e-3))))
+        for span in (0.0, *SPANS_S)
+    ]
+    for span, mms, meets in levels:
         fns[f"synced {span}"] = _run(a, flag, mms, meets, True, group, dev)
         fns[f"free {span}"] = _run(a, flag, mms, meets, False, group, dev)
     med = interleaved_medians(fns, dev, group, rounds=ROUNDS * repeat)
     spans, waits = [], []
-    for span, _ in levels:
-        meets = max(2, round(RUN_S / max(span, 1e-3)))
+    for span, _, meets in levels:
         synced, free = med[f"synced {span}"][0], med[f"free {span}"][0]
         spans.append(free / meets)
         waits.append((synced - free) / (meets - 1))

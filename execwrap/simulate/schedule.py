@@ -174,8 +174,8 @@ class StepProgram:
             if wait > 0:
                 self._add(Op(COMPUTE, f"wait for ranks {label}", wait, "wait", (), phase))
             self._since_collective = 0.0
-        if self.sync and self._last_compute is not None:
-            deps = (*deps, self._last_compute)
+            if self._last_compute is not None:
+                deps = (*deps, self._last_compute)
         op = self._add(Op(stream, label, seconds, "comm", deps, phase, on_start, on_end))
         if self.sync:
             self._on_compute(f"wait {label}", 0.0, phase, "wait", deps=(op,))
