@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from execwrap.spans import UseSpans, first_trainable_use, order_requires_grad
+from execwrap.spans import OrderFacts, order_requires_grad
 from execwrap.unit import enclosing_units
 from tracing.checks import check_int
 
@@ -147,15 +147,9 @@ def check_prefetch(prefetch: int) -> None:
 def runs_backward(plan: WrapPlan) -> list[bool]:
     """For each unit of ``plan``, whether autograd runs backward through it
     (the frozen prefix of the module docstring); one bool per unit."""
-    first_trainable = first_trainable_use(plan.order)
-    if first_trainable is None:
-        return [True] * len(plan.units)
-    spans = UseSpans(plan.order)
-    out: list[bool] = []
-    for unit in plan.units:
-        _, last = spans.span(unit.module_fqns, unit.param_fqns)
-        out.append(last is None or last >= first_trainable)
-    return out
+    return OrderFacts(plan.order).runs_backward(
+        [(unit.module_fqns, unit.param_fqns) for unit in plan.units]
+    )
 
 
 def unsharded_timeline(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from execwrap.spans import UseSpans, first_trainable_use
+from execwrap.spans import OrderFacts
 from tracing.order import ExecutionOrder
 
 __all__ = ["prefetch_schedule"]
@@ -37,6 +37,7 @@ def prefetch_schedule(
     *,
     param_fqns: Sequence[Sequence[str]] | None = None,
     prefetch: int = 1,
+    facts: OrderFacts | None = None,
 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Which groups each group prefetches, forward and backward.
 
@@ -52,6 +53,8 @@ def prefetch_schedule(
             a group has no gradient there (frozen), it is the reverse forward
             order.
         prefetch: groups ahead to prefetch.
+        facts: ``OrderFacts(order)``, when the caller keeps one for many
+            schedules of the same order (default: computed here).
 
     Returns:
         ``(forward, backward)``: group index -> indices of the groups it
@@ -60,16 +63,23 @@ def prefetch_schedule(
         never run backward (their outputs need no grad) and are left out of
         the backward lists.
 
+    Raises:
+        ValueError: ``facts`` are of another order.
+
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "a", "b", "c"])
         >>> prefetch_schedule([[""], ["c"], ["a"], ["b"]], order)
         ({0: [2], 2: [3], 3: [1], 1: []}, {0: [1], 1: [3], 3: [2], 2: []})
     """
+    if facts is None:
+        facts = OrderFacts(order)
+    elif facts.order is not order:
+        raise ValueError("prefetch_schedule: facts are of another order")
     roots = [i for i, fqns in enumerate(groups) if "" in fqns]
-    uses = _first_uses(groups, order, param_fqns, roots)
+    uses = _first_uses(groups, facts, param_fqns, roots)
     forward = sorted((i for i in uses if i not in roots), key=lambda i: (uses[i], i))
-    backward = _backward_sequence(forward, uses, order, param_fqns)
-    backward = _runs_backward(backward, groups, order, param_fqns)
+    backward = _backward_sequence(forward, uses, facts, param_fqns)
+    backward = _runs_backward(backward, groups, facts, param_fqns)
     reached = [r for r in roots if r in uses]
     return _prefetch_lists(forward, reached, prefetch), _prefetch_lists(backward, reached, prefetch)
 
@@ -77,14 +87,14 @@ def prefetch_schedule(
 # ------------------------------------------------------------------ prefetch_schedule helpers
 def _first_uses(
     groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
+    facts: OrderFacts,
     param_fqns: Sequence[Sequence[str]] | None,
     roots: list[int],
 ) -> dict[int, int]:
     """Group index -> first forward call of its modules, for the groups to schedule
     (those that run, with parameters to all-gather when ``param_fqns`` is given;
     root groups always)."""
-    first = order.first_call_index()
+    first = facts.first_call
     return {
         i: min(first[f] for f in fqns if f in first)
         for i, fqns in enumerate(groups)
@@ -95,17 +105,15 @@ def _first_uses(
 def _backward_sequence(
     forward: list[int],
     uses: dict[int, int],
-    order: ExecutionOrder,
+    facts: OrderFacts,
     param_fqns: Sequence[Sequence[str]] | None,
 ) -> list[int]:
     """The groups in backward order: by first ready gradient when every group has
     one in ``order.param_backward_order``, else reverse forward order."""
     backward = list(reversed(forward))
-    if param_fqns is None or not order.param_backward_order:
+    if param_fqns is None or not facts.order.param_backward_order:
         return backward
-    ready: dict[str, int] = {}
-    for position, fqn in enumerate(order.param_backward_order):
-        ready.setdefault(fqn, position)
+    ready = facts.gradient_ready
     keys: dict[int, int] = {}
     for i in forward:
         positions = [ready[p] for p in param_fqns[i] if p in ready]
@@ -123,16 +131,16 @@ def _backward_sequence(
 def _runs_backward(
     backward: list[int],
     groups: Sequence[Sequence[str]],
-    order: ExecutionOrder,
+    facts: OrderFacts,
     param_fqns: Sequence[Sequence[str]] | None,
 ) -> list[int]:
     """``backward`` without the groups that run entirely before the first
     trainable parameter's use: they never run backward (see
     ``WrapPlan.runs_backward``), so nothing prefetches them there."""
-    first_trainable = first_trainable_use(order)
+    first_trainable = facts.first_trainable
     if first_trainable is None:
         return backward
-    spans = UseSpans(order)
+    spans = facts.spans
     return [
         i
         for i in backward

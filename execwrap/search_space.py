@@ -8,6 +8,7 @@ compute from the capture (:func:`execwrap.simulate.unit_compute`). A grouping
 is a tuple of ``(start, stop)`` intervals over the mergeable units; the space
 turns it into a :class:`~execwrap.plan.WrapPlan` (cached), simulates it, and
 prices one group for the dynamic program (:meth:`SearchSpace.group_cost`).
+Its per-unit helpers are in :mod:`execwrap.mergeable`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from execwrap import mergeable
 from execwrap.bucketing import merge_units
 from execwrap.plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
-from execwrap.simulate.step import padded_bytes
-from execwrap.unit import WrapUnit
-from tracing.fqn import ancestors
+from execwrap.simulate.facts import SimulationFacts
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class SearchSpace:
     _seconds: dict[tuple[int, int, int, int], tuple[float, float]] = field(
         default_factory=dict, repr=False
     )
+    _costs: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, repr=False)
+    _facts: SimulationFacts | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -136,9 +138,11 @@ class SearchSpace:
         movable = [
             i for i, u in enumerate(units) if not u.is_root and u.first_use is not None and u.numel
         ]
-        dtypes = trainable_dtypes if trainable_dtypes is not None else _trainable_dtypes(plan)
+        dtypes = (
+            trainable_dtypes if trainable_dtypes is not None else mergeable.trainable_dtypes(plan)
+        )
         forward, backward = _unit_seconds(compute, plan, movable)
-        padded = [_padded_bytes(plan, units[i], ranks) for i in movable]
+        padded = [mergeable.padded_unit_bytes(plan, units[i], ranks) for i in movable]
         space = cls(
             plan=plan,
             cost_model=cost_model,
@@ -146,15 +150,15 @@ class SearchSpace:
             optimizer=optimizer,
             compute=compute,
             movable=movable,
-            reach=_reach([units[i] for i in movable], dtypes),
+            reach=mergeable.group_reach([units[i] for i in movable], dtypes),
             nbytes=[b for b, _ in padded],
             grad_bytes=[g for _, g in padded],
             forward_s=forward,
             backward_s=backward,
             tensors=[len(units[i].param_fqns) for i in movable],
-            grad_tensors=[_trainable_count(plan, units[i]) for i in movable],
+            grad_tensors=[mergeable.trainable_count(plan, units[i]) for i in movable],
             copy_out_s=[
-                cost_model.copy_out_time(_param_padded_bytes(plan, units[i], ranks))
+                cost_model.copy_out_time(mergeable.param_padded_bytes(plan, units[i], ranks))
                 for i in movable
             ],
         )
@@ -299,7 +303,14 @@ class SearchSpace:
         compute does not hide (on CPU, where collectives block the training
         thread: none, but the waits for the slowest rank after its forward and
         backward, ``CostModel.sync_wait_time``); without ``reshard`` no backward
-        all-gather."""
+        all-gather. Cached per group and choices (the DP asks again under each cap)."""
+        key = (i, j, prefetch, reshard)
+        cached = self._costs.get(key)
+        if cached is None:
+            cached = self._costs[key] = self._group_cost(i, j, prefetch, reshard)
+        return cached
+
+    def _group_cost(self, i: int, j: int, prefetch: int, reshard: bool) -> float:
         p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors, p_copy = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
@@ -357,6 +368,8 @@ class SearchSpace:
     def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
         """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
         plan, compute = self._planned(groups)
+        if self._facts is None:  # one for the whole search: every plan shares the order
+            self._facts = SimulationFacts(self.plan.order, self.world_size)
         return simulate_step(
             plan,
             self.cost_model,
@@ -365,6 +378,7 @@ class SearchSpace:
             reshard_after_forward=self.unit_flags(plan, groups, flags),
             optimizer=self.optimizer,
             compute=compute,
+            facts=self._facts,
         )
 
     # -------------------------------------------------------------- messages
@@ -400,49 +414,6 @@ def _atomic_compute(plan: WrapPlan) -> UnitCompute:
     return UnitCompute.zeros(len(plan.units))
 
 
-def _trainable_count(plan: WrapPlan, unit: WrapUnit) -> int:
-    """Trainable parameter tensors of ``unit`` (unknown ones count as trainable,
-    as the simulator counts them)."""
-    params = plan.order.params
-    return sum(1 for p in unit.param_fqns if p not in params or params[p].requires_grad)
-
-
-def _param_padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> list[int]:
-    """Padded bytes of each parameter of ``unit`` (as FSDP2 pads dim 0)."""
-    params = plan.order.params
-    return [
-        padded_bytes(info.shape, info.numel, info.bytes, world_size)
-        for info in (params.get(p) for p in unit.param_fqns)
-        if info is not None
-    ]
-
-
-def _padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> tuple[int, int]:
-    """Parameter and trainable bytes of ``unit``, padded as FSDP2 pads (dim 0 to a
-    multiple of ``world_size``)."""
-    params = plan.order.params
-    total = grads = 0
-    for p in unit.param_fqns:
-        info = params.get(p)
-        if info is None:
-            continue
-        nbytes = padded_bytes(info.shape, info.numel, info.bytes, world_size)
-        total += nbytes
-        if info.requires_grad:
-            grads += nbytes
-    return total, grads
-
-
-def _trainable_dtypes(plan: WrapPlan) -> dict[str, frozenset[str]]:
-    params = plan.order.params
-    return {
-        u.module_fqns[0]: frozenset(
-            params[p].dtype for p in u.param_fqns if p in params and params[p].requires_grad
-        )
-        for u in plan.units
-    }
-
-
 def _unit_seconds(
     compute: UnitCompute, plan: WrapPlan, movable: list[int]
 ) -> tuple[list[float], list[float]]:
@@ -462,39 +433,3 @@ def _prefix_sums(values: list[int] | list[float]) -> list[float]:
     for v in values:
         out.append(out[-1] + v)
     return out
-
-
-def _reach(units: list[WrapUnit], dtypes: dict[str, frozenset[str]]) -> list[int]:
-    """For each unit ``i``, the largest ``j`` such that ``units[i:j]`` may form one
-    FSDP2 group (:func:`execwrap.bucketing.can_group` without a cap), found
-    with two pointers: ``O(units x group length)``."""
-    m = len(units)
-    lineage = [set().union(*(set(ancestors(f)) for f in u.module_fqns)) for u in units]
-    own = [set(u.module_fqns) for u in units]
-    reach = [0] * m
-    j = 0
-    for i in range(m):
-        j = max(j, i + 1)
-        while j < m and _joins(units, own, lineage, dtypes, i, j):
-            j += 1
-        reach[i] = j
-    return reach
-
-
-def _joins(
-    units: list[WrapUnit],
-    own: list[set[str]],
-    lineage: list[set[str]],
-    dtypes: dict[str, frozenset[str]],
-    i: int,
-    j: int,
-) -> bool:
-    """Whether ``units[j]`` may join the group ``units[i:j]``."""
-    kinds: set[str] = set()
-    for k in range(i, j + 1):
-        for m in units[k].module_fqns:
-            kinds |= dtypes.get(m, frozenset())
-    if len(kinds) > 1:
-        return False
-    # nested: one unit's module is an ancestor (or equal) of another's
-    return not any(own[k] & lineage[j] or own[j] & lineage[k] for k in range(i, j))

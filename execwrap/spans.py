@@ -3,17 +3,20 @@
 Facts of one :class:`~tracing.ExecutionOrder` that the plan, its cost and the
 FSDP2 prefetch schedule all need: where a set of modules first runs, when it
 is last active, and where the first trainable parameter is used.
+:class:`OrderFacts` computes them once for everything that reads one order
+(the auto-planner simulates dozens of plans of the same order).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from functools import cached_property
 
 from tracing.fqn import ancestors
 from tracing.order import ExecutionOrder
 
-__all__ = ["UseSpans", "first_trainable_use", "order_requires_grad"]
+__all__ = ["OrderFacts", "UseSpans", "first_trainable_use", "order_requires_grad"]
 
 
 class UseSpans:
@@ -47,6 +50,56 @@ class UseSpans:
         lasts = [self.last_within[m] for m in modules if m in self.last_within]
         lasts += [self.param_last[p] for p in params if p in self.param_last]
         return min(firsts), max(lasts)
+
+
+class OrderFacts:
+    """Facts of one order, each computed on first use and then kept.
+
+    The order must not change while its facts are in use (build a new one
+    after changing it).
+
+    Attributes:
+        order: the execution order.
+    """
+
+    def __init__(self, order: ExecutionOrder) -> None:
+        self.order = order
+
+    @cached_property
+    def first_call(self) -> dict[str, int]:
+        """``order.first_call_index()``."""
+        return self.order.first_call_index()
+
+    @cached_property
+    def first_trainable(self) -> float | None:
+        """:func:`first_trainable_use` of the order."""
+        return first_trainable_use(self.order)
+
+    @cached_property
+    def spans(self) -> UseSpans:
+        """The order's :class:`UseSpans`."""
+        return UseSpans(self.order)
+
+    @cached_property
+    def gradient_ready(self) -> dict[str, int]:
+        """Parameter FQN -> its first position in ``order.param_backward_order``."""
+        ready: dict[str, int] = {}
+        for position, fqn in enumerate(self.order.param_backward_order):
+            ready.setdefault(fqn, position)
+        return ready
+
+    def runs_backward(self, units: Sequence[tuple[Sequence[str], Sequence[str]]]) -> list[bool]:
+        """For each ``(module_fqns, param_fqns)`` unit, whether autograd runs backward
+        through it (:meth:`execwrap.plan.WrapPlan.runs_backward`)."""
+        first_trainable = self.first_trainable
+        if first_trainable is None:
+            return [True] * len(units)
+        spans = self.spans
+        out: list[bool] = []
+        for modules, params in units:
+            _, last = spans.span(modules, params)
+            out.append(last is None or last >= first_trainable)
+        return out
 
 
 def first_trainable_use(order: ExecutionOrder) -> float | None:

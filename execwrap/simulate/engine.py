@@ -122,27 +122,32 @@ def run_ops(ops: Sequence[Op], *, overlap: float, base_memory: dict[str, int]) -
     queues: dict[str, deque[int]] = {}
     for i, op in enumerate(ops):
         queues.setdefault(op.stream, deque()).append(i)
-    start = [math.nan] * len(ops)
-    end = [math.nan] * len(ops)
-    done = [False] * len(ops)
+    n = len(ops)
+    start = [math.nan] * n
+    end = [math.nan] * n
+    done = [False] * n
+    is_comm = [op.kind == "comm" for op in ops]
+    tolerance = [1e-12 * max(1.0, op.work_s) for op in ops]  # work left that counts as done
     remaining: dict[int, float] = {}  # active op -> work left (seconds at full speed)
+    busy: set[str] = set()  # the streams of the active ops (one op per stream)
     memory = _Memory(base_memory)
     t = 0.0
     finished = 0
-    while finished < len(ops):
-        finished += _start_ready(ops, queues, remaining, done, start, end, memory, t)
+    while finished < n:
+        finished += _start_ready(ops, queues, remaining, busy, done, start, end, memory, t)
         if not remaining:
-            if finished < len(ops):
+            if finished < n:
                 stuck = [ops[q[0]].label for q in queues.values() if q]
                 raise RuntimeError(f"simulator deadlock at t={t:.6f}s; waiting: {stuck}")
             break
-        rates = _rates(ops, remaining, overlap)
-        dt = min(remaining[i] / r for i, r in rates.items() if r > 0)
+        rates = _rates(is_comm, remaining, overlap)
+        dt = min([remaining[i] / r for i, r in rates if r > 0])
         t += dt
-        for i, r in rates.items():
+        for i, r in rates:
             remaining[i] -= r * dt
-        for i in [i for i, left in remaining.items() if left <= 1e-12 * max(1.0, ops[i].work_s)]:
+        for i in [i for i, left in remaining.items() if left <= tolerance[i]]:
             del remaining[i]
+            busy.discard(ops[i].stream)
             _finish(ops[i], i, t, done, end, memory)
             finished += 1
     return EngineResult(
@@ -161,29 +166,30 @@ def _start_ready(
     ops: Sequence[Op],
     queues: dict[str, deque[int]],
     remaining: dict[int, float],
+    busy: set[str],
     done: list[bool],
     start: list[float],
     end: list[float],
     memory: _Memory,
     t: float,
 ) -> int:
-    """Start every stream head whose stream is free and whose deps are done;
-    zero-work ops finish at once. Returns how many ops finished."""
+    """Start every stream head whose stream is free (not in ``busy``) and whose
+    deps are done; zero-work ops finish at once. Returns how many ops finished."""
     finished = 0
-    busy = {ops[i].stream for i in remaining}
     progressed = True
     while progressed:
         progressed = False
         for stream, queue in queues.items():
-            if stream in busy or not queue:
+            if not queue or stream in busy:
                 continue
             i = queue[0]
             op = ops[i]
-            if not all(done[d] for d in op.deps):
+            if op.deps and not all(done[d] for d in op.deps):
                 continue
             queue.popleft()
             start[i] = t
-            memory.apply(op.on_start, t, op.phase)
+            if op.on_start:
+                memory.apply(op.on_start, t, op.phase)
             if op.work_s <= 0:
                 _finish(op, i, t, done, end, memory)
                 finished += 1
@@ -197,15 +203,16 @@ def _start_ready(
 def _finish(op: Op, i: int, t: float, done: list[bool], end: list[float], memory: _Memory) -> None:
     done[i] = True
     end[i] = t
-    memory.apply(op.on_end, t, op.phase)
+    if op.on_end:
+        memory.apply(op.on_end, t, op.phase)
 
 
-def _rates(ops: Sequence[Op], remaining: dict[int, float], overlap: float) -> dict[int, float]:
-    comms = [i for i in remaining if ops[i].kind == "comm"]
-    rates: dict[int, float] = {}
-    for i in remaining:
-        if ops[i].kind == "comm":
-            rates[i] = 1.0 / len(comms)
-        else:
-            rates[i] = overlap if comms else 1.0
-    return rates
+def _rates(
+    is_comm: list[bool], remaining: dict[int, float], overlap: float
+) -> list[tuple[int, float]]:
+    """``(op, speed)`` of each active op (see the module docstring)."""
+    comms = sum([is_comm[i] for i in remaining])
+    if not comms:
+        return [(i, 1.0) for i in remaining]
+    comm_rate = 1.0 / comms
+    return [(i, comm_rate if is_comm[i] else overlap) for i in remaining]

@@ -21,6 +21,7 @@ from execwrap.cost.model import CostModel
 from execwrap.prefetch import prefetch_schedule
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
+from execwrap.spans import OrderFacts
 from tracing.order import ExecutionOrder
 
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
@@ -63,6 +64,8 @@ def prefetch_lists(
     units: Sequence[tuple[Sequence[str], Sequence[str]]],
     order: ExecutionOrder,
     prefetch: int,
+    *,
+    facts: OrderFacts | None = None,
 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
 
@@ -70,6 +73,7 @@ def prefetch_lists(
         units: ``(module_fqns, param_fqns)`` per plan unit.
         order: the plan's order.
         prefetch: depth (``0``: no explicit lists).
+        facts: ``OrderFacts(order)``, kept by the caller (default: computed).
 
     Returns:
         ``(forward, backward)``: unit index -> the units it prefetches.
@@ -78,7 +82,7 @@ def prefetch_lists(
         return {}, {}
     groups = [modules for modules, _ in units]
     params = [p for _, p in units]
-    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch)
+    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch, facts=facts)
 
 
 class StepProgram:

@@ -70,7 +70,6 @@ total compute; FSDP2 gathers it per call), the CPU-bound regime on GPUs.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -78,13 +77,12 @@ from execwrap.cost.model import CostModel
 from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
-from execwrap.simulate.schedule import StepProgram, UnitSpec, prefetch_lists
-from execwrap.unit import enclosing_units
+from execwrap.simulate.facts import SimulationFacts, padded_bytes
+from execwrap.simulate.schedule import StepProgram, UnitSpec
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
-    from tracing.order import ExecutionOrder
 
 __all__ = ["OPTIMIZERS", "Optimizer", "padded_bytes", "simulate_step"]
 
@@ -112,6 +110,7 @@ def simulate_step(
     reshard_after_forward: bool | Sequence[bool] | None = None,
     optimizer: str = "adamw",
     compute: UnitCompute | None = None,
+    facts: SimulationFacts | None = None,
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
@@ -141,6 +140,8 @@ def simulate_step(
             or one bool per plan unit. Both ``None``: an auto plan as chosen.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd_momentum"`` or ``"none"``.
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
+        facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
+            that simulates many plans of one order (default: computed here).
 
     Returns:
         A :class:`StepEstimate`.
@@ -149,8 +150,8 @@ def simulate_step(
         ValueError: the cost model is for another world size or device (the
             message says which), the compute was measured on another device,
             ``reshard_after_forward`` or ``compute`` has a wrong length, an
-            unknown optimizer, or the plan's order has no timing and no
-            ``compute`` is given.
+            unknown optimizer, the plan's order has no timing and no
+            ``compute`` is given, or ``facts`` are of another order or world size.
         TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
@@ -166,19 +167,15 @@ def simulate_step(
             f"simulate_step: optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}"
         )
     compute = _checked_compute(plan, cost_model, compute)
+    facts = _checked_facts(plan, world_size, facts)
     reshard = _reshard_flags(plan, reshard_after_forward)
-    specs = _unit_specs(plan, world_size, reshard)
-    program = _program(plan, specs, compute, cost_model, world_size, prefetch)
-    opt_states, opt_passes = OPTIMIZERS[optimizer]
-    shards = _trainable_shards(plan.order, plan, world_size)
-    trainable_shard = sum(shards)
-    optimizer_s = compute.optimizer_s
-    if optimizer_s is None:
-        optimizer_s = cost_model.optimizer_time(opt_passes, shards)
-    program.optimizer(optimizer_s)
+    kept = facts.plan(plan)
+    specs = kept.unit_specs(reshard)
+    program = _program(plan, specs, compute, cost_model, prefetch, facts)
+    optimizer_s = _add_optimizer(program, compute, cost_model, optimizer, kept.trainable_shards)
     base = {
         "sharded_params": sum(s.nbytes for s in specs) // world_size,
-        "optimizer_state": opt_states * trainable_shard,
+        "optimizer_state": OPTIMIZERS[optimizer][0] * sum(kept.trainable_shards),
     }
     result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base)
     return _estimate(program, result, prefetch, reshard, world_size, optimizer_s)
@@ -202,92 +199,60 @@ def _checked_compute(
     return compute
 
 
+def _add_optimizer(
+    program: StepProgram,
+    compute: UnitCompute,
+    cost_model: CostModel,
+    optimizer: str,
+    shards: list[int],
+) -> float:
+    """Add the optimizer step over trainable shards of ``shards`` bytes to ``program``;
+    its seconds (``compute.optimizer_s``, else the cost model's)."""
+    optimizer_s = compute.optimizer_s
+    if optimizer_s is None:
+        optimizer_s = cost_model.optimizer_time(OPTIMIZERS[optimizer][1], shards)
+    program.optimizer(optimizer_s)
+    return optimizer_s
+
+
+def _checked_facts(
+    plan: WrapPlan, world_size: int, facts: SimulationFacts | None
+) -> SimulationFacts:
+    """``facts`` (default: built for the plan's order), checked against it and ``world_size``."""
+    if facts is None:
+        return SimulationFacts(plan.order, world_size)
+    if facts.order is not plan.order or facts.world_size != world_size:
+        raise ValueError(
+            f"simulate_step: facts are for another order or world size ({facts.world_size} "
+            f"rank(s)) than the plan's order at {world_size} rank(s)"
+        )
+    return facts
+
+
 def _program(
     plan: WrapPlan,
     specs: list[UnitSpec],
     compute: UnitCompute,
     cost_model: CostModel,
-    world_size: int,
     prefetch: int,
+    facts: SimulationFacts,
 ) -> StepProgram:
     """The forward and backward ops of the step (the optimizer is added by the caller)."""
-    root = plan.root_index
-    forward_order = [root] + [
-        i for i, u in enumerate(plan.units) if u.first_use is not None and i != root
-    ]
-    fwd_lists, bwd_lists = prefetch_lists(
-        [(u.module_fqns, u.param_fqns) for u in plan.units], plan.order, prefetch
-    )
+    kept = facts.plan(plan)
+    fwd_lists, bwd_lists = kept.prefetch_lists(plan, facts, prefetch)
     program = StepProgram(
-        specs, compute, cost_model, world_size, root, forward_order, fwd_lists, bwd_lists
+        specs,
+        compute,
+        cost_model,
+        facts.world_size,
+        plan.root_index,
+        kept.forward_order,
+        fwd_lists,
+        bwd_lists,
     )
     program.forward()
     program.backward()
     return program
-
-
-def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int) -> int:
-    """Bytes of one parameter after FSDP2 pads dim 0 to a multiple of ``world_size``.
-
-    >>> padded_bytes((10, 4), 40, 160, 4)
-    192
-    """
-    if numel <= 0:
-        return 0
-    itemsize = nbytes // numel
-    dim0 = shape[0] if shape else 1
-    rest = numel // dim0 if dim0 else 0
-    return math.ceil(dim0 / world_size) * world_size * rest * itemsize
-
-
-def _requires_grad(order: ExecutionOrder, fqn: str) -> bool:
-    info = order.params.get(fqn)
-    return True if info is None else info.requires_grad
-
-
-def _param_padded(order: ExecutionOrder, fqn: str, world_size: int) -> int:
-    info = order.params.get(fqn)
-    if info is None:
-        return 0
-    return padded_bytes(info.shape, info.numel, info.bytes, world_size)
-
-
-def _unit_specs(plan: WrapPlan, world_size: int, reshard: list[bool]) -> list[UnitSpec]:
-    order = plan.order
-    runs_bwd = plan.runs_backward()
-    enclosing = enclosing_units(plan.units)
-    specs = []
-    for i, u in enumerate(plan.units):
-        param_bytes = tuple(_param_padded(order, p, world_size) for p in u.param_fqns)
-        nbytes = sum(param_bytes)
-        grad = sum(
-            _param_padded(order, p, world_size) for p in u.param_fqns if _requires_grad(order, p)
-        )
-        specs.append(
-            UnitSpec(
-                label=u.label,
-                nbytes=nbytes,
-                grad_bytes=grad,
-                runs_forward=u.first_use is not None,
-                runs_backward=runs_bwd[i] and (u.first_use is not None or u.is_root),
-                reshard=reshard[i],
-                enclosing=frozenset(enclosing[i]),
-                tensors=len(u.param_fqns),
-                grad_tensors=sum(1 for p in u.param_fqns if _requires_grad(order, p)),
-                param_bytes=param_bytes,
-            )
-        )
-    return specs
-
-
-def _trainable_shards(order: ExecutionOrder, plan: WrapPlan, world_size: int) -> list[int]:
-    """Bytes of each trainable parameter's shard on one rank (padded dim 0 / world size)."""
-    return [
-        _param_padded(order, p, world_size) // world_size
-        for u in plan.units
-        for p in u.param_fqns
-        if _requires_grad(order, p)
-    ]
 
 
 def _own_choices(
