@@ -6,6 +6,8 @@ Modules, one job each:
 * :mod:`~execwrap.simulate.schedule`: FSDP2's step as a program of ops, hook by hook;
 * :mod:`~execwrap.simulate.engine`: the discrete-event engine (streams, rates, memory);
 * :mod:`~execwrap.simulate.compute`: :class:`UnitCompute` and :func:`unit_compute`;
+* :mod:`~execwrap.simulate.facts`: what simulating reads of a plan's order and of each
+  plan, computed once (``SimulationFacts``, kept by the auto-planner for its search);
 * :mod:`~execwrap.simulate.estimate`: :class:`StepEstimate`, :class:`MemoryBreakdown`,
   :class:`StreamEvent`.
 """
