@@ -21,7 +21,7 @@ from benchmarks._bench import median
 from benchmarks._ranks import barrier, rank_main, spawn_ranks
 from execwrap.cost.host import clean_samples, steal_seconds
 
-__all__ = ["spawn"]
+__all__ = ["PHASES", "spawn"]
 
 
 # ------------------------------------------------------------------ planning
@@ -109,14 +109,45 @@ class _Trainer:
         self.x, self.y = batch
         self.loss = float("nan")
 
-    def step(self) -> None:
+    def step(self) -> tuple[float, ...]:
+        """One training step; returns its forward (with ``zero_grad``), backward and
+        optimizer seconds (CUDA events on GPU, read after the step's synchronisation)."""
+        clock = _PhaseClock(self.x.device)
         self.opt.zero_grad(set_to_none=True)
         loss = self.spec.loss(self.model(self.x), self.y)
+        clock.mark()
         loss.backward()
+        clock.mark()
         self.opt.step()
+        clock.mark()
         if self.x.device.type == "cuda":
             torch.cuda.synchronize(self.x.device)
         self.loss = float(loss.detach())
+        return clock.phases()
+
+
+class _PhaseClock:
+    """Marks phase boundaries of one step (``perf_counter`` on CPU, CUDA events on GPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def phases(self) -> tuple[float, ...]:
+        """Seconds between consecutive marks (on CUDA: after the device synchronised)."""
+        pairs = zip(self.marks, self.marks[1:], strict=False)
+        if self.cuda:
+            return tuple(a.elapsed_time(b) / 1e3 for a, b in pairs)
+        return tuple(b - a for a, b in pairs)
 
 
 def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Module:
@@ -127,9 +158,10 @@ def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Mo
 
 def _time_interleaved(
     trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Seconds of each plan's timed steps, and the host's steal during each (CPU
-    seconds over all CPUs, :func:`execwrap.cost.host.steal_seconds`).
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[tuple[float, ...]]]]:
+    """Seconds of each plan's timed steps, the host's steal during each (CPU
+    seconds over all CPUs, :func:`execwrap.cost.host.steal_seconds`), and each timed
+    step's forward, backward and optimizer seconds (:meth:`_Trainer.step`).
 
     Every plan runs once per round, in an order shuffled per round (the same on every
     rank: seeded by the round). A plan's fresh allocations land on the memory the plan
@@ -143,6 +175,7 @@ def _time_interleaved(
     names = list(trainers)
     times: dict[str, list[float]] = {n: [] for n in names}
     steals: dict[str, list[float]] = {n: [] for n in names}
+    phases: dict[str, list[tuple[float, ...]]] = {n: [] for n in names}
     for r in range(job["warmup"] + job["steps"]):
         for n in random.Random(r).sample(names, len(names)):
             if job["paired"]:
@@ -150,12 +183,13 @@ def _time_interleaved(
             barrier(device)
             steal0 = steal_seconds()
             start = time.perf_counter()
-            trainers[n].step()
+            split = trainers[n].step()
             elapsed = time.perf_counter() - start
             if r >= job["warmup"]:
                 times[n].append(elapsed)
                 steals[n].append(steal_seconds() - steal0)
-    return times, steals
+                phases[n].append(split)
+    return times, steals, phases
 
 
 def _tracked_peak(trainer: _Trainer, device: torch.device) -> tuple[int, int | None]:
@@ -197,10 +231,12 @@ def _bench_model(
     predicted = {p.name: _predict(plans[p.name], p, cm, world) for p in specs}
     del base
     trainers = {p.name: _Trainer(spec, size, plans[p.name], p, (x, y), mesh) for p in specs}
-    times, steals = _time_interleaved(trainers, job, device)
+    times, steals, phases = _time_interleaved(trainers, job, device)
     peaks = {n: _tracked_peak(t, device) for n, t in trainers.items()}
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, {"times": times, "peaks": peaks, "steals": steals})
+    dist.all_gather_object(
+        gathered, {"times": times, "peaks": peaks, "steals": steals, "phases": phases}
+    )
     if rank != 0:
         return None
     rows = []
@@ -210,6 +246,8 @@ def _bench_model(
         # the most any rank's host took (one host here: the same counter on every rank)
         stolen = [max(g["steals"][p.name][i] for g in gathered) for i in steps]
         per_step = clean_samples(every_step, stolen)
+        # the same steps, as indices
+        clean_steps = [int(i) for i in clean_samples([float(i) for i in steps], stolen)]
         plan, estimate = plans[p.name], predicted[p.name]
         flags = getattr(plan, "reshard_after_forward", None)
         kept = (
@@ -234,6 +272,8 @@ def _bench_model(
                 "halves_s": (median(per_step[0::2]), median(per_step[1::2]))
                 if len(per_step) >= 2
                 else None,
+                "predicted_phases_s": estimate.phase_times_s(),
+                "measured_phases_s": _slowest_phases(gathered, p.name, clean_steps),
                 "predicted_peak": int(estimate.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][p.name][0] for g in gathered),
                 "cuda_peak": max(cuda_peaks) if cuda_peaks[0] is not None else None,
@@ -243,6 +283,20 @@ def _bench_model(
             }
         )
     return rows
+
+
+def _slowest_phases(gathered: list[Any], name: str, kept: list[int]) -> dict[str, float]:
+    """Median forward, backward and optimizer seconds of plan ``name`` over the steps
+    ``kept``, each step's phases those of its slowest rank."""
+    split = []
+    for i in kept:
+        slowest = max(gathered, key=lambda g: g["times"][name][i])
+        split.append(slowest["phases"][name][i])
+    return {k: median([s[j] for s in split]) for j, k in enumerate(PHASES)}
+
+
+#: The phases of a step, as :meth:`execwrap.simulate.StepEstimate.phase_times_s` names them.
+PHASES = ("forward", "backward", "optimizer")
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:

@@ -61,7 +61,7 @@ import torch
 
 from benchmarks._autoplan_metrics import claims, steal_share
 from benchmarks._autoplan_models import MODELS, grid
-from benchmarks._autoplan_ranks import spawn
+from benchmarks._autoplan_ranks import PHASES, spawn
 from benchmarks._bench import (
     add_output_args,
     fmt_bytes,
@@ -135,6 +135,22 @@ def _plan_table(rows: list[dict[str, Any]], cuda: bool) -> str:
         if cuda:
             row.append(fmt_bytes(r.get("cuda_peak") or 0))
         row.append(f"{r['loss']:.5f}")
+        out.append(row)
+    return markdown_table(header, out)
+
+
+def _phase_table(rows: list[dict[str, Any]]) -> str:
+    """Predicted vs measured forward, backward and optimizer time per plan (ms, error)."""
+    header = ["plan"]
+    for phase in PHASES:
+        header += [f"{phase}: predicted / measured (ms)", "error"]
+    out = []
+    for r in rows:
+        row = [r["name"]]
+        for phase in PHASES:
+            pred, meas = r["predicted_phases_s"][phase], r["measured_phases_s"][phase]
+            error = f"{(pred / meas - 1) * 100:+.0f}%" if meas > 0 else "-"
+            row += [f"{pred * 1e3:.1f} / {meas * 1e3:.1f}", error]
         out.append(row)
     return markdown_table(header, out)
 
@@ -315,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             f"### {name}: {MODELS[name].description} ({size})\n\n"
             + _plan_table(rows, cuda)
             + f"\n\nbudget of the budgeted auto plan: {fmt_bytes(per_model[name]['budget'])}"
+            + "\n\nWhere the time goes: each phase predicted (`StepEstimate.phase_times_s()`) "
+            "and measured (median over the same steps; each step's phases those of its "
+            "slowest rank)\n\n" + _phase_table(rows)
         )
     planning_table, _ = _planning_time(quick)
     table = (

@@ -111,6 +111,24 @@ def test_autoplan_split_half_ranks_the_odd_steps_against_the_even_ones() -> None
     assert math.isnan(split_half_spearman([*rows, {"name": "no halves"}]))
 
 
+def test_autoplan_phases_are_the_slowest_ranks_over_the_clean_steps() -> None:
+    from benchmarks._autoplan_ranks import _slowest_phases
+
+    # step 0: rank 1 is slower; step 1: rank 0; step 2 was left out (steal)
+    gathered = [
+        {
+            "times": {"p": [1.0, 3.0, 9.0]},
+            "phases": {"p": [(0.2, 0.5, 0.3), (1, 1.5, 0.5), (9, 0, 0)]},
+        },
+        {
+            "times": {"p": [2.0, 2.5, 1.0]},
+            "phases": {"p": [(0.4, 1.2, 0.4), (1, 1, 0.5), (1, 0, 0)]},
+        },
+    ]
+    phases = _slowest_phases(gathered, "p", [0, 1])
+    assert phases == pytest.approx({"forward": 0.7, "backward": 1.35, "optimizer": 0.45})
+
+
 def test_autoplan_refuses_a_calibration_repeat_below_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

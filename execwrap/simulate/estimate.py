@@ -120,6 +120,13 @@ class StepEstimate:
         reshard_after_forward: per unit, whether it reshards after forward.
         world_size: ranks.
         memory_timeline: ``(seconds, total bytes)`` after each change.
+        forward_end_s: when the forward ends: the last forward span on the compute
+            stream (the loss is ready), seconds from the step's start.
+        backward_end_s: when the backward ends: the last backward span on any
+            stream (FSDP2 waits for the last reduce-scatter before the optimizer
+            step); the forward, backward and optimizer phases of a measured step
+            compare with ``forward_end_s``, ``backward_end_s - forward_end_s`` and
+            ``step_time_s - backward_end_s``.
     """
 
     step_time_s: float
@@ -139,6 +146,18 @@ class StepEstimate:
     reshard_after_forward: tuple[bool, ...] = ()
     world_size: int = 1
     memory_timeline: tuple[tuple[float, int], ...] = ()
+    forward_end_s: float = 0.0
+    backward_end_s: float = 0.0
+
+    def phase_times_s(self) -> dict[str, float]:
+        """Seconds of each phase: ``{"forward": ..., "backward": ..., "optimizer": ...}``
+        (from :attr:`forward_end_s` and :attr:`backward_end_s`; they sum to
+        :attr:`step_time_s`)."""
+        return {
+            "forward": self.forward_end_s,
+            "backward": self.backward_end_s - self.forward_end_s,
+            "optimizer": self.step_time_s - self.backward_end_s,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the timeline as lists of ``[stream, label, start_s, end_s]``)."""
@@ -160,6 +179,8 @@ class StepEstimate:
             "world_size": self.world_size,
             "timeline": [list(e) for e in self.timeline],
             "memory_timeline": [list(p) for p in self.memory_timeline],
+            "forward_end_s": self.forward_end_s,
+            "backward_end_s": self.backward_end_s,
         }
 
     @classmethod
@@ -186,4 +207,6 @@ class StepEstimate:
             reshard_after_forward=tuple(bool(b) for b in data.get("reshard_after_forward", [])),
             world_size=int(data.get("world_size", 1)),
             memory_timeline=tuple((float(t), int(b)) for t, b in data.get("memory_timeline", [])),
+            forward_end_s=float(data.get("forward_end_s", 0.0)),
+            backward_end_s=float(data.get("backward_end_s", 0.0)),
         )

@@ -308,6 +308,17 @@ def _estimate(
         )
     )
     memory = MemoryBreakdown(**{k: int(v) for k, v in result.peak_breakdown.items()})
+    forward_end = max(
+        (
+            result.end[i]
+            for i, op in enumerate(ops)
+            if op.phase == "forward" and op.stream == "compute"
+        ),
+        default=0.0,
+    )
+    backward_end = max(
+        (result.end[i] for i, op in enumerate(ops) if op.phase == "backward"), default=forward_end
+    )
     return StepEstimate(
         step_time_s=result.makespan,
         compute_time_s=compute_s,
@@ -326,4 +337,6 @@ def _estimate(
         reshard_after_forward=tuple(reshard),
         world_size=world_size,
         memory_timeline=tuple(result.memory_timeline),
+        forward_end_s=forward_end,
+        backward_end_s=max(forward_end, backward_end),
     )

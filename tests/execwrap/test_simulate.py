@@ -84,6 +84,9 @@ def test_one_group() -> None:
     # forward: overhead .25 + copy-in 1 (64 B shard) + all-gather 1 + copy-out 2 (128 B) + compute 6
     # backward (the root is not resharded): compute 12 + overhead .25 + RS copy-in 2 + RS 2
     assert est.step_time_s == pytest.approx(26.5)
+    assert est.phase_times_s() == pytest.approx(
+        {"forward": 10.25, "backward": 16.25, "optimizer": 0.0}
+    )
     assert est.compute_time_s == pytest.approx(18.0)
     assert est.overhead_time_s == pytest.approx(0.25 + 1 + 2 + 0.25 + 2)
     assert est.exposed_comm_s == pytest.approx(3.0)
@@ -109,6 +112,7 @@ def test_two_groups_prefetch_1_reshard() -> None:
     # copy-out 1, AG(0) 1.75 (prefetched by 1), compute 6, post-backward 3.25, copy-out 1,
     # compute 6, post-backward 3.25 = 24
     assert est.step_time_s == pytest.approx(35.5)
+    assert (est.forward_end_s, est.backward_end_s) == pytest.approx((11.5, 35.5))
     assert est.compute_time_s == pytest.approx(18.0)
     assert est.overhead_time_s == pytest.approx(9.5)
     assert est.exposed_comm_s == pytest.approx(8.0)
@@ -140,6 +144,7 @@ def test_two_groups_no_reshard() -> None:
     )
     # backward gathers nothing: 11.5 + (6 + 3.25) * 2
     assert est.step_time_s == pytest.approx(30.0)
+    assert (est.forward_end_s, est.backward_end_s) == pytest.approx((11.5, 30.0))
     assert (est.all_gathers, est.reduce_scatters) == (2, 2)
     assert est.exposed_comm_s == pytest.approx(6.0)
     # peak at the end of forward: both units unsharded (128), unit 1's AG output kept (64)
@@ -212,6 +217,7 @@ def test_optimizer_on_the_calibrated_curve_per_tensor() -> None:
     adamw = simulate_step(two, cm, world_size=2, compute=compute)
     assert adamw.optimizer_time_s == pytest.approx(1.25)
     assert adamw.step_time_s == pytest.approx(35.5 + 1.25)
+    assert adamw.phase_times_s()["optimizer"] == pytest.approx(1.25)
     # SGD makes 3 of AdamW's 7 passes
     sgd = simulate_step(two, cm, world_size=2, compute=compute, optimizer="sgd")
     assert sgd.optimizer_time_s == pytest.approx(2 * (3 / 7 * 0.5 + 0.125))
