@@ -29,10 +29,10 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
   slower or faster a collective runs in a step than in the sweep, by size
   (the curves are multiplied by these factors) and the fixed cost per group
   and per parameter tensor of each collective, from the forward and backward
-  of real ``fully_shard`` steps of synthetic stacks, and the optimizer's cost
-  per DTensor parameter from ``AdamW.step`` on one of those stacks;
-* the optimizer: ``AdamW.step`` over 4 to 32 tensors of each size from
-  4 KiB to 16 MiB (its size-dependent cost per tensor);
+  of real ``fully_shard`` steps of synthetic stacks;
+* the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
+  ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
+  size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
 * on CPU, the wait at a collective for the slowest rank after compute
   (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
   and without a collective after each), the model's ``sync_jitter``.
@@ -51,22 +51,20 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.fit import bandwidth_line
 from execwrap.cost.fixed_costs import (
     fsdp_fixed_costs,
     in_step_curve,
-    sync_device,
 )
-from execwrap.cost.host import StealMeter, clean_median, steal_seconds
+from execwrap.cost.host import StealMeter, clean_median
+from execwrap.cost.optimizer import measure_optimizer
 from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
 from execwrap.cost.sync_wait import measure_sync_wait
 from tracing.checks import is_int
@@ -148,7 +146,7 @@ def calibration_fields(
         sweep_rs = CollectiveCurve.from_samples(sizes, rs)
         copy_rate = _copy_rate(dev)
         rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
-        optimizer_curve = _optimizer_curve(dev, repeat=repeat)
+        optimizer_curve, optimizer_param_s = measure_optimizer(group, dev, repeat=repeat)
         overlap = _overlap(group, dev, repeat=repeat)
         copy_curve = CollectiveCurve.from_samples(sizes, copies)
         in_step = fsdp_fixed_costs(
@@ -174,7 +172,7 @@ def calibration_fields(
         "param_overhead_s": in_step.param_overhead_s,
         "overlap": overlap,
         "compute": rates,
-        "optimizer_param_overhead_s": in_step.optimizer_param_overhead_s,
+        "optimizer_param_overhead_s": optimizer_param_s,
         "optimizer_curve": optimizer_curve,
         "sync_jitter": jitter,
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
@@ -292,60 +290,6 @@ def _copy_rate(dev: torch.device) -> float:
     dst = torch.empty_like(src)
     seconds = _median_time(lambda: dst.copy_(src), dev, repeats=9)
     return _COPY_BYTES / max(seconds, 1e-9)
-
-
-#: Elements per tensor of the optimizer sweep: 1 Ki to 4 Mi float32 (4 KiB to 16 MiB),
-#: factor 4 (on CPU: cached tensors up to ones above glibc's mmap threshold).
-_OPT_SIZES = (2**10, 2**12, 2**14, 2**16, 2**18, 2**20, 2**22)
-#: Elements per size of the optimizer sweep (``_OPT_ELEMENTS // n`` tensors of ``n``
-#: elements, 4 to 32 tensors): enough tensors that a small size's time is not one
-#: tensor's noise.
-_OPT_ELEMENTS = 2**23
-
-
-def _optimizer_curve(dev: torch.device, *, repeat: int = 1) -> CollectiveCurve:
-    """Seconds of the size-dependent part of one ``AdamW.step`` over one tensor, by bytes.
-
-    ``AdamW.step`` (torch's default implementation for the device: a for-loop
-    on CPU, ``foreach`` on CUDA) over ``m`` tensors of each of
-    :data:`_OPT_SIZES` elements (``m = _OPT_ELEMENTS // n`` kept within 4 to 32:
-    32 tensors up to 1 MiB, 8 of 4 MiB, 4 of 16 MiB) and over ``m`` tensors of 16
-    elements, in interleaved rounds (median of ``9 * repeat`` after 2 warm-up steps); per
-    size, the difference to the 16-element step over the same ``m``, divided
-    by ``m`` (the fixed part per tensor is ``optimizer_param_overhead_s``,
-    measured on DTensors). The step's temporaries (``exp_avg_sq.sqrt()``, the
-    bias-corrected denominator) are fresh allocations of the tensor's size
-    each step, which a copy between allocated buffers does not pay.
-
-    (With 4 tensors per size, one disturbed 64 KiB median priced
-    every tensor from 64 KiB to 1 MiB at 0.47 ms: 34 ms predicted for a Llama
-    step that took 14 ms, 2 gloo ranks.)
-    """
-    counts = {n: max(4, min(32, _OPT_ELEMENTS // n)) for n in _OPT_SIZES}
-    steps: dict[tuple[int, int], Callable[[], Any]] = {}
-    for n, m in [(16, m) for m in sorted(set(counts.values()))] + list(counts.items()):
-        params = [nn.Parameter(torch.randn(n, device=dev)) for _ in range(m)]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        steps[(n, m)] = torch.optim.AdamW(params, lr=1e-3).step
-    samples: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
-    steals: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
-    for r in range(2 + 9 * repeat):
-        for key, step in steps.items():
-            sync_device(dev)
-            steal0 = steal_seconds()
-            t0 = time.perf_counter()
-            step()
-            sync_device(dev)
-            if r >= 2:  # warm-up: the states are allocated in the first step
-                samples[key].append(time.perf_counter() - t0)
-                steals[key].append(steal_seconds() - steal0)
-    del steps
-    med = {key: clean_median(v, steals[key]) for key, v in samples.items()}
-    per_tensor = [
-        max((med[(n, counts[n])] - med[(16, counts[n])]) / counts[n], 1e-9) for n in _OPT_SIZES
-    ]
-    return CollectiveCurve.from_samples([4 * n for n in _OPT_SIZES], per_tensor)
 
 
 def _matmul_rate(dev: torch.device) -> float:

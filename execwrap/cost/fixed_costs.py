@@ -16,9 +16,7 @@ calibration's sweep of bare collectives (an :class:`InStepCosts`):
 * ``group_overhead_s``: fixed seconds per FSDP2 group per collective it
   issues (the hooks' Python path, the all-gather / reduce-scatter set-up);
 * ``param_overhead_s``: seconds per parameter tensor of a group per
-  collective (per-parameter views, unsharded storage, DTensor gradients);
-* ``optimizer_param_overhead_s``: ``AdamW.step`` seconds per DTensor
-  parameter.
+  collective (per-parameter views, unsharded storage, DTensor gradients).
 
 The stacks (:data:`STACKS`) are groups of ``k`` bias-free ``Linear(d, d)``
 layers, each group its own ``fully_shard`` unit, with several group counts,
@@ -119,13 +117,11 @@ class InStepCosts:
             stack, by size: the in-step time over the sweep curve's.
         group_overhead_s: seconds per group per collective.
         param_overhead_s: seconds per parameter tensor per collective.
-        optimizer_param_overhead_s: ``AdamW.step`` seconds per DTensor parameter.
     """
 
     factors: tuple[tuple[int, float, float], ...]
     group_overhead_s: float
     param_overhead_s: float
-    optimizer_param_overhead_s: float
 
     def describe(self) -> str:
         """The factors in one line: ``"all-gather 0.95x / 1.96x / 0.99x, reduce-scatter
@@ -248,15 +244,12 @@ def fsdp_fixed_costs(
                     for unit in model:
                         fully_shard(unit, mesh=mesh)
                     fully_shard(model, mesh=mesh)
-                step, update = _step_fns(model, d, dev)
-                fns[f"{k}/{d}/{n}/{sharded}"] = step
-                if sharded and d == STACKS[1][1] and k == STACKS[1][0]:
-                    fns[f"opt {n}"] = update
+                fns[f"{k}/{d}/{n}/{sharded}"] = _step_fn(model, d, dev)
     times = interleaved_medians(fns, dev, group, rounds=ROUNDS * repeat)
     # Free the FSDP stacks now (they hold the process group in reference cycles): a gloo
     # worker thread that drops a backward-time collective while the interpreter shuts
     # down aborts the process (torch 2.13; see tests/_dist.py).
-    del fns, model, step, update
+    del fns, model
     gc.collect()
 
     def slope(k: int, d: int, counts: Sequence[int], phase: int) -> float:
@@ -271,11 +264,7 @@ def fsdp_fixed_costs(
     factors, per_group, per_tensor = fit_in_step(
         slopes, ag, rs, copy, world, warn=dist.get_rank(group) == 0
     )
-    k, _, counts = STACKS[1]
-    opt = statistics.linear_regression(
-        [k * n for n in counts], [times[f"opt {n}"][0] for n in counts]
-    ).slope
-    return InStepCosts(factors, per_group, per_tensor, max(0.0, opt))
+    return InStepCosts(factors, per_group, per_tensor)
 
 
 def fit_in_step(
@@ -379,15 +368,14 @@ def _clamped(nbytes: int, raw: tuple[float, float], *, warn: bool) -> tuple[floa
     return kept[0], kept[1]
 
 
-def _step_fns(
-    model: nn.Module, width: int, dev: torch.device
-) -> tuple[Callable[[], tuple[float, ...]], Callable[[], tuple[float, ...]]]:
-    """(forward and backward, ``AdamW.step``) of ``model`` on a ``_BATCH x width``
-    batch, warmed up; each returns its phases' seconds."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def _step_fn(model: nn.Module, width: int, dev: torch.device) -> Callable[[], tuple[float, ...]]:
+    """The forward and backward of ``model`` on a ``_BATCH x width`` batch (gradients
+    set to ``None`` first, as a training step's ``zero_grad``), warmed up; it returns
+    its phases' seconds."""
     x = torch.randn(_BATCH, width, device=dev)
 
     def step() -> tuple[float, ...]:
+        model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         loss = model(x).sum()
         sync_device(dev)
@@ -396,17 +384,8 @@ def _step_fns(
         sync_device(dev)
         return (t1 - t0, time.perf_counter() - t1)
 
-    def update() -> tuple[float, ...]:  # as a training step: the next backward makes fresh grads
-        t0 = time.perf_counter()
-        opt.step()
-        sync_device(dev)
-        t1 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        return (t1 - t0,)
-
     step()
-    update()
-    return step, update
+    return step
 
 
 def sync_device(dev: torch.device) -> None:

@@ -21,6 +21,7 @@ from execwrap.cost.fixed_costs import sync_device
 from execwrap.cost.host import clean_median, steal_seconds
 
 __all__ = [
+    "cache_evictor",
     "SMALLEST_BYTES",
     "sweep",
     "sweep_sizes",
@@ -96,14 +97,14 @@ def sweep(
     collective), so the allocator hands the freed buffer back as a training loop's steady
     state does. (Interleaving sizes instead makes every run page-fault fresh memory: a
     25 MB all-gather took 27-37 ms that way and 13-14 ms inside FSDP2 steps, 2 gloo ranks.)
-    Before each run the caches are flushed (:func:`_cache_evictor`): in a training step
+    Before each run the caches are flushed (:func:`cache_evictor`): in a training step
     a collective's buffers are cold, and a buffer that fits in the last-level cache
     would otherwise be timed hot (a 3 MiB reduce-scatter took 2.9 ms hot and 4.9 ms
     after an 8 MiB write, 2 gloo ranks; 12 MiB ones the same either way).
     Disturbances only ever add time; :meth:`CollectiveCurve.from_samples` drops a size
     slower than a larger one."""
     out: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": [], "copy": []}
-    evict = _cache_evictor(dev)
+    evict = cache_evictor(dev)
     for n in sizes:
         for kind in out:
             fn = _fresh_copy_fn(n, dev) if kind == "copy" else _collective_fn(kind, n, group, dev)
@@ -154,7 +155,7 @@ def _last_level_cache_bytes() -> int:
     return max(sizes, default=32 * 2**20)
 
 
-def _cache_evictor(dev: torch.device) -> Callable[[], None]:
+def cache_evictor(dev: torch.device) -> Callable[[], None]:
     """A function that flushes the CPU caches (writes a buffer of twice the last-level
     cache, at least 16 MiB); a no-op on CUDA, where NCCL's buffers are not the CPU's."""
     if dev.type == "cuda":
