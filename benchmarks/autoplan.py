@@ -28,6 +28,10 @@ processes, in this order:
    ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (max over
    ranks; on CUDA also ``torch.cuda.max_memory_allocated``).
 
+The calibrated cost model is written beside the result file
+(``<result>.cost.json``, ``CostModel.load`` reads it), so that a run's plans
+can be re-predicted from it later.
+
 Printed per model: the table of predicted and measured step time and peak
 memory side by side, and the claims of issue 11: Spearman rank correlation of
 predicted vs measured step time (>= 0.9), median absolute error (<= 10%), the
@@ -371,8 +375,20 @@ def main(argv: list[str] | None = None) -> int:
         "plans: their own `plan.estimate`). Equal last losses show every plan trains the "
         "same model.\n"
     )
-    publish("autoplan", note, table, args)
+    path = publish("autoplan", note, table, args)
+    if path is not None:
+        _save_cost_model(cm, path)
     return 0
+
+
+def _save_cost_model(data: dict[str, Any], result: Path) -> None:
+    """Write the run's calibrated cost model beside its result (``<result>.cost.json``,
+    ``CostModel.save``), so that the run's plans can be re-predicted later from it."""
+    from execwrap.cost import CostModel
+
+    target = result.with_suffix(".cost.json")
+    CostModel.from_dict(data).save(target)
+    print(f"wrote {target}")
 
 
 if __name__ == "__main__":
