@@ -310,7 +310,26 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------ processes
 def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
-    """One rank's job: calibrate once, then benchmark every model."""
+    """One rank's job: calibrate, then benchmark every model (with
+    ``job["calibrate_per_model"]``, each model after the first on a cost model
+    calibrated again just before it: ``result["model_costs"]``)."""
+    cm, seconds = _calibrate(device, job)
+    result: dict[str, Any] = {
+        "cost_model": cm.to_dict(),
+        "calibrate_s": seconds,
+        "models": {},
+        "model_costs": {},
+    }
+    for i, name in enumerate(job["models"]):
+        if i > 0 and job.get("calibrate_per_model"):
+            cm, seconds = _calibrate(device, job)
+            result["model_costs"][name] = {"cost_model": cm.to_dict(), "calibrate_s": seconds}
+        result["models"][name] = _bench_model(name, job, cm, mesh, device)
+    return result
+
+
+def _calibrate(device: torch.device, job: dict[str, Any]) -> tuple[Any, float]:
+    """``CostModel.calibrate`` as the job says, and its seconds."""
     from execwrap.cost import CostModel
 
     t0 = time.perf_counter()
@@ -319,14 +338,7 @@ def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> di
         max_bytes=4 * 2**20 if job["quick"] else None,
         repeat=job["calibration_repeat"],
     )
-    result: dict[str, Any] = {
-        "cost_model": cm.to_dict(),
-        "calibrate_s": time.perf_counter() - t0,
-        "models": {},
-    }
-    for name in job["models"]:
-        result["models"][name] = _bench_model(name, job, cm, mesh, device)
-    return result
+    return cm, time.perf_counter() - t0
 
 
 def _entry(rank: int, world: int, tmpdir: str, job: dict[str, Any]) -> None:

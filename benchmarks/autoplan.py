@@ -30,7 +30,9 @@ processes, in this order:
 
 The calibrated cost model is written beside the result file
 (``<result>.cost.json``, ``CostModel.load`` reads it), so that a run's plans
-can be re-predicted from it later.
+can be re-predicted from it later. ``--calibrate-per-model`` calibrates again
+before each model after the first (each written as ``<result>.<model>.cost.json``
+and named under the model's table).
 
 Printed per model: the table of predicted and measured step time and peak
 memory side by side, and the claims of issue 11: Spearman rank correlation of
@@ -287,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CostModel.calibrate(repeat=N): N times as many calibration runs (default 1)",
     )
     parser.add_argument(
+        "--calibrate-per-model",
+        action="store_true",
+        help="calibrate again before each model after the first (on a machine whose speed "
+        "drifts, the cost model then describes the minutes the model's steps run in)",
+    )
+    parser.add_argument(
         "--paired",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -318,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": quick,
         "calibration_repeat": args.calibration_repeat,
         "paired": args.paired,
+        "calibrate_per_model": args.calibrate_per_model,
         "timeout_s": 900,
     }
     result = spawn(job, args.world_size)
@@ -334,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(
             f"### {name}: {MODELS[name].description} ({size})\n\n"
             + _plan_table(rows, cuda)
+            + _own_calibration(result["model_costs"].get(name))
             + f"\n\nbudget of the budgeted auto plan: {fmt_bytes(per_model[name]['budget'])}"
             + "\n\nWhere the time goes: each phase predicted (`StepEstimate.phase_times_s()`) "
             "and measured (median over the same steps; each step's phases those of its "
@@ -378,15 +388,32 @@ def main(argv: list[str] | None = None) -> int:
     path = publish("autoplan", note, table, args)
     if path is not None:
         _save_cost_model(cm, path)
+        for name, own in result["model_costs"].items():
+            _save_cost_model(own["cost_model"], path, f".{name}")
     return 0
 
 
-def _save_cost_model(data: dict[str, Any], result: Path) -> None:
-    """Write the run's calibrated cost model beside its result (``<result>.cost.json``,
-    ``CostModel.save``), so that the run's plans can be re-predicted later from it."""
+def _own_calibration(own: dict[str, Any] | None) -> str:
+    """The line under a model's table naming the calibration made just before it (``""``
+    when the model used the run's first one)."""
+    if own is None:
+        return ""
+    cm = own["cost_model"]
+    return (
+        f"\n\nCalibrated again just before this model (`--calibrate-per-model`) in "
+        f"{own['calibrate_s']:.1f} s{_host_steal(cm)}: fixed cost per collective "
+        f"{cm['group_overhead_s'] * 1e6:.0f} µs per group, large copies "
+        f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s{_in_step(cm)}."
+    )
+
+
+def _save_cost_model(data: dict[str, Any], result: Path, model: str = "") -> None:
+    """Write a calibrated cost model of the run beside its result (``<result>.cost.json``;
+    a model's own, ``<result>.<model>.cost.json``; ``CostModel.save``), so that the run's
+    plans can be re-predicted later from it."""
     from execwrap.cost import CostModel
 
-    target = result.with_suffix(".cost.json")
+    target = result.with_suffix(f"{model}.cost.json")
     CostModel.from_dict(data).save(target)
     print(f"wrote {target}")
 
