@@ -7,6 +7,7 @@ result. See the docstring of ``benchmarks/autoplan.py`` for what is measured.
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
@@ -144,7 +145,7 @@ class _PhaseClock:
 
     def phases(self) -> tuple[float, ...]:
         """Seconds between consecutive marks (on CUDA: after the device synchronised)."""
-        pairs = zip(self.marks, self.marks[1:], strict=False)
+        pairs = itertools.pairwise(self.marks)
         if self.cuda:
             return tuple(a.elapsed_time(b) / 1e3 for a, b in pairs)
         return tuple(b - a for a, b in pairs)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from execwrap.simulate.facts import padded_bytes
 from execwrap.unit import WrapUnit
 from tracing.fqn import ancestors
 
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
+    from execwrap.simulate.facts import SimulationFacts
 
 __all__ = [
     "group_reach",
@@ -27,37 +27,22 @@ __all__ = [
 ]
 
 
-def trainable_count(plan: WrapPlan, unit: WrapUnit) -> int:
+def trainable_count(facts: SimulationFacts, unit: WrapUnit) -> int:
     """Trainable parameter tensors of ``unit`` (unknown ones count as trainable,
     as the simulator counts them)."""
-    params = plan.order.params
-    return sum(1 for p in unit.param_fqns if p not in params or params[p].requires_grad)
+    return sum(1 for p in unit.param_fqns if facts.requires_grad(p))
 
 
-def param_padded_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> list[int]:
-    """Padded bytes of each parameter of ``unit`` (as FSDP2 pads dim 0)."""
-    params = plan.order.params
-    return [
-        padded_bytes(info.shape, info.numel, info.bytes, world_size)
-        for info in (params.get(p) for p in unit.param_fqns)
-        if info is not None
-    ]
+def param_padded_bytes(facts: SimulationFacts, unit: WrapUnit) -> list[int]:
+    """Padded bytes of each parameter of ``unit`` the order knows (as FSDP2 pads dim 0)."""
+    return [facts.padded[p] for p in unit.param_fqns if p in facts.padded]
 
 
-def padded_unit_bytes(plan: WrapPlan, unit: WrapUnit, world_size: int) -> tuple[int, int]:
+def padded_unit_bytes(facts: SimulationFacts, unit: WrapUnit) -> tuple[int, int]:
     """Parameter and trainable bytes of ``unit``, padded as FSDP2 pads (dim 0 to a
-    multiple of ``world_size``)."""
-    params = plan.order.params
-    total = grads = 0
-    for p in unit.param_fqns:
-        info = params.get(p)
-        if info is None:
-            continue
-        nbytes = padded_bytes(info.shape, info.numel, info.bytes, world_size)
-        total += nbytes
-        if info.requires_grad:
-            grads += nbytes
-    return total, grads
+    multiple of ``facts.world_size``; parameters the order does not know count 0)."""
+    sizes = [(facts.param_padded(p), facts.requires_grad(p)) for p in unit.param_fqns]
+    return sum(n for n, _ in sizes), sum(n for n, trainable in sizes if trainable)
 
 
 def trainable_dtypes(plan: WrapPlan) -> dict[str, frozenset[str]]:

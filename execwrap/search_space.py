@@ -106,7 +106,7 @@ class SearchSpace:
         default_factory=dict, repr=False
     )
     _costs: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, repr=False)
-    _facts: SimulationFacts | None = field(default=None, repr=False)
+    _facts: SimulationFacts | None = field(default=None, repr=False)  # set by build
 
     @classmethod
     def build(
@@ -142,7 +142,8 @@ class SearchSpace:
             trainable_dtypes if trainable_dtypes is not None else mergeable.trainable_dtypes(plan)
         )
         forward, backward = _unit_seconds(compute, plan, movable)
-        padded = [mergeable.padded_unit_bytes(plan, units[i], ranks) for i in movable]
+        facts = SimulationFacts(plan.order, ranks)  # one for the whole search
+        padded = [mergeable.padded_unit_bytes(facts, units[i]) for i in movable]
         space = cls(
             plan=plan,
             cost_model=cost_model,
@@ -156,11 +157,12 @@ class SearchSpace:
             forward_s=forward,
             backward_s=backward,
             tensors=[len(units[i].param_fqns) for i in movable],
-            grad_tensors=[mergeable.trainable_count(plan, units[i]) for i in movable],
+            grad_tensors=[mergeable.trainable_count(facts, units[i]) for i in movable],
             copy_out_s=[
-                cost_model.copy_out_time(mergeable.param_padded_bytes(plan, units[i], ranks))
+                cost_model.copy_out_time(mergeable.param_padded_bytes(facts, units[i]))
                 for i in movable
             ],
+            _facts=facts,
         )
         space._prefix = [
             _prefix_sums(v)
@@ -368,8 +370,6 @@ class SearchSpace:
     def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
         """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
         plan, compute = self._planned(groups)
-        if self._facts is None:  # one for the whole search: every plan shares the order
-            self._facts = SimulationFacts(self.plan.order, self.world_size)
         return simulate_step(
             plan,
             self.cost_model,

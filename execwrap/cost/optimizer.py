@@ -33,7 +33,6 @@ and 0.85x of what they measured.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,9 +41,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.fixed_costs import sync_device
-from execwrap.cost.host import clean_median, steal_seconds
-from execwrap.cost.sweep import cache_evictor
+from execwrap.cost.host import clean_median
+from execwrap.cost.sweep import cache_evictor, timed_runs
 
 __all__ = ["ELEMENTS", "SIZES", "measure_optimizer"]
 
@@ -114,13 +112,9 @@ def _interleaved(
     steals: dict[tuple[int, int], list[float]] = {key: [] for key in steps}
     for r in range(rounds):
         for key, step in steps.items():
-            evict()  # in a training step, forward and backward have run through the caches
-            sync_device(dev)
-            steal0 = steal_seconds()
-            t0 = time.perf_counter()
-            step()
-            sync_device(dev)
+            # in a training step, forward and backward have just run through the caches
+            times, stolen = timed_runs(step, dev, 1, before=evict)
             if r >= warmup:
-                samples[key].append(time.perf_counter() - t0)
-                steals[key].append(steal_seconds() - steal0)
+                samples[key] += times
+                steals[key] += stolen
     return {key: clean_median(v, steals[key]) for key, v in samples.items()}

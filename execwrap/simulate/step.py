@@ -77,7 +77,7 @@ from execwrap.cost.model import CostModel
 from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
-from execwrap.simulate.facts import SimulationFacts, padded_bytes
+from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
 from tracing.checks import check_int, check_integral
 
@@ -171,7 +171,7 @@ def simulate_step(
     reshard = _reshard_flags(plan, reshard_after_forward)
     kept = facts.plan(plan)
     specs = kept.unit_specs(reshard)
-    program = _program(plan, specs, compute, cost_model, prefetch, facts)
+    program = _program(plan, kept, specs, compute, cost_model, prefetch, facts)
     optimizer_s = _add_optimizer(program, compute, cost_model, optimizer, kept.trainable_shards)
     base = {
         "sharded_params": sum(s.nbytes for s in specs) // world_size,
@@ -231,6 +231,7 @@ def _checked_facts(
 
 def _program(
     plan: WrapPlan,
+    kept: PlanFacts,
     specs: list[UnitSpec],
     compute: UnitCompute,
     cost_model: CostModel,
@@ -238,7 +239,6 @@ def _program(
     facts: SimulationFacts,
 ) -> StepProgram:
     """The forward and backward ops of the step (the optimizer is added by the caller)."""
-    kept = facts.plan(plan)
     fwd_lists, bwd_lists = kept.prefetch_lists(plan, facts, prefetch)
     program = StepProgram(
         specs,
