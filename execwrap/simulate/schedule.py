@@ -205,39 +205,34 @@ class StepProgram:
             copy = self._add(
                 Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
             )
-        # gloo's all-gather receives into a flat buffer of the output's size and copies it
-        # into the output chunks (ProcessGroupGloo.cpp, AsyncAllgatherWork: newLikeFlat)
-        flat: tuple[MemEvent, ...] = ()
-        if self.cm.device_backend == "gloo":
-            flat = (MemEvent("all_gather_buffers", f"{label} (gloo flat output)", spec.nbytes),)
         ag = self._collective(
-            ALL_GATHER,
-            f"all-gather {label}",
-            self.cm.all_gather_time(spec.nbytes),
-            (copy,),
-            phase,
-            on_end=tuple(MemEvent(e.category, e.key) for e in flat),
-            on_start=flat,
+            ALL_GATHER, f"all-gather {label}", self.cm.all_gather_time(spec.nbytes), (copy,), phase
         )
         self._pending[i] = ag
 
     def wait_for_unshard(self, i: int, phase: str) -> None:
         """``FSDPParamGroup.wait_for_unshard``: copy-out into the unsharded parameters.
 
-        In forward the all-gather output is kept until the next group's copy-out
-        (FSDP2's ``all_gather_state``); in backward it is freed at once.
+        In forward the all-gather output is kept until the end of the next group's
+        copy-out (FSDP2's ``all_gather_state``, which ``wait_for_unshard`` drops at
+        its start but holds in a local until it returns); in backward it is freed
+        at the end of its own copy-out.
         """
         ag = self._pending.pop(i, None)
         if ag is None:
             return
         label = self.specs[i].label
-        on_start = [MemEvent("unsharded_params", label, self.specs[i].nbytes)]
+        on_start = (MemEvent("unsharded_params", label, self.specs[i].nbytes),)
+        freed: tuple[MemEvent, ...] = ()
         if phase == "forward" and self._deferred is not None:
+            # wait_for_unshard drops the kept state at its start, but its local
+            # ``prev_all_gather_state`` holds the output until it returns
             prev, prev_copy = self._deferred
-            on_start.append(MemEvent("all_gather_buffers", self.specs[prev].label))
+            freed = (MemEvent("all_gather_buffers", self.specs[prev].label),)
             self._ag_wait = prev_copy
             self._deferred = None
-        freed = () if phase == "forward" else (MemEvent("all_gather_buffers", label),)
+        elif phase != "forward":
+            freed = (MemEvent("all_gather_buffers", label),)
         spec = self.specs[i]
         copy = self._on_compute(
             f"copy-out {label}",
@@ -245,7 +240,7 @@ class StepProgram:
             phase,
             "copy",
             deps=(ag,),
-            on_start=tuple(on_start),
+            on_start=on_start,
             on_end=freed,
         )
         if phase == "forward":
@@ -289,22 +284,27 @@ class StepProgram:
         overhead = self.cm.collective_overhead(spec.grad_tensors)
         if overhead > 0:
             self._on_compute(f"FSDP overhead {label}", overhead, "backward", "overhead")
+        # FSDP2's post_backward holds the unsharded gradients in a list until
+        # foreach_reduce returns: on CUDA right after it issues the reduce-scatter, on
+        # CPU (gloo, synchronous) after the reduce-scatter, whose output it allocated first
+        grads_freed = (MemEvent("unsharded_grads", label),)
         copy = self._on_compute(
             f"reduce-scatter copy-in {label}",
             self.cm.copy_time(spec.grad_bytes),
             "backward",
             "copy",
             on_start=(MemEvent("reduce_scatter_buffers", label, spec.grad_bytes),),
-            on_end=(MemEvent("unsharded_grads", label),),
+            on_end=() if self.sync else grads_freed,
         )
-        shard = MemEvent("sharded_grads", label, spec.grad_bytes // self.world_size)
+        shard = (MemEvent("sharded_grads", label, spec.grad_bytes // self.world_size),)
         rs = self._collective(
             REDUCE_SCATTER,
             f"reduce-scatter {label}",
             self.cm.reduce_scatter_time(spec.grad_bytes),
             (copy,),
             "backward",
-            (shard,),
+            on_end=grads_freed if self.sync else shard,
+            on_start=shard if self.sync else (),
         )
         self._last_rs = (i, rs)
         self._all_rs.append(rs)

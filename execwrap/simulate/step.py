@@ -47,18 +47,23 @@ sets, and nothing else:
   of its speed while a collective is in flight, concurrent
   collectives share the link, and the CPU is assumed to run ahead of the
   GPU (a GPU-bound step: issue never waits for the host);
-* memory on one rank (categories of ``FSDPMemTracker``): sharded
-  parameters and optimizer state for the whole step; sharded gradients
-  from their reduce-scatter on (``zero_grad(set_to_none=True)`` before
-  forward); each all-gather output from its issue until the next group's
-  copy-out in forward (FSDP2's ``all_gather_state``), until its own
-  copy-out in backward (with gloo, a second buffer of the output's size
-  while the all-gather runs: gloo receives into a flat tensor and copies it
-  into the output, ``ProcessGroupGloo.cpp``'s ``AsyncAllgatherWork``);
-  unsharded parameters from copy-out to reshard;
-  activations from the unit's forward to the end of its backward;
-  unsharded gradients from the start of its backward to the reduce-scatter
-  copy-in; reduce-scatter inputs until the next group's post-backward.
+* memory on one rank (categories of ``FSDPMemTracker``; the tensors torch's
+  trackers and CUDA's ``memory_allocated`` count, not a backend's own buffers:
+  gloo receives an all-gather into, and reduce-scatters from, a buffer of the
+  collective's full size that it allocates itself, so a CPU process's
+  resident memory peaks up to the largest group's unsharded bytes higher):
+  sharded parameters and optimizer state for the whole step; sharded
+  gradients from their reduce-scatter on (``zero_grad(set_to_none=True)``
+  before forward); each all-gather output from its issue until the end of
+  the next group's copy-out in forward (FSDP2's ``all_gather_state``, held
+  by ``wait_for_unshard``'s local until it returns), until its own copy-out
+  in backward; unsharded parameters from copy-out to reshard; activations
+  from the unit's forward to the end of its backward; unsharded gradients
+  from the start of its backward until ``foreach_reduce`` returns (``post_backward``
+  holds them in a list): on CPU, where the reduce-scatter is synchronous,
+  to its end, with its output allocated at its start; on CUDA to the
+  reduce-scatter copy-in's end; reduce-scatter inputs until the next
+  group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
 Not modelled: model buffers and inputs, gradients of activations and other

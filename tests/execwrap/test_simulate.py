@@ -190,23 +190,42 @@ def test_prefetch_depth_does_not_change_cpu_time_but_memory() -> None:
     assert times == {35.5}  # gloo collectives block the training thread
 
 
-def test_gloo_all_gather_holds_a_flat_output_while_it_runs() -> None:
+def test_synchronous_reduce_scatter_holds_the_gradients_until_it_ends() -> None:
+    # FSDP2's post_backward keeps the unsharded gradients in a list until foreach_reduce
+    # returns: on CPU (gloo, synchronous) after the reduce-scatter, whose output it
+    # allocates first; on CUDA right after it issues it (the copy-in done)
     _, two = _plans()
     no_acts = dataclasses.replace(TWO, activation_bytes=(0, 0, 0))
-    other = simulate_step(two, _cost(), world_size=2, prefetch=1, compute=no_acts)
-    gloo = simulate_step(two, _cost(backend="gloo"), world_size=2, prefetch=1, compute=no_acts)
-    # without: the peak is in backward at unit 0's reduce-scatter (416 bytes); with gloo, in
-    # forward when unit 0's pre-forward prefetches unit 1: shard 64 + AdamW state 128, unit 0
-    # unsharded 64 and its kept AG output 64, unit 1's AG output 64 and gloo's flat copy 64
-    assert (other.peak_memory_bytes, other.peak_phase) == (416, "backward")
-    assert gloo.peak_memory_bytes == 448
-    assert gloo.peak_phase == "forward"
-    assert gloo.memory.all_gather_buffers == 192
-    assert gloo.step_time_s == other.step_time_s  # memory only
-    # gloo on CPU also when the group was made with per-device backends or none named
-    for backend in ("cpu:gloo,cuda:nccl", "undefined"):
-        est = simulate_step(two, _cost(backend=backend), world_size=2, prefetch=1, compute=no_acts)
-        assert est.peak_memory_bytes == 448, backend
+    cpu = simulate_step(two, _cost("cpu"), world_size=2, prefetch=1, compute=no_acts)
+    cuda = simulate_step(two, _cost("cuda"), world_size=2, prefetch=1, compute=no_acts)
+    # unit 0's post-backward on CPU, from 32.25 s: reshard (-64 unsharded) and recycle
+    # unit 1's RS input (-64), RS copy-in (+64 input), RS (+32 output at its start), the
+    # gradients (-64) at its end, then the root's final callback frees the RS input
+    assert cpu.memory_timeline[-6:] == (
+        (32.25, 352),
+        (32.25, 288),
+        (32.5, 352),
+        (33.5, 384),
+        (35.5, 320),
+        (35.5, 256),
+    )
+    # on CUDA the gradients go at the copy-in's end and the output counts from the RS's end
+    assert cuda.memory_timeline[-6:] == (
+        (30.5, 352),
+        (30.5, 288),
+        (30.75, 352),
+        (31.75, 288),
+        (33.75, 320),
+        (33.75, 256),
+    )
+    # both peak at 416 in backward: shard 64 + AdamW state 128, unit 1's sharded gradients
+    # 32 and RS input 64, unit 0's AG output 64 and its unsharded parameters or gradients 64
+    assert (cpu.peak_memory_bytes, cuda.peak_memory_bytes) == (416, 416)
+    # in forward the kept AG output of unit 0 goes when unit 1's copy-out ends (the local
+    # prev_all_gather_state of wait_for_unshard holds it): unit 0 resharded at 7.5 s (-64),
+    # unit 1 unsharded (+64), then unit 0's AG output (-64)
+    assert cpu.memory_timeline[4:7] == ((7.5, 320), (7.5, 384), (8.5, 320))
+    assert cpu.step_time_s == pytest.approx(35.5)  # memory only: the times are unchanged
 
 
 def test_optimizer_on_the_calibrated_curve_per_tensor() -> None:
