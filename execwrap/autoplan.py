@@ -70,6 +70,7 @@ from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
 from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
 from execwrap.report.formatting import format_bytes
+from execwrap.text import plural
 from tracing.checks import check_integral, check_size
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ def search_plan(
     Example:
         >>> best = search_plan(plan, CostModel.preset("h100-nvlink-8"))  # doctest: +SKIP
         >>> best.prefetch, best.search.best.label  # doctest: +SKIP
-        (1, '2 units/group, prefetch 1')
+        (1, '4 groups of 2 units, prefetch 1')
     """
     from execwrap.search_space import SearchSpace  # the simulator loads only when planning "auto"
 
@@ -417,10 +418,9 @@ class _Evaluations:
 
 def _label(groups: Sequence[tuple[int, int]], prefetch: int, flags: Sequence[bool]) -> str:
     sizes = {j - i for i, j in groups}
-    shape = f"{len(groups)} groups"
-    if len(sizes) == 1:
-        k = sizes.pop()
-        shape = f"{k} unit{'' if k == 1 else 's'}/group"
+    shape = plural(len(groups), "group")
+    if len(sizes) == 1:  # all of one size: say which
+        shape += f" of {plural(sizes.pop(), 'unit')}"
     kept = sum(1 for f in flags if not f)
     if kept == 0:
         reshard = ""

@@ -94,7 +94,10 @@ def apply_fully_shard(
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``reshard_after_forward``, ``mp_policy``, ``ignored_params``, ...).
             Without ``reshard_after_forward`` here, an auto plan's per-group
-            choices (``plan.reshard_after_forward``) apply, the root's included.
+            choices (``plan.reshard_after_forward``) apply, the root's included;
+            with it, that value applies to every group, with one WARNING where it
+            differs from the auto plan's choices (as does an int ``prefetch`` other
+            than the auto plan's depth).
 
     Returns:
         The plan applied (for a policy that records during the first step,
@@ -192,6 +195,14 @@ def _resolve_prefetch(prefetch: int | str, plan: WrapPlan) -> int:
     """``prefetch`` as an int: ``"auto"`` becomes the plan's chosen depth."""
     if prefetch != "auto":
         assert isinstance(prefetch, int)
+        if plan.prefetch is not None and prefetch != plan.prefetch:
+            logger.warning(
+                "apply_fully_shard: prefetch=%d applied where the auto plan chose %d: "
+                'plan.estimate no longer describes the step; pass prefetch="auto" to apply '
+                "the plan's depth",
+                prefetch,
+                plan.prefetch,
+            )
         return prefetch
     if plan.prefetch is None:
         raise ValueError(
@@ -211,11 +222,16 @@ def _group_reshard(
     if flags is None:
         return {}
     if "reshard_after_forward" in fully_shard_kwargs:
-        logger.info(
-            "apply_fully_shard: reshard_after_forward=%r given; the plan's per-group choices "
-            "are not used",
-            fully_shard_kwargs["reshard_after_forward"],
-        )
+        given = fully_shard_kwargs["reshard_after_forward"]
+        if any(given is not f for f in flags):
+            logger.warning(
+                "apply_fully_shard: reshard_after_forward=%r given for every group, the root "
+                "included, overrides the auto plan's per-group choices %s: plan.estimate and "
+                "the memory budget it was planned under no longer describe the step; leave "
+                "reshard_after_forward out to apply the plan's choices",
+                given,
+                tuple(flags),
+            )
         return {}
     if len(flags) != len(plan.units):
         raise ValueError(

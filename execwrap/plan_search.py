@@ -26,7 +26,7 @@ class Candidate:
     """One simulated plan: a grouping with a prefetch depth and reshard choice.
 
     Attributes:
-        label: short readable name, e.g. ``"3 units/group, prefetch 1"`` or
+        label: short readable name, e.g. ``"4 groups of 3 units, prefetch 1"`` or
             ``"per-block"`` for a baseline.
         kind: ``"searched"`` or ``"baseline"``.
         group_sizes: atomic units per group, in execution order, over the

@@ -34,6 +34,7 @@ from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
+from execwrap.text import plural
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 
@@ -79,13 +80,17 @@ def load_cost_model(text: str, world_size: int | None) -> CostModel:
         except (OSError, ValueError) as exc:
             raise CLIError(f"--cost-model {text!r}: {shorten(exc, 400)}") from exc
         if world_size is not None and world_size != cm.world_size:
+            preset = (
+                f"pass a preset that describes them (--cost-model PRESET --world-size "
+                f"{world_size}; presets: {', '.join(sorted(PRESETS))}), "
+                if world_size >= 2  # presets describe 2 or more GPUs
+                else ""
+            )
             raise CLIError(
                 f"--cost-model {text!r} does not fit world size {world_size} (this cost model is "
-                f"for {cm.world_size} ranks): calibrate on the target's {world_size} ranks "
-                "(`execwrap calibrate` under torchrun), pass a preset that describes them "
-                f"(--cost-model PRESET --world-size {world_size}; presets: "
-                f"{', '.join(sorted(PRESETS))}), or leave --world-size out to plan for "
-                f"{cm.world_size} ranks"
+                f"for {plural(cm.world_size, 'rank')}): calibrate on the target's {plural(world_size, 'rank')} "
+                f"(`execwrap calibrate` under torchrun), {preset}or leave --world-size out to "
+                f"plan for {plural(cm.world_size, 'rank')}"
             )
         return cm
     if text not in PRESETS:

@@ -96,9 +96,13 @@ def memory_budget_option(text: str) -> int:
         )
     bare = not re.sub(r"[\d.\seE+-]", "", text)  # no unit: bytes
     if bare and budget < 2**20:  # below 1 MiB: a forgotten unit
+        # A number a person writes in GiB (up to a few TiB) is echoed with the unit;
+        # a larger one, whose unit cannot be guessed, gets the usual examples.
+        example = text.strip() if budget < 10_000 else "40"
         raise CLIError(
-            f"--memory-budget {text!r} is {budget} bytes, less than any model's peak: write "
-            f"the unit, e.g. {text.strip()}GiB or {text.strip()}GB (a bare number is bytes)"
+            f"--memory-budget {text!r} is {budget} bytes, below 1 MiB per rank, too little "
+            f"for a training step: write the unit, e.g. {example}GiB or {example}GB (a bare "
+            "number is bytes)"
         )
     return budget
 

@@ -321,6 +321,13 @@ def _auto_options(
             verb = "applies" if len(given) == 1 else "apply"
             raise CLIError(f"{', '.join(given)} only {verb} with --bucket-size auto")
         return None, None, None
+    if cost_model is not None and not cost_model.strip():
+        from execwrap.cost.presets import PRESETS
+
+        raise CLIError(
+            f"--cost-model {cost_model!r} is empty: pass a cost model file from 'execwrap "
+            f"calibrate' or a preset ({', '.join(sorted(PRESETS))})"
+        )
     if not cost_model:
         raise CLIError(
             "--bucket-size auto needs --cost-model FILE|PRESET (a JSON file from "

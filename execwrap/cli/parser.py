@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure FSDP2's collective, copy and bookkeeping costs on the process "
         "group this command runs in (every rank, under torchrun) and write the cost model "
         "as JSON on rank 0, for `execwrap report --cost-model FILE` and "
-        "CostModel.load. Takes about 30 s (2 gloo ranks on a 2-core CPU).",
+        "CostModel.load. Takes 40-65 s on 2 gloo ranks of a 2-core CPU, longer while the "
+        "host is busy.",
         epilog="example: torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json",
     )
     calibrate.add_argument(
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="N times as many runs of the sweep, optimizer loop, overlap and FSDP2 stacks: "
-        "about N times the time, medians of N times the samples (default: 1, about 30 s on "
+        "about N times the time, medians of N times the samples (default: 1, 40-65 s on "
         "2 CPU ranks)",
     )
     calibrate.add_argument(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.model_fields import COST_MODEL_FIELDS
+from execwrap.text import plural
 from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.checks import check_integral
 from tracing.rates import ComputeRates
@@ -264,7 +265,7 @@ class CostModel:
         problems = []
         if world_size != self.world_size:
             problems.append(
-                f"world size {world_size} (this cost model is for {self.world_size} ranks)"
+                f"world size {world_size} (this cost model is for {plural(self.world_size, 'rank')})"
             )
         if device_type != self.device_type:
             problems.append(
@@ -276,12 +277,17 @@ class CostModel:
                 origin = origin[:99] + "…"
             remedies = []
             if world_size != self.world_size:
-                remedies.append(
-                    f"calibrate on the target's {world_size} ranks (`execwrap calibrate` under "
-                    f"torchrun) or use a preset that describes them (CostModel.preset(name, "
-                    f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
-                    "h100-ib-400g 2 or more whole nodes of 8)"
+                remedy = (
+                    f"calibrate on the target's {plural(world_size, 'rank')} (`execwrap calibrate` "
+                    "under torchrun)"
                 )
+                if world_size >= 2:  # presets describe 2 or more GPUs
+                    remedy += (
+                        " or use a preset that describes them (CostModel.preset(name, "
+                        f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
+                        "h100-ib-400g 2 or more whole nodes of 8)"
+                    )
+                remedies.append(remedy)
             if device_type != self.device_type:
                 remedies.append(
                     f"the order's compute times are for {device_type!r}: time it on the cost "

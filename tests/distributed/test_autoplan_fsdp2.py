@@ -12,12 +12,15 @@ One spawn runs every case, each trained against an unwrapped reference
   through ``apply_fully_shard(..., prefetch="auto")``: the groups, prefetch
   depth and flags applied are the plan's;
 * the same policy under FSDP1: the auto plan's groups become FSDP1 units;
-* ``prefetch="auto"`` on a plan without a chosen depth is refused.
+* ``prefetch="auto"`` on a plan without a chosen depth is refused;
+* an explicit ``reshard_after_forward`` and an int ``prefetch`` that differ
+  from the plan's choices are applied, each with one WARNING.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from typing import Any
 
@@ -63,6 +66,17 @@ def _applied(model: nn.Module) -> dict[str, dict[str, Any]]:
             "backward": [label(t) for t in s._states_to_backward_prefetch],
         }
     return out
+
+
+class _Messages(logging.Handler):
+    """Keeps the messages of the records it handles."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -143,6 +157,16 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         apply_fully_shard(gpt_case().model(), base, mesh=mesh, prefetch="auto")
     except ValueError as e:
         out["refused"] = str(e)
+
+    # 5. The caller's reshard_after_forward and prefetch over the plan's, with a WARNING each.
+    handler = _Messages()
+    logging.getLogger("execwrap.fsdp2").addHandler(handler)
+    try:
+        model = gpt_case().model()
+        apply_fully_shard(model, chosen, mesh=mesh, prefetch=1, reshard_after_forward=True)
+    finally:
+        logging.getLogger("execwrap.fsdp2").removeHandler(handler)
+    out["overridden"] = {"applied": _applied(model), "warnings": handler.messages}
     return out
 
 
@@ -181,3 +205,18 @@ def test_auto_plans_on_fsdp2_and_fsdp1() -> None:
         'apply_fully_shard: prefetch="auto" uses the depth the auto-planner chose, but this '
         "plan has none"
     )
+
+    overridden = r0["overridden"]
+    assert overridden["applied"] == {
+        "<root>": {"reshard": True, "forward": ["blocks.0"], "backward": ["blocks.1"]},
+        "blocks.0": {"reshard": True, "forward": ["blocks.1"], "backward": []},
+        "blocks.1": {"reshard": True, "forward": [], "backward": ["blocks.0"]},
+    }
+    assert overridden["warnings"] == [
+        "apply_fully_shard: prefetch=1 applied where the auto plan chose 2: plan.estimate no "
+        'longer describes the step; pass prefetch="auto" to apply the plan\'s depth',
+        "apply_fully_shard: reshard_after_forward=True given for every group, the root "
+        "included, overrides the auto plan's per-group choices (False, False, True): "
+        "plan.estimate and the memory budget it was planned under no longer describe the "
+        "step; leave reshard_after_forward out to apply the plan's choices",
+    ]

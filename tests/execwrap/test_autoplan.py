@@ -64,7 +64,7 @@ def test_three_layers_by_hand(exhaustive_limit: int) -> None:
     assert best.reshard_after_forward == (False, False)
     assert best.estimate.step_time_s == pytest.approx(expected, rel=1e-12)
     assert best.estimate.step_time_s == pytest.approx(0.1897, rel=1e-12)
-    assert best.search.best.label == f"3 units/group, prefetch {best.prefetch}, no reshard"
+    assert best.search.best.label == f"1 group of 3 units, prefetch {best.prefetch}, no reshard"
     assert best.bucket_numel is None and best.atomic_units == plan.units
 
 
@@ -471,6 +471,12 @@ def test_world_size_the_cost_model_is_not_for_is_refused_at_construction() -> No
         linear, TracingConfig(), bucket_numel="auto", cost_model=cm, world_size=2
     )
     assert policy.world_size == 2
+    with pytest.raises(ValueError) as one:  # no preset describes one rank: none suggested
+        cm.check_compatible(world_size=1, device_type=cm.device_type)
+    assert str(one.value) == (
+        "cost model (test) does not fit world size 1 (this cost model is for 2 ranks): "
+        "calibrate on the target's 1 rank (`execwrap calibrate` under torchrun)"
+    )
 
 
 def test_policy_takes_the_auto_keywords() -> None:

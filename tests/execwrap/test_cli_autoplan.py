@@ -95,12 +95,23 @@ def test_cost_model_folder_is_named_as_one(
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "4e5"],
-            "--memory-budget '4e5' is 400000 bytes, less than any model's peak: write the unit",
+            "--memory-budget '4e5' is 400000 bytes, below 1 MiB per rank, too little for a "
+            "training step: write the unit, e.g. 40GiB or 40GB (a bare number is bytes)",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", ""],
+            "--cost-model '' is empty: pass a cost model file from 'execwrap calibrate' or a "
+            "preset (a100-nvlink-8, h100-ib-400g, h100-nvlink-8)",
+        ),
+        (
+            ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "65536"],
+            "--memory-budget '65536' is 65536 bytes, below 1 MiB per rank, too little for a "
+            "training step: write the unit, e.g. 40GiB or 40GB (a bare number is bytes)",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "40"],
-            "--memory-budget '40' is 40 bytes, less than any model's peak: write the unit, "
-            "e.g. 40GiB or 40GB (a bare number is bytes)",
+            "--memory-budget '40' is 40 bytes, below 1 MiB per rank, too little for a training "
+            "step: write the unit, e.g. 40GiB or 40GB (a bare number is bytes)",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--world-size", "0"],
@@ -218,7 +229,13 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
         f"after forward, predicted step {plan['estimate']['step_time_s'] * 1e3:.1f} ms, peak "
     ) in shown
     assert "on 2 ranks (budget 10.00 MiB)\n" in shown
-    assert f"stats (prefetch {plan['prefetch']}): " in shown
+    # the same counts `execwrap report` printed: at the auto plan's own choices
+    peak = rows[f"peak unsharded (prefetch {plan['prefetch']}, as chosen)"]
+    assert (
+        f"stats (the auto plan's choices, prefetch {plan['prefetch']}): "
+        f"{len(plan['units'])} units, {plan['estimate']['all_gathers']} all-gathers/step, "
+        f"peak unsharded {peak}\n"
+    ) in shown
     page = (out / "report.html").read_text()
     assert '<section id="predicted">' in page
     assert ('id="chart-step"' in page and 'id="chart-candidates"' in page) or NO_CHARTS_LINE in page
@@ -281,6 +298,20 @@ def test_cost_model_for_another_world_size(
         "torchrun), pass a preset that describes them (--cost-model PRESET --world-size 4; "
         "presets: a100-nvlink-8, h100-ib-400g, h100-nvlink-8), or leave --world-size out to "
         "plan for 2 ranks"
+    )
+
+
+def test_cost_model_for_more_ranks_than_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For one rank no preset applies (they describe 2 or more GPUs): none is suggested."""
+    cm_path = cost_model().save(tmp_path / "cost.json")
+    args = ["report", "--bucket-size", "auto", "--cost-model", str(cm_path), "--world-size", "1"]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    assert _err_line(capsys) == (
+        f"execwrap: error: --cost-model '{cm_path}' does not fit world size 1 (this cost model "
+        "is for 2 ranks): calibrate on the target's 1 rank (`execwrap calibrate` under "
+        "torchrun), or leave --world-size out to plan for 2 ranks"
     )
 
 
