@@ -20,7 +20,6 @@ One spawn runs every case, each trained against an unwrapped reference
 from __future__ import annotations
 
 import dataclasses
-import logging
 import warnings
 from typing import Any
 
@@ -41,6 +40,7 @@ from execwrap.demo_models import Block
 from tests._dist import run_ranks
 from tests.distributed._policy_cases import dtensor_full_grads, gpt_case, run_parity
 from tests.execwrap.autoplan_cases import cost_model
+from tests.integrations._frameworks import Records
 from tracing import trace_execution_order
 from tracing.fqn import display
 
@@ -66,17 +66,6 @@ def _applied(model: nn.Module) -> dict[str, dict[str, Any]]:
             "backward": [label(t) for t in s._states_to_backward_prefetch],
         }
     return out
-
-
-class _Messages(logging.Handler):
-    """Keeps the messages of the records it handles."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -159,14 +148,10 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         out["refused"] = str(e)
 
     # 5. The caller's reshard_after_forward and prefetch over the plan's, with a WARNING each.
-    handler = _Messages()
-    logging.getLogger("execwrap.fsdp2").addHandler(handler)
-    try:
-        model = gpt_case().model()
+    model = gpt_case().model()
+    with Records() as records:
         apply_fully_shard(model, chosen, mesh=mesh, prefetch=1, reshard_after_forward=True)
-    finally:
-        logging.getLogger("execwrap.fsdp2").removeHandler(handler)
-    out["overridden"] = {"applied": _applied(model), "warnings": handler.messages}
+    out["overridden"] = {"applied": _applied(model), "warnings": records.messages}
     return out
 
 
