@@ -223,7 +223,7 @@ def _group_reshard(
         return {}
     if "reshard_after_forward" in fully_shard_kwargs:
         given = fully_shard_kwargs["reshard_after_forward"]
-        if any(given is not f for f in flags):
+        if not isinstance(given, bool) or any(given != f for f in flags):
             logger.warning(
                 "apply_fully_shard: reshard_after_forward=%r given for every group, the root "
                 "included, overrides the auto plan's per-group choices %s: plan.estimate and "
