@@ -93,11 +93,8 @@ def apply_fully_shard(
             runs last in forward, as torchtitan sets it).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``reshard_after_forward``, ``mp_policy``, ``ignored_params``, ...).
-            Without ``reshard_after_forward`` here, an auto plan's per-group
-            choices (``plan.reshard_after_forward``) apply, the root's included;
-            with it, that value applies to every group, with one WARNING where it
-            differs from the auto plan's choices (as does an int ``prefetch`` other
-            than the auto plan's depth).
+            Without ``reshard_after_forward``, an auto plan's per-group choices
+            apply, the root's included (overriding them, or its depth, WARNs).
 
     Returns:
         The plan applied (for a policy that records during the first step,
