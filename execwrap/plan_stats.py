@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PlanStats",
+    "chosen_collectives",
     "TimelineStep",
     "check_prefetch",
     "plan_stats",
@@ -175,6 +176,17 @@ def unsharded_timeline(
                 f"unsharded_timeline: reshard_after_forward has {len(flags)} flags for {n} units"
             )
     return _timeline(plan, prefetch, flags, enclosing_units(plan.units), runs_backward(plan))
+
+
+def chosen_collectives(plan: WrapPlan) -> tuple[int, int] | None:
+    """``(all-gathers per step, peak unsharded bytes)`` at an auto plan's own prefetch
+    depth and per-group ``reshard_after_forward``; ``None`` for a plan that chose none."""
+    if plan.estimate is None or plan.prefetch is None or plan.reshard_after_forward is None:
+        return None
+    peak = peak_unsharded_bytes(
+        plan, plan.prefetch, reshard_after_forward=plan.reshard_after_forward
+    )
+    return plan.estimate.all_gathers, peak
 
 
 def peak_unsharded_bytes(

@@ -25,7 +25,7 @@ from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
 from execwrap.plan import WrapPlan
-from execwrap.plan_stats import PlanStats, peak_unsharded_bytes
+from execwrap.plan_stats import PlanStats, chosen_collectives
 from execwrap.report.formatting import format_bytes, format_numel, short_reason
 from execwrap.report.writer import write_report
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
@@ -210,17 +210,15 @@ def _collective_rows(plan: WrapPlan, stats: PlanStats, prefetch: int) -> list[tu
     """All-gathers per step and the peak of unsharded parameters: at the auto
     plan's own prefetch depth and per-group reshard flags when it chose them,
     else at ``--prefetch`` with reshard after forward."""
-    if plan.estimate is None or plan.prefetch is None or plan.reshard_after_forward is None:
+    chosen = chosen_collectives(plan)
+    if chosen is None:
         return [
             ("all-gathers/step", str(stats.all_gathers_per_step)),
             (f"peak unsharded (prefetch {prefetch})", format_bytes(stats.peak_unsharded_bytes)),
         ]
-    peak = peak_unsharded_bytes(
-        plan, plan.prefetch, reshard_after_forward=plan.reshard_after_forward
-    )
     return [
-        ("all-gathers/step", f"{plan.estimate.all_gathers} (the auto plan's choices)"),
-        (f"peak unsharded (prefetch {plan.prefetch}, as chosen)", format_bytes(peak)),
+        ("all-gathers/step", f"{chosen[0]} (the auto plan's choices)"),
+        (f"peak unsharded (prefetch {plan.prefetch}, as chosen)", format_bytes(chosen[1])),
     ]
 
 

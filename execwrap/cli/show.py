@@ -9,7 +9,7 @@ from execwrap.cli.options import ShowOptions
 from execwrap.cli.saved import SavedReport, call_label, load_saved
 from execwrap.cli.text import echo, one_line
 from execwrap.plan import WrapPlan
-from execwrap.plan_stats import peak_unsharded_bytes
+from execwrap.plan_stats import chosen_collectives
 from execwrap.report.formatting import format_bytes
 
 __all__ = ["run_show"]
@@ -91,17 +91,13 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
             f"  unit {i}: {mods}  ({len(unit.param_fqns)} parameters, {unit.numel} elements, "
             f"{format_bytes(unit.bytes)}, {calls})"
         )
-    if stats is not None and _auto_choices(plan):
+    chosen = chosen_collectives(plan)
+    if stats is not None and chosen is not None:
         # as `execwrap report` prints it: at the auto plan's own prefetch and resharding
-        assert plan.estimate is not None and plan.prefetch is not None
-        assert plan.reshard_after_forward is not None
-        peak = peak_unsharded_bytes(
-            plan, plan.prefetch, reshard_after_forward=plan.reshard_after_forward
-        )
         echo(
             f"stats (the auto plan's choices, prefetch {plan.prefetch}): "
-            f"{stats.get('num_units')} units, {plan.estimate.all_gathers} all-gathers/step, "
-            f"peak unsharded {format_bytes(peak)}"
+            f"{stats.get('num_units')} units, {chosen[0]} all-gathers/step, "
+            f"peak unsharded {format_bytes(chosen[1])}"
         )
     elif stats is not None:
         echo(
@@ -111,12 +107,3 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
         )
     for note in plan.notes:
         echo(f"note: {note}")
-
-
-def _auto_choices(plan: WrapPlan) -> bool:
-    """Whether ``plan`` is an auto plan that chose its prefetch and resharding."""
-    return (
-        plan.estimate is not None
-        and plan.prefetch is not None
-        and plan.reshard_after_forward is not None
-    )
