@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from benchmarks._autoplan_drift import SpeedProbe
 from benchmarks._autoplan_models import MODELS, ModelSpec, PlanSpec, block_numel, grid
 from benchmarks._bench import median
 from benchmarks._ranks import barrier, rank_main, spawn_ranks
@@ -159,7 +160,7 @@ def _build(spec: ModelSpec, size: dict[str, int], device: torch.device) -> nn.Mo
 
 
 def _time_interleaved(
-    trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device
+    trainers: dict[str, _Trainer], job: dict[str, Any], device: torch.device, probe: SpeedProbe
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[tuple[float, ...]]]]:
     """Seconds of each plan's timed steps, the host's steal during each (CPU
     seconds over all CPUs, :func:`execwrap.cost.host.steal_seconds`), and each timed
@@ -171,6 +172,7 @@ def _time_interleaved(
     one, and that neighbour's footprint would bias its time. With ``job["paired"]`` each
     turn is an untimed step and then a timed one of the same plan, so the timed step
     finds the allocator as the plan's own previous step left it, as in a training loop.
+    After each timed round, ``probe`` times its workload once (:meth:`SpeedProbe.record`).
     (Unpaired, *llama*'s one group of all blocks, the plan with the largest buffers,
     measured slower than its 4-block buckets in most runs, and faster when the plans ran
     one at a time; its prediction looked 10-23% short.)"""
@@ -191,6 +193,8 @@ def _time_interleaved(
                 times[n].append(elapsed)
                 steals[n].append(steal_seconds() - steal0)
                 phases[n].append(split)
+        if r >= job["warmup"]:
+            probe.record()
     return times, steals, phases
 
 
@@ -233,7 +237,7 @@ def _grouped(plan: Any) -> bool:
 
 # ------------------------------------------------------------------ one model
 def _bench_model(
-    name: str, job: dict[str, Any], cm: Any, mesh: Any, device: torch.device
+    name: str, job: dict[str, Any], cm: Any, mesh: Any, device: torch.device, probe: SpeedProbe
 ) -> list[dict[str, Any]] | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = MODELS[name]
@@ -253,7 +257,7 @@ def _bench_model(
     predicted = {p.name: _predict(plans[p.name], p, cm, world) for p in specs}
     del base
     trainers = {p.name: _Trainer(spec, size, plans[p.name], p, (x, y), mesh) for p in specs}
-    times, steals, phases = _time_interleaved(trainers, job, device)
+    times, steals, phases = _time_interleaved(trainers, job, device, probe)
     peaks = {n: _tracked_peak(t, device, _grouped(plans[n])) for n, t in trainers.items()}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(
@@ -335,24 +339,30 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
 def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
     """One rank's job: calibrate, then benchmark every model (with
     ``job["calibrate_per_model"]``, each model after the first on a cost model
-    calibrated again just before it: ``result["model_costs"]``)."""
-    cm, seconds = _calibrate(device, job)
+    calibrated again just before it: ``result["model_costs"]``). The speed probe's
+    reference is taken right after each calibration; ``result["drift"]`` holds each
+    model's :meth:`SpeedProbe.drift` (rank 0's)."""
+    probe = SpeedProbe(device)
+    cm, seconds = _calibrate(device, job, probe)
     result: dict[str, Any] = {
         "cost_model": cm.to_dict(),
         "calibrate_s": seconds,
         "models": {},
         "model_costs": {},
+        "drift": {},
     }
     for i, name in enumerate(job["models"]):
         if i > 0 and job.get("calibrate_per_model"):
-            cm, seconds = _calibrate(device, job)
+            cm, seconds = _calibrate(device, job, probe)
             result["model_costs"][name] = {"cost_model": cm.to_dict(), "calibrate_s": seconds}
-        result["models"][name] = _bench_model(name, job, cm, mesh, device)
+        result["models"][name] = _bench_model(name, job, cm, mesh, device, probe)
+        result["drift"][name] = probe.drift()
     return result
 
 
-def _calibrate(device: torch.device, job: dict[str, Any]) -> tuple[Any, float]:
-    """``CostModel.calibrate`` as the job says, and its seconds."""
+def _calibrate(device: torch.device, job: dict[str, Any], probe: SpeedProbe) -> tuple[Any, float]:
+    """``CostModel.calibrate`` as the job says, and its seconds; then the probe's
+    reference (median of 15 runs, not counted in the seconds)."""
     from execwrap.cost import CostModel
 
     t0 = time.perf_counter()
@@ -361,7 +371,9 @@ def _calibrate(device: torch.device, job: dict[str, Any]) -> tuple[Any, float]:
         max_bytes=4 * 2**20 if job["quick"] else None,
         repeat=job["calibration_repeat"],
     )
-    return cm, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    probe.set_reference(15)
+    return cm, seconds
 
 
 def _entry(rank: int, world: int, tmpdir: str, job: dict[str, Any]) -> None:

@@ -6,7 +6,10 @@ processes, in this order:
 
 1. ``CostModel.calibrate(repeat=--calibration-repeat)`` on the live process
    group (rank 0's numbers, broadcast), so predictions use this machine,
-   measured in this run;
+   measured in this run; then the reference of a speed probe
+   (:mod:`benchmarks._autoplan_drift`: a fixed workload, timed again once per
+   round of step 4, so each model's result says how much slower or faster the
+   machine ran during its steps than at the calibration);
 2. per model of :data:`benchmarks._autoplan_models.MODELS` (a
    communication-heavy wide MLP, a GPT, a Llama): a few warm-up steps of the
    unsharded model, then its order with compute times
@@ -70,6 +73,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import psutil
 import torch
 
+from benchmarks._autoplan_drift import describe
 from benchmarks._autoplan_metrics import claims, steal_share
 from benchmarks._autoplan_models import MODELS, grid
 from benchmarks._autoplan_ranks import PHASES, spawn
@@ -184,6 +188,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
         "step-time spread (IQR / median, median over plans)",
         "measured vs itself: Spearman of odd vs even steps",
         "host steal during the timed steps; steps without steal per plan",
+        "machine during the steps / at the calibration (speed probe)",
         "all met",
     ]
     rows = []
@@ -202,6 +207,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
                 f"{c['spread'] * 100:.1f}%",
                 f"{c['split_half']:.3f}",
                 f"{c['steal'] * 100:.1f}%; {c['clean_steps']}",
+                describe(c.get("drift", {})),
                 "yes" if c["all_met"] else "no",
             ]
         )
@@ -349,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         per_model[name]["steal"] = steal_share(rows, psutil.cpu_count() or 1)
         clean = [r["clean_steps"] for r in rows]
         per_model[name]["clean_steps"] = f"{min(clean)}-{max(clean)} of {job['steps']}"
+        per_model[name]["drift"] = result.get("drift", {}).get(name, {})
         size = ", ".join(f"{k} {v}" for k, v in job["sizes"][name].items())
         sections.append(
             f"### {name}: {MODELS[name].description} ({size})\n\n"
@@ -390,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         "(the spread column: how large a difference between plans is noise); the plans' medians "
         "over the odd-numbered steps ranked against those over the even-numbered ones give "
         "the run's agreement with itself (what the Spearman of predictions can be judged against); AdamW. "
+        "Speed probe (`benchmarks/_autoplan_drift.py`): a fixed workload (matmuls, 400 "
+        "small ops, a 2 MiB all-gather) timed 15 times right after the calibration and once "
+        "per round of timed steps; each part's median during a model's steps over its median "
+        "at the calibration the model was predicted with (> 1x: the machine ran slower than "
+        "when it was calibrated; it changes no prediction). "
         "Peak memory: one step under "
         "`FSDPMemTracker` (max over ranks); † under torch's generic `MemTracker` (the same "
         "accounting of tensors), for plans with a group of several modules, which "

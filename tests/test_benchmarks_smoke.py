@@ -138,3 +138,24 @@ def test_autoplan_refuses_a_calibration_repeat_below_one(
         main(["--calibration-repeat", "0", "--no-write"])
     assert exit_info.value.code == 2
     assert "--calibration-repeat must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_autoplan_speed_probe_divides_the_steps_median_by_the_calibrations() -> None:
+    import torch
+
+    from benchmarks._autoplan_drift import PARTS, SpeedProbe, describe
+
+    probe = SpeedProbe(torch.device("cpu"), collective=False)
+    assert sorted(probe.sample()) == ["compute", "dispatch"]
+    probe.reference = {"compute": 2.0, "dispatch": 1.0, "all-gather": 4.0}
+    probe.during = [
+        {"compute": 2.0, "dispatch": 1.5, "all-gather": 4.0},
+        {"compute": 3.0, "dispatch": 0.5, "all-gather": 5.0},
+        {"compute": 2.5, "dispatch": 1.2, "all-gather": 6.0},
+    ]
+    drift = probe.drift()
+    # medians 2.5, 1.2, 5.0 over references 2.0, 1.0, 4.0
+    assert drift == pytest.approx({"compute": 1.25, "dispatch": 1.2, "all-gather": 1.25})
+    assert probe.during == [] and probe.drift() == {}  # a new model starts afresh
+    assert describe(drift) == "compute 1.25x, dispatch 1.20x, all-gather 1.25x"
+    assert describe({}) == "-" and PARTS == ("compute", "dispatch", "all-gather")
