@@ -15,8 +15,8 @@ development VM; the device synchronised around each on CUDA):
   like the models' matmuls);
 * ``dispatch``: 400 in-place additions on 16-element tensors (bound by the cost of
   launching an op, like a for-loop optimizer over many small shards);
-* ``all-gather``: ``all_gather_into_tensor`` of 2 MiB per rank on the default group,
-  after a barrier (like a block's all-gather).
+* ``all-gather``: ``all_gather_single`` (as the calibration times it) of 2 MiB
+  per rank on the default group, after a barrier (like a block's all-gather).
 
 Example (one rank, no process group needed for the local parts)::
 
@@ -90,7 +90,7 @@ class SpeedProbe:
             self.small[i % len(self.small)].add_(1.0)
 
     def _gather(self) -> None:
-        dist.all_gather_into_tensor(self.recv, self.send)
+        dist.all_gather_single(self.recv, self.send)
 
     def sample(self) -> dict[str, float]:
         """Seconds of each part of one run of the workload (``PARTS``; without the
