@@ -7,6 +7,10 @@ the calibration). :class:`SpeedProbe` runs a small fixed workload right after th
 calibration and once per round of the timed steps, so that each model's result
 says how much faster or slower the machine was while its steps ran: a measured
 figure next to the prediction errors, not a guess. It changes no prediction.
+The reference is a snapshot of a moment right after the calibration, not of the
+minute the calibration measured: on 2026-12-03 13:34 *wide* was predicted 12.8%
+slow while the probe said its steps ran on a machine 1.15-1.38x slower than at the
+reference, so the probe explains some misses and not others.
 
 The workload, three parts timed apart (each a few milliseconds on the 2-vCPU
 development VM; the device synchronised around each on CUDA):
@@ -29,11 +33,13 @@ Example (one rank, no process group needed for the local parts)::
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+
+from benchmarks._ranks import barrier
+from execwrap.cost.sweep import timed_runs
 
 __all__ = ["PARTS", "SpeedProbe", "describe", "merge"]
 
@@ -69,16 +75,9 @@ class SpeedProbe:
         #: Runs since the last :meth:`drift` (:meth:`record`).
         self.during: list[dict[str, float]] = []
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _timed(self, fn: Callable[[], None]) -> float:
-        self._sync()
-        start = time.perf_counter()
-        fn()
-        self._sync()
-        return time.perf_counter() - start
+    def _timed(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
+        """Seconds of one run of ``fn`` (``timed_runs``: the device synchronised around it)."""
+        return timed_runs(fn, self.device, 1, before=before)[0][0]
 
     def _compute(self) -> None:
         out = self.a
@@ -97,9 +96,7 @@ class SpeedProbe:
         all-gather when ``collective`` is false)."""
         out = {"compute": self._timed(self._compute), "dispatch": self._timed(self._dispatch)}
         if self.collective:
-            self._sync()
-            dist.barrier()
-            out["all-gather"] = self._timed(self._gather)
+            out["all-gather"] = self._timed(self._gather, before=lambda: barrier(self.device))
         return out
 
     def set_reference(self, runs: int) -> None:
