@@ -207,7 +207,7 @@ def _claims_table(per_model: dict[str, dict[str, Any]]) -> str:
                 f"{c['spread'] * 100:.1f}%",
                 f"{c['split_half']:.3f}",
                 f"{c['steal'] * 100:.1f}%; {c['clean_steps']}",
-                describe(c.get("drift", {})),
+                describe(c["drift"]),
                 "yes" if c["all_met"] else "no",
             ]
         )
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         per_model[name]["steal"] = steal_share(rows, psutil.cpu_count() or 1)
         clean = [r["clean_steps"] for r in rows]
         per_model[name]["clean_steps"] = f"{min(clean)}-{max(clean)} of {job['steps']}"
-        per_model[name]["drift"] = result.get("drift", {}).get(name, {})
+        per_model[name]["drift"] = result["drift"][name]
         size = ", ".join(f"{k} {v}" for k, v in job["sizes"][name].items())
         sections.append(
             f"### {name}: {MODELS[name].description} ({size})\n\n"
