@@ -102,7 +102,8 @@ class OrderMonitor:
 
     Attributes:
         events: the drift of every WARNING so far, in order.
-        iterations: forwards finished since monitoring began (the first is 0).
+        iterations: forwards finished since monitoring began (an event during
+            the first forward has iteration 0).
 
     Raises:
         ValueError: ``order`` has no module calls.
