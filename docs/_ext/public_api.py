@@ -40,8 +40,8 @@ from sphinx.addnodes import pending_xref
 from sphinx.application import Sphinx
 from sphinx.domains.python import ObjectEntry, PythonDomain
 from sphinx.environment import BuildEnvironment
-from sphinx.pycode import ModuleAnalyzer
 from sphinx.errors import PycodeError
+from sphinx.pycode import ModuleAnalyzer
 
 __all__ = ["OWN_PACKAGES", "attr_doc_comment", "import_path", "public_names", "setup"]
 
