@@ -14,8 +14,8 @@ what the documentation shows beside their tables (``docs/benchmarks/``):
   roofline estimate of each model's forward and backward against the measured.
 
 ``benchmarks/autoplan.py`` and ``benchmarks/estimate.py`` call
-:func:`write_charts` after writing a result (into :data:`CHARTS_DIR` when the
-result went to :data:`~benchmarks._bench.RESULTS_DIR`, else beside the result);
+:func:`draw_for_result` after writing a result (into :data:`CHARTS_DIR` when the
+result went to ``benchmarks/results/``, else beside the result);
 ``python -m benchmarks.charts`` redraws them all. matplotlib is imported only to
 draw (``pip install 'execwrap[report]'``); reading needs nothing but Python.
 The PNGs carry no date or version, so the same results draw the same bytes.
@@ -38,6 +38,7 @@ __all__ = [
     "EstimateRun",
     "PlanResult",
     "main",
+    "draw_for_result",
     "markdown_tables",
     "parse_number",
     "read_autoplan",
@@ -420,6 +421,33 @@ def write_estimate_chart(results_dir: Path, out_dir: Path) -> list[Path]:
 def write_charts(results_dir: Path, out_dir: Path) -> list[Path]:
     """Every chart this module draws, from ``results_dir`` into ``out_dir``."""
     return write_autoplan_charts(results_dir, out_dir) + write_estimate_chart(results_dir, out_dir)
+
+
+def draw_for_result(result: Path | None, out: Path | None) -> list[Path]:
+    """What a benchmark calls after writing ``result``: redraw the charts.
+
+    Args:
+        result: the result file just written (``None``: ``--no-write``, nothing
+            is drawn).
+        out: the benchmark's ``--out`` folder; ``None`` (results went to
+            ``benchmarks/results/``) draws into :data:`CHARTS_DIR`, else the
+            charts go beside the result, so that runs elsewhere never touch the
+            documentation's charts.
+
+    Returns:
+        The PNGs written; none without matplotlib (one line says how to get it).
+    """
+    if result is None:
+        return []
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("charts not drawn: matplotlib is missing (pip install 'execwrap[report]')")
+        return []
+    written = write_charts(result.parent, CHARTS_DIR if out is None else out)
+    for path in written:
+        print(f"wrote {path}")
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
