@@ -98,5 +98,4 @@ nitpick_ignore_regex = [
 html_theme = "furo"
 html_title = "execwrap"
 html_static_path = ["_static"]
-pygments_style = "sphinx"
-pygments_dark_style = "monokai"
+html_css_files = ["custom.css"]
