@@ -178,12 +178,9 @@ def plan_wrap(
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
         cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost
-            model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank, a whole number
-            (``None``: no limit).
-        optimizer: ``"auto"`` only: the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
+        memory_budget: ``"auto"`` only: peak bytes per rank, whole (``None``: no limit).
+        optimizer: ``"auto"`` only: :data:`execwrap.simulate.OPTIMIZERS` (``None``: adamw).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
