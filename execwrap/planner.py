@@ -159,8 +159,7 @@ def plan_wrap(
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
-    The steps are described in :mod:`execwrap.planner`; every departure from
-    the policy is explained in ``plan.notes``.
+    The steps are in :mod:`execwrap.planner`; each departure from the policy is in ``plan.notes``.
 
     Args:
         model: the unwrapped root module (the meta device is fine).
@@ -179,8 +178,9 @@ def plan_wrap(
             (``None``: of both where they differ).
         cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
         world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank, whole (``None``: no limit).
-        optimizer: ``"auto"`` only: :data:`execwrap.simulate.OPTIMIZERS` (``None``: adamw).
+        memory_budget: ``"auto"`` only: peak bytes per rank, a whole number (``None``: no limit).
+        optimizer: ``"auto"`` only: the optimizer priced
+            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
