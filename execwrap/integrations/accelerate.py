@@ -36,9 +36,9 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
-from execwrap.plan import WrapPlan
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["check_fsdp_plugin", "prepare_fully_shard"]
 

@@ -38,10 +38,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp.wrap import _Policy
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
 from execwrap.integrations.prefix import lift_order, lift_plan, submodule_prefix
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from tracing import capture_execution_order
 
 __all__ = ["lightning_wrap_policy", "shard_lightning_module"]

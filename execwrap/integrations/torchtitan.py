@@ -49,9 +49,9 @@ from torchtitan.distributed.fsdp import (
     get_fsdp_reshard_after_forward_policy,
 )
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
-from execwrap.plan import WrapPlan
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["Parallelize", "apply_fsdp", "decoder_policy", "parallelize_fn", "torchtitan_groups"]
 

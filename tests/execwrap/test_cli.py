@@ -390,7 +390,7 @@ def test_report_input_larger_than_memory(tmp_path, capsys, monkeypatch):
 
 
 def test_report_plan_error_is_one_line(tmp_path, capsys, monkeypatch):
-    import execwrap.planner as plan_mod
+    import execwrap.planning.planner as plan_mod
     from execwrap.errors import PlanError
 
     def fail(*args, **kwargs):
