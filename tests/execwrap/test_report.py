@@ -27,6 +27,7 @@ from execwrap.report import (
 from execwrap.report import context as report_mod
 from execwrap.report.file_set import SET_FOLDER
 from execwrap.report.html_page import timeline_caption
+from execwrap.report.writer import FILE_WRITERS
 from tracing import ExecutionOrder, trace_execution_order
 
 ALL_FILES = {"report.json", "calls.csv", "params.csv", "order.graphml", "report.html"}
@@ -340,11 +341,11 @@ def test_interrupted_rewrite_keeps_previous_report(plan, tmp_path, monkeypatch):
     write_report(plan, tmp_path, formats=["json", "csv"])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
 
-    def boom(self, f):
+    def boom(ctx, f):
         f.write(b"<!DOCTYPE html><html><body>half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
+    monkeypatch.setitem(FILE_WRITERS, "html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path, formats=["json", "csv", "html"], prefetch=0)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
@@ -548,10 +549,10 @@ def test_folder_in_the_way_is_found_before_writing(plan, tmp_path):
 
 
 def test_interrupted_write_removes_the_folders_it_created(plan, tmp_path, monkeypatch):
-    def boom(self, f):
+    def boom(ctx, f):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
+    monkeypatch.setitem(FILE_WRITERS, "html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path / "new" / "deeper")
     assert list(tmp_path.iterdir()) == []
