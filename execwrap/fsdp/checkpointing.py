@@ -20,19 +20,27 @@ every N-th of those units in the plan's order (counted from 1: ``every=2``
 checkpoints the 2nd, 4th, ...; torchtitan's per-layer selective checkpointing,
 ``selective_ac_option="2"``).
 
-How it is applied: torch's composable ``checkpoint``
-(``torch.distributed._composable.checkpoint``): forward pre- and post-hooks that run
-the module under non-reentrant ``torch.utils.checkpoint``. Unlike
-``checkpoint_wrapper`` / ``apply_activation_checkpointing``, it changes no module
-FQN (``checkpoint_wrapper`` inserts ``_checkpoint_wrapped_module`` into every name
-below the wrapper, which the plan, the cross-rank checks and ``named_parameters()``
-would then see; only ``state_dict`` hides it), so the plan's units, the parameter
-names, the cross-rank checks and the state_dict keys stay those of the unwrapped
-model. It is applied before sharding, the same way for FSDP1 and FSDP2: FSDP's own
-hooks run first (FSDP2 registers its pre-forward hook in front; FSDP1 wraps the
-module), so the all-gather stays outside the recomputed region, as with
-``fully_shard(checkpoint_wrapper(block))``. The same ops run as with a
-``checkpoint_wrapper``: losses are equal (tests/distributed/test_training_step.py).
+How it is applied: the module's ``forward`` runs under non-reentrant
+``torch.utils.checkpoint.checkpoint`` (:class:`CheckpointedForward`, set as the
+module's ``forward``; the hooks on the module stay outside it). This is what the
+other two ways of torch do inside, without what breaks a plan:
+
+* ``checkpoint_wrapper`` / ``apply_activation_checkpointing`` put a ``CheckpointWrapper``
+  above the module and insert ``_checkpoint_wrapped_module`` into every FQN below it,
+  which the plan, the cross-rank checks and ``named_parameters()`` then see (only
+  ``state_dict`` hides it);
+* torch's composable ``checkpoint`` (``torch.distributed._composable``) keeps the FQNs,
+  but recomputes by calling the module with its hooks: FSDP2's pre-forward hook then
+  runs inside the recomputation, and under a ``MixedPrecisionPolicy`` its input cast
+  (a ``record_function`` op) fails selective checkpointing ("encountered during
+  backward but not found in storage", torch 2.13).
+
+So the module FQNs, parameter names, ``state_dict`` keys and the plan's units stay
+those of the unwrapped model. It is applied before sharding, the same way for FSDP1
+and FSDP2: FSDP's own hooks (FSDP2) or wrapper (FSDP1) stay outside the recomputed
+region, as with ``fully_shard(checkpoint_wrapper(block))``: the all-gather is not
+recomputed, and the same ops run as with a ``checkpoint_wrapper``, so the losses are
+equal (tests/distributed/test_training_step.py).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from tracing.fqn import ancestors, is_within, module_phrase, quoted
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "CheckpointedForward",
     "CheckpointMode",
     "Checkpointing",
     "apply_checkpointing",
@@ -172,24 +181,53 @@ def checkpoint_targets(
     return targets
 
 
+class CheckpointedForward:
+    """A module's own ``forward`` run under non-reentrant ``torch.utils.checkpoint``.
+
+    Set as the module's ``forward`` by :func:`checkpoint_modules`; ``nn.Module.__call__``
+    runs the module's hooks (FSDP's among them) around it, and backward recomputes the
+    class's ``forward`` alone. Deep copies of the module keep it (bound to the copy).
+
+    Args:
+        module: the module checkpointed.
+        mode: ``"full"`` or ``"selective"`` (:func:`selective_checkpoint_policy`).
+    """
+
+    def __init__(self, module: nn.Module, mode: CheckpointMode) -> None:
+        self.module = module
+        self.mode = mode
+        self.function = type(module).forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint, noop_context_fn
+
+        return checkpoint(
+            self.function,
+            self.module,
+            *args,
+            use_reentrant=False,
+            context_fn=_selective_contexts if self.mode == "selective" else noop_context_fn,
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"CheckpointedForward({type(self.module).__name__}, {self.mode!r})"
+
+
 def checkpoint_modules(model: nn.Module, targets: Mapping[str, CheckpointMode]) -> None:
-    """Apply torch's composable ``checkpoint`` to each target (checked by
-    :func:`checkpoint_targets`): ``"full"`` plainly, ``"selective"`` with
-    :func:`selective_checkpoint_policy`'s contexts."""
-    from torch.distributed._composable import checkpoint
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    def selective_contexts() -> Any:
-        return create_selective_checkpoint_contexts(selective_checkpoint_policy())
-
+    """Checkpoint each target (as checked by :func:`checkpoint_targets`): its ``forward``
+    becomes a :class:`CheckpointedForward`."""
     for fqn, mode in targets.items():
         module = model.get_submodule(fqn)
-        if mode == "full":
-            checkpoint(module)
-        else:
-            checkpoint(module, context_fn=selective_contexts)
+        module.forward = CheckpointedForward(module, mode)  # type: ignore[method-assign]
     if targets:
-        logger.info("activation checkpointing: %s", {f or "<root>": m for f, m in targets.items()})
+        logger.info("activation checkpointing: %s", dict(targets))
+
+
+def _selective_contexts() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(selective_checkpoint_policy())
 
 
 def apply_checkpointing(
@@ -380,6 +418,8 @@ def _checkpointed(module: nn.Module) -> str | None:
         return "torch's CheckpointWrapper"
     if "checkpoint" in (_get_registry(module) or {}):
         return "torch.distributed._composable.checkpoint"
+    if isinstance(module.__dict__.get("forward"), CheckpointedForward):
+        return "execwrap's checkpointing"
     return None
 
 
