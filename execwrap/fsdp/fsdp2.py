@@ -81,15 +81,12 @@ def apply_fully_shard(
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
     """Shard ``model`` with FSDP2: one ``fully_shard`` call per plan group, children
-    first and the root last, then explicit prefetching from the plan's order (the
-    algorithm, and what happens without an order yet, are in the module docstring).
+    first, the root last, then explicit prefetching from the plan's order (module docstring).
 
     Args:
-        model: the unwrapped model; sharded in place (its class becomes an
-            ``FSDPModule`` subclass).
+        model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
-            captured and its plan built here, ``policy.order``/``policy.plan``
-            set), or a ready :class:`execwrap.WrapPlan` for this model.
+            captured and its plan built here), or a :class:`execwrap.WrapPlan`.
         mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
             group), whose group the cross-rank checks use.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
@@ -97,13 +94,10 @@ def apply_fully_shard(
             auto-planner chose (``plan.prefetch``).
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root), it returns kwargs merged over
-            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward`` for
-            that group (e.g. ``reshard_after_forward=False`` for the group that
-            runs last in forward, as torchtitan sets it).
-        checkpointing: activation checkpointing, applied before sharding:
-            ``"full"``/``"selective"``/``"none"`` for every unit, or
-            ``{module FQN: mode}``; default: a policy's own ``checkpointing``
-            (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
+            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
+        checkpointing: activation checkpointing applied before sharding: a mode
+            for every unit or ``{module FQN: mode}`` (default: a policy's own;
+            :func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
@@ -111,28 +105,24 @@ def apply_fully_shard(
             ``reshard_after_forward``, an auto plan's per-group choices apply.
 
     Returns:
-        The plan applied (for a policy that records during the first step,
-        ``policy.plan`` is replaced by the re-ordered plan after that step).
-        A plan made for another model, or an auto plan made for another world
-        size than the mesh's, is applied with one WARNING saying what differs.
+        The plan applied (a policy recording during the first step replaces
+        ``policy.plan`` by the re-ordered plan after it). A plan made for another
+        model or world size is applied with one WARNING saying what differs.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model does not have, or puts
-            the root in a group with other modules. Before anything is
-            checkpointed or wrapped: a 0-dim parameter outside ``ignored_params``,
-            a group of mixed trainable dtypes its ``mp_policy`` does not cast
-            (:mod:`execwrap.fsdp.shardable`); an ``mp_policy`` FSDP would refuse
-            (:mod:`execwrap.fsdp.precision`); CPU offload on a CPU mesh
-            (:mod:`execwrap.fsdp.offload`); an unknown checkpointing mode or FQN.
+            applied; the plan names a module the model lacks, or puts the root
+            in a group with others. Before anything is checkpointed or wrapped:
+            a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
+            not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
+            refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
+            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
         PlanError: a ready plan puts a module or parameter in two units; the
-            ranks of the mesh would apply different groups, prefetch or
-            resharding (:func:`execwrap.fsdp.ranks.check_plan_across_ranks`).
+            ranks would apply different groups, prefetch or resharding.
         TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,
             ``mp_policy``, ``offload_policy`` or ``checkpointing``.
-        tracing.TracingError, execwrap.OrderDivergenceError: from capture and
-            the order check (:meth:`ParamExecOrderWrapPolicy.build_plan`).
+        tracing.TracingError, execwrap.OrderDivergenceError: from capture and its check.
 
     Example:
         >>> policy = ParamExecOrderWrapPolicy(  # doctest: +SKIP
@@ -144,16 +134,14 @@ def apply_fully_shard(
     """
     _check_arguments(model, prefetch)
     checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
-    check_checkpointing(checkpointing, every=every, model=model)
-    _check_step_kwargs(fully_shard_kwargs, mesh)
+    _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
     prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
     reshard = _group_reshard(plan, fully_shard_kwargs)
     check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
-    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
-    sharding = _group_kwargs(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params)
+    sharding = _group_kwargs(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, plan)
     checkpoint_modules(model, checkpoint_targets(model, plan.groups, checkpointing, every=every))
     _shard_groups(model, sharding, mesh)
     mark_applied(policy_or_plan)
@@ -278,8 +266,16 @@ def _checkpointing(
     return own, own_every
 
 
-def _check_step_kwargs(kwargs: Mapping[str, Any], mesh: DeviceMesh | None) -> None:
-    """``mp_policy`` and ``offload_policy`` FSDP2 would refuse later."""
+def _check_step_kwargs(
+    kwargs: Mapping[str, Any],
+    mesh: DeviceMesh | None,
+    model: nn.Module | None = None,
+    checkpointing: Checkpointing = None,
+    every: int = 1,
+) -> None:
+    """``mp_policy``, ``offload_policy`` and checkpointing FSDP2 would refuse later."""
+    if model is not None:
+        check_checkpointing(checkpointing, every=every, model=model)
     check_mixed_precision(kwargs.get("mp_policy"))
     check_offload(kwargs.get("offload_policy"), mesh=mesh)
 
@@ -291,13 +287,13 @@ def _group_kwargs(
     fully_shard_kwargs: dict[str, Any],
     reshard: dict[tuple[str, ...], bool],
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None,
-    params: Mapping[tuple[str, ...], tuple[str, ...]],
+    plan: WrapPlan,
 ) -> list[tuple[list[str], dict[str, Any]]]:
     """Each group, in post-order then the root, with its ``fully_shard`` kwargs:
     ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that group
     (``reshard``; the root's entry taken literally, as the simulator does), then
     ``group_kwargs(fqns)`` over both. All checked before anything is wrapped: a group
-    whose trainable parameters (``params``: group -> parameter FQNs) mix dtypes without
+    whose trainable parameters (the plan's unit's) mix dtypes without
     an ``mp_policy`` that casts them, and a group's own ``mp_policy`` /
     ``offload_policy`` FSDP2 would refuse."""
 
@@ -309,6 +305,7 @@ def _group_kwargs(
             kwargs.update(group_kwargs(list(fqns)))
         return kwargs
 
+    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
     ordered = [*_post_order(model, groups), [""]]
     result = [(fqns, kwargs_for(fqns)) for fqns in ordered]
     for fqns, kwargs in result:
