@@ -103,9 +103,9 @@ def check_mixed_precision(
         if value not in MP_DTYPES:
             raise ValueError(
                 f"{where}: {shown} has {field}={value}, which FSDP cannot compute or reduce "
-                f"gradients in ({_why(value)}); {field} must be {_allowed()} or None (keep "
-                "the parameters' dtype). Float8 training goes through torchao's float8 "
-                "conversion, not mixed precision; nothing has been wrapped"
+                f"gradients in ({_why(value)}); {field} must be {_allowed()} or None. "
+                "Float8 training goes through torchao's float8 conversion, not mixed "
+                "precision; nothing has been wrapped"
             )
     for field in _BOOL_FIELDS[name]:
         value = getattr(policy, field)
