@@ -26,6 +26,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffload,
+    CPUOffloadPolicy,
     FSDPModule,
     MixedPrecision,
     MixedPrecisionPolicy,
@@ -48,7 +49,7 @@ from execwrap.demo_models import Llama, LlamaBlock, LlamaConfig
 from tests._dist import run_ranks
 from tracing import capture_execution_order
 
-STEPS = 3
+STEPS = 2
 MICRO = 2
 CONFIG = LlamaConfig(vocab_size=32, dim=16, n_heads=2, n_layers=3, mlp_hidden=24)
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -221,6 +222,30 @@ def _fsdp2_cases(rank: int, world_size: int, mesh: DeviceMesh, plan: WrapPlan) -
         hand = _hand_fsdp2(_model(), mesh, modes, **hand_kwargs)
         out[name] = (_train(ours, rank, world_size), _train(hand, rank, world_size))
 
+    # a policy with nothing to capture records the order during step 1 (checked across
+    # ranks after it), through the checkpointed blocks: forward calls only, names unchanged
+    policy = ParamExecOrderWrapPolicy(ModuleWrapPolicy({LlamaBlock}), checkpointing="selective")
+    ours = _model()
+    apply_fully_shard(ours, policy, mesh=mesh, mp_policy=BF16)
+    hand = _hand_fsdp2(
+        _model(), mesh, {0: "selective", 1: "selective", 2: "selective"}, mp_policy=BF16
+    )
+    out["recorded_selective_bf16"] = (
+        _train(ours, rank, world_size),
+        _train(hand, rank, world_size),
+    )
+    assert policy.order is not None and policy.plan is not None
+    out["recorded_order"] = list(policy.order.module_forward_order) == list(
+        plan.order.module_forward_order
+    )
+    out["recorded_groups"] = policy.plan.groups
+
+    model = _model()
+    with pytest.raises(ValueError) as refused:
+        apply_fully_shard(model, plan, mesh=mesh, offload_policy=CPUOffloadPolicy())
+    out["offload_refused"] = str(refused.value)
+    out["offload_left_alone"] = not any(isinstance(m, FSDPModule) for m in model.modules())
+
     for sync, reshard in (("last", True), ("last", False), ("every", False)):
         ours = _model()
         apply_fully_shard(ours, plan, mesh=mesh, mp_policy=BF16)
@@ -254,6 +279,9 @@ def _fsdp1_cases(rank: int, world_size: int) -> dict[str, Any]:
     with pytest.raises(ValueError) as refused:
         accumulate_gradients(ours, [], reshard_after_backward=False)
     out["fsdp1_reshard_refused"] = str(refused.value)
+    with pytest.raises(ValueError) as refused:
+        next(accumulate_gradients(ours, []))
+    out["empty_refused"] = str(refused.value)
     model = _model()
     policy = ParamExecOrderWrapPolicy(ModuleWrapPolicy({LlamaBlock}), TracingConfig())
     with pytest.raises(ValueError) as refused:
@@ -279,6 +307,12 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         **_fsdp2_cases(rank, world_size, mesh, plan),
         **_fsdp1_cases(rank, world_size),
     }
+
+
+def _no_accelerator() -> str:
+    return (
+        "" if torch.accelerator.is_available() else " (torch.accelerator.is_available() is False)"
+    )
 
 
 def test_every_knob_trains_like_the_setup_by_hand() -> None:
@@ -310,5 +344,22 @@ def test_every_knob_trains_like_the_setup_by_hand() -> None:
             "(device_id=...)"
         )
         assert out["fsdp1_offload_left_alone"]
+        assert out["empty_refused"] == (
+            "accumulate_gradients: micro_batches is empty; an optimizer step needs at least "
+            "one micro-batch"
+        )
+        assert out["recorded_order"]
+        assert out["recorded_groups"] == [[""], ["layers.0"], ["layers.1"], ["layers.2"]]
+        assert out["offload_refused"] == (
+            "apply_fully_shard: offload_policy=CPUOffloadPolicy(pin_memory=True) keeps the "
+            "sharded parameters, gradients and optimizer state in host memory and copies them "
+            "to an accelerator for each all-gather, but the mesh is on 'cpu'"
+            f"{_no_accelerator()}: the parameters already live in host memory and there is no "
+            'accelerator to copy them to (torch would fail later with "Cannot access '
+            'accelerator device when none is available."); nothing has been wrapped. Leave '
+            "offload_policy out on a CPU-only device, or shard onto an accelerator "
+            '(init_device_mesh("cuda", ...))'
+        )
+        assert out["offload_left_alone"]
     # the ranks train on different halves of the batches
     assert results[0]["full"][0] != results[1]["full"][0]
