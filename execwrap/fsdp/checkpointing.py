@@ -186,7 +186,8 @@ class CheckpointedForward:
 
     Set as the module's ``forward`` by :func:`checkpoint_modules`; ``nn.Module.__call__``
     runs the module's hooks (FSDP's among them) around it, and backward recomputes the
-    class's ``forward`` alone. Deep copies of the module keep it (bound to the copy).
+    class's ``forward`` alone (or a ``forward`` set on the instance before, which is
+    kept). Deep copies and pickles of the module keep it, bound to the copy.
 
     Args:
         module: the module checkpointed.
@@ -196,14 +197,17 @@ class CheckpointedForward:
     def __init__(self, module: nn.Module, mode: CheckpointMode) -> None:
         self.module = module
         self.mode = mode
+        #: a ``forward`` set on the instance before (kept, called as it is), else ``None``
+        self.own: Callable[..., Any] | None = module.__dict__.get("forward")
         self.function = type(module).forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils.checkpoint import checkpoint, noop_context_fn
 
+        first = () if self.own is not None else (self.module,)
         return checkpoint(
-            self.function,
-            self.module,
+            self.own if self.own is not None else self.function,
+            *first,
             *args,
             use_reentrant=False,
             context_fn=_selective_contexts if self.mode == "selective" else noop_context_fn,

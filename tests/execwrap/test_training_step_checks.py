@@ -400,3 +400,22 @@ def test_accumulate_gradients_refuses_what_it_cannot_do() -> None:
         "accumulate_gradients: reshard_after_backward must be True or False; got int"
     )):  # fmt: skip
         accumulate_gradients(_model(), [1], reshard_after_backward=0)  # type: ignore[arg-type]
+
+
+def test_a_forward_set_on_the_instance_is_kept() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    calls: list[str] = []
+    plain = model[0].forward
+
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        calls.append("forward")
+        return plain(x) * 2
+
+    model[0].forward = doubled  # type: ignore[method-assign]
+    expected = model[1](doubled(torch.ones(1, 4)))
+    calls.clear()
+    assert apply_checkpointing(model, [["0"], ["1"]], {"0": "full"}) == {"0": "full"}
+    out = model(torch.ones(1, 4, requires_grad=True))
+    assert torch.equal(out, expected)
+    out.sum().backward()
+    assert calls == ["forward", "forward"]  # run, then run again in backward
