@@ -18,7 +18,9 @@ Checkpointing is given as one mode for every unit of the plan, or as a mapping
 unit encloses (a group of several modules: to each of them), and with ``every=N`` to
 every N-th of those units in the plan's order (counted from 1: ``every=2``
 checkpoints the 2nd, 4th, ...; torchtitan's per-layer selective checkpointing,
-``selective_ac_option="2"``).
+``selective_ac_option="2"``). The plan's order is the execution order; for a policy
+that records its order during the first step it is still the definition order when
+checkpointing is applied, before that step.
 
 How it is applied: the module's ``forward`` runs under non-reentrant
 ``torch.utils.checkpoint.checkpoint`` (:class:`CheckpointedForward`, set as the
