@@ -163,8 +163,8 @@ def test_parallelize_fn_trains_like_parallelize_llama() -> None:
         ]
         assert rank["method"] == "runtime"
         assert rank["ref_checkpointed"] == [
-            "layers.0: CheckpointWrapper",
-            "layers.1: CheckpointWrapper",
+            "layers.0: FSDPCheckpointWrapper",
+            "layers.1: FSDPCheckpointWrapper",
         ]
         assert rank["ours_checkpointed"] == ["layers.0: selective", "layers.1: selective"]
         assert rank["notes"] == [
