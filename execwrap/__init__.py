@@ -42,6 +42,12 @@ if TYPE_CHECKING:
         ParamMismatchError,
         PlanError,
     )
+    from execwrap.fsdp.accumulation import GRADIENT_SYNCS, accumulate_gradients
+    from execwrap.fsdp.checkpointing import (
+        CHECKPOINT_MODES,
+        apply_checkpointing,
+        selective_checkpoint_policy,
+    )
     from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp.fsdp2 import apply_fully_shard
     from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
@@ -114,15 +120,23 @@ _EXPORTS: dict[str, str] = {
     "unit_compute": "execwrap.simulate",
     # issue 11: the auto-planner's record (plan_wrap(..., bucket_numel="auto").search)
     "PlanSearch": "execwrap.plan.search_record",
+    # issue 31: the training step applied (checkpointing, gradient accumulation)
+    "CHECKPOINT_MODES": "execwrap.fsdp.checkpointing",
+    "apply_checkpointing": "execwrap.fsdp.checkpointing",
+    "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
+    "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
+    "accumulate_gradients": "execwrap.fsdp.accumulation",
 }
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "CostModel",
     "CustomPolicy",
     "Divergence",
     "DriftEvent",
     "ExecutionOrder",
     "ExecwrapError",
+    "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
     "ModuleWrapPolicy",
@@ -140,7 +154,9 @@ __all__ = [
     "UnitCompute",
     "WrapPlan",
     "WrapUnit",
+    "accumulate_gradients",
     "always_wrap_policy",
+    "apply_checkpointing",
     "apply_fully_shard",
     "build_order_graph",
     "check_order_across_ranks",
@@ -153,6 +169,7 @@ __all__ = [
     "plan_wrap",
     "policy_units",
     "prefetch_schedule",
+    "selective_checkpoint_policy",
     "simulate_step",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",

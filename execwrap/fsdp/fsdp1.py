@@ -39,14 +39,21 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
+from execwrap.fsdp.checkpointing import (
+    Checkpointing,
+    check_checkpointing,
+    checkpoint_modules,
+    checkpoint_targets,
+)
 from execwrap.fsdp.first_step import is_recording, record_first_step
+from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_order_across_ranks
-from execwrap.fsdp.shardable import check_shardable
+from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import check_auto_options
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
-from execwrap.util.text import listed
 from execwrap.watch.registry import mark_applied, watch
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import check_size
@@ -119,6 +126,15 @@ class ParamExecOrderWrapPolicy(_Policy):
             kwarg.
         groups: stated groups, lists of module FQNs that each form one FSDP
             group (``[["norm", "lm_head"]]``; see :func:`execwrap.plan_wrap`).
+        checkpointing: activation checkpointing of the units, applied before
+            wrapping (FSDP1 and :func:`execwrap.apply_fully_shard` alike):
+            ``"full"``/``"selective"``/``"none"`` for every unit or
+            ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
+        checkpoint_every: with one mode, checkpoint every N-th unit only.
+
+    FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
+    gets the root's kwargs) and are checked before anything is wrapped
+    (:mod:`execwrap.fsdp.precision`, :mod:`execwrap.fsdp.offload`).
 
     Attributes:
         order: after wrapping, the order used (``None`` until recorded in
@@ -145,9 +161,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"auto"``; ``"auto"`` without a ``cost_model``; ``cost_model``,
             ``world_size`` or ``memory_budget`` without ``"auto"``; a
             ``memory_budget`` or ``world_size`` that is not positive;
-            ``groups`` with ``"auto"``. From FSDP1 (``_run_policy``), before
-            anything is wrapped: units mix frozen and trainable parameters and
-            ``use_orig_params`` is ``False``.
+            ``groups`` with ``"auto"``; an unknown ``checkpointing`` mode (naming
+            the module FQN) or ``checkpoint_every`` < 1. From FSDP1
+            (``_run_policy``), before anything is checkpointed or wrapped: units
+            mix frozen and trainable parameters and ``use_orig_params`` is
+            ``False``; a ``mixed_precision`` FSDP would refuse; CPU offload on a
+            CPU device; a ``checkpointing`` FQN the model lacks.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -171,6 +190,8 @@ class ParamExecOrderWrapPolicy(_Policy):
     world_size: int | None = None
     memory_budget: int | None = None
     optimizer: str | None = None
+    checkpointing: Checkpointing = None
+    checkpoint_every: int = 1
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -215,6 +236,9 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.example_kwargs must be a dict of forward keyword "
                 f"arguments or None; got {type(self.example_kwargs).__name__}"
             )
+        check_checkpointing(
+            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
+        )
         if isinstance(self.example_inputs, torch.Tensor):
             self.example_inputs = (self.example_inputs,)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
@@ -347,9 +371,14 @@ class ParamExecOrderWrapPolicy(_Policy):
             ValueError: ``use_orig_params`` is ``False`` and units mix frozen
                 and trainable parameters (a flat parameter has one
                 ``requires_grad``); or the model has a 0-dim parameter FSDP
-                would refuse (:func:`execwrap.fsdp.shardable.check_shardable`).
-                Both are raised before anything is wrapped, naming the units
-                or parameters.
+                would refuse (:func:`execwrap.fsdp.shardable.check_shardable`);
+                a ``mixed_precision`` or ``cpu_offload`` FSDP1 would fail on;
+                a ``checkpointing`` FQN the model lacks. All raised before
+                anything is checkpointed or wrapped, naming what to fix.
+            TypeError: ``mixed_precision`` or ``cpu_offload`` of the wrong class.
+
+        The plan's units are checkpointed (``checkpointing``) here, before FSDP1
+        wraps them.
         """
         group = root_kwargs.get("process_group")
         plan = self.build_plan(
@@ -359,13 +388,21 @@ class ParamExecOrderWrapPolicy(_Policy):
             target="fsdp1",
         )
         if not root_kwargs.get("use_orig_params", False):
-            _check_uniform_requires_grad(root_module, plan)
+            check_uniform_requires_grad(root_module, plan)
         ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
         check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
+        _check_step_kwargs(root_kwargs)
+        targets = checkpoint_targets(
+            root_module,
+            plan.groups,
+            self.checkpointing,
+            every=self.checkpoint_every,
+            where="ParamExecOrderWrapPolicy",
+        )
+        checkpoint_modules(root_module, targets)
         mark_applied(self)
-        targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}
-        for module in targets:
+        for module in _resolve_modules(root_module, _fsdp1_targets(plan)):
             if module in ignored_modules:
                 continue
             kwargs = dict(root_kwargs)
@@ -384,24 +421,12 @@ class ParamExecOrderWrapPolicy(_Policy):
 
 
 # ------------------------------------------------------------------ helpers
-def _check_uniform_requires_grad(root: nn.Module, plan: WrapPlan) -> None:
-    """FSDP1 with ``use_orig_params=False``: every unit one ``requires_grad``."""
-    trainable = {fqn: p.requires_grad for fqn, p in root.named_parameters()}
-    mixed = []
-    for unit in plan.units:
-        flags = {trainable[p] for p in unit.param_fqns if p in trainable}
-        if len(flags) > 1:
-            n = sum(trainable.get(p, False) for p in unit.param_fqns)
-            mixed.append(f"{unit.label} ({n} of {len(unit.param_fqns)} parameters trainable)")
-    if mixed:
-        raise ValueError(
-            f"ParamExecOrderWrapPolicy: FSDP1 with use_orig_params=False flattens each unit "
-            f"into one flat parameter with one requires_grad, but {len(mixed)} of "
-            f"{len(plan.units)} units mix frozen and trainable parameters: "
-            f"{listed(mixed, 5)}. Pass use_orig_params=True to FSDP, or use an init_policy "
-            "that wraps the trainable modules separately (for PEFT models: "
-            "peft.utils.other.fsdp_auto_wrap_policy(model))"
-        )
+def _check_step_kwargs(root_kwargs: dict[str, Any]) -> None:
+    """FSDP1's ``mixed_precision`` and ``cpu_offload`` it would refuse later."""
+    where = "ParamExecOrderWrapPolicy"
+    check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
+    device_id = root_kwargs.get("device_id")
+    check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)
 
 
 def _empty_order(model: nn.Module) -> ExecutionOrder:

@@ -44,8 +44,16 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from execwrap.fsdp.checkpointing import (
+    Checkpointing,
+    check_checkpointing,
+    checkpoint_modules,
+    checkpoint_targets,
+)
 from execwrap.fsdp.first_step import record_first_step
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_plan_before_sharding
 from execwrap.fsdp.shardable import check_shardable, check_uniform_dtype
 from execwrap.plan.consistency import first_overlap, overlap_error
@@ -68,74 +76,74 @@ def apply_fully_shard(
     mesh: DeviceMesh | None = None,
     prefetch: int | Literal["auto"] = 1,
     group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
+    checkpointing: Checkpointing = None,
+    checkpoint_every: int = 1,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
     """Shard ``model`` with FSDP2: one ``fully_shard`` call per plan group, children
-    first and the root last, then explicit prefetching from the plan's order (the
-    algorithm, and what happens without an order yet, are in the module docstring).
+    first, the root last, then explicit prefetching from the plan's order (module docstring).
 
     Args:
-        model: the unwrapped model; sharded in place (its class becomes an
-            ``FSDPModule`` subclass).
+        model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
-            captured and its plan built here, ``policy.order``/``policy.plan``
-            set), or a ready :class:`execwrap.WrapPlan` for this model.
+            captured and its plan built here), or a :class:`execwrap.WrapPlan`.
         mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
             group), whose group the cross-rank checks use.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
             FSDP2's implicit prefetching; ``"auto"``: the depth the
-            auto-planner chose (``plan.prefetch``; plan with
-            ``bucket_numel="auto"``).
+            auto-planner chose (``plan.prefetch``).
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root), it returns kwargs merged over
-            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward`` for
-            that group (e.g. ``reshard_after_forward=False`` for the group that
-            runs last in forward, as torchtitan sets it).
+            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
+        checkpointing: activation checkpointing applied before sharding: a mode
+            for every unit or ``{module FQN: mode}`` (default: a policy's own;
+            :func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
+        checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
-            (``reshard_after_forward``, ``mp_policy``, ``ignored_params``, ...).
-            Without ``reshard_after_forward``, an auto plan's per-group choices
-            apply, the root's included (overriding them, or its depth, WARNs).
+            (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
+            ``reshard_after_forward``, ``ignored_params``, ...). Without
+            ``reshard_after_forward``, an auto plan's per-group choices apply.
 
     Returns:
-        The plan applied (for a policy that records during the first step,
-        ``policy.plan`` is replaced by the re-ordered plan after that step).
-        A ready plan whose order does not fit ``model`` (planned for another
-        model) is applied with one WARNING naming what differs; so is an auto
-        plan made for another world size than the mesh's.
+        The plan applied (a policy recording during the first step replaces
+        ``policy.plan`` by the re-ordered plan after it). A plan made for another
+        model or world size is applied with one WARNING saying what differs.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model does not have, or puts
-            the root in a group with other modules; before anything is wrapped
-            (:mod:`execwrap.fsdp.shardable`): a 0-dim parameter outside
-            ``ignored_params``, or a group of mixed trainable dtypes that its
-            ``mp_policy`` does not cast to one ``param_dtype``.
+            applied; the plan names a module the model lacks, or puts the root
+            in a group with others. Before anything is checkpointed or wrapped:
+            a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
+            not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
+            refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
+            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
         PlanError: a ready plan puts a module or parameter in two units; the
-            ranks of the mesh would apply different groups, prefetch or
-            resharding (one ``all_gather_object``: a collective when a process
-            group is initialised; :func:`execwrap.fsdp.ranks.check_plan_across_ranks`).
-        TypeError: ``prefetch`` is neither an int nor ``"auto"``;
-            ``policy_or_plan`` is neither a policy nor a plan.
-        tracing.TracingError, execwrap.OrderDivergenceError: from capture and
-            the order check (:meth:`ParamExecOrderWrapPolicy.build_plan`).
+            ranks would apply different groups, prefetch or resharding.
+        TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,
+            ``mp_policy``, ``offload_policy`` or ``checkpointing``.
+        tracing.TracingError, execwrap.OrderDivergenceError: from capture and its check.
 
     Example:
         >>> policy = ParamExecOrderWrapPolicy(  # doctest: +SKIP
         ...     ModuleWrapPolicy({Block}), TracingConfig(), bucket_numel=2_000_000)
-        >>> plan = apply_fully_shard(model, policy, mesh=mesh)  # doctest: +SKIP
+        >>> plan = apply_fully_shard(model, policy, mesh=mesh,  # doctest: +SKIP
+        ...     mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16), checkpointing="full")
         >>> plan.groups  # doctest: +SKIP
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
     _check_arguments(model, prefetch)
+    checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
+    _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
     check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
     prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
     reshard = _group_reshard(plan, fully_shard_kwargs)
     check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
-    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
-    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
+    sharding = _group_kwargs(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, plan)
+    checkpoint_modules(model, checkpoint_targets(model, plan.groups, checkpointing, every=every))
+    _shard_groups(model, sharding, mesh)
     mark_applied(policy_or_plan)
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
@@ -238,22 +246,56 @@ def _group_reshard(
     return {u.module_fqns: bool(f) for u, f in zip(plan.units, flags, strict=True)}
 
 
-def _shard_groups(
+def _checkpointing(
+    policy_or_plan: Any, checkpointing: Checkpointing, every: int
+) -> tuple[Checkpointing, int]:
+    """The checkpointing to apply: the arguments', else a policy's own (both given: equal)."""
+    own = getattr(policy_or_plan, "checkpointing", None)
+    if own is None:
+        return checkpointing, every
+    own_every = getattr(policy_or_plan, "checkpoint_every", 1)
+    if checkpointing is None and every == 1:
+        return own, own_every
+    given = (own if checkpointing is None else checkpointing, every)
+    if given != (own, own_every):
+        raise ValueError(
+            f"apply_fully_shard: checkpointing={given[0]!r}, checkpoint_every={given[1]} given, "
+            f"but the policy has checkpointing={own!r}, checkpoint_every={own_every}; set "
+            "them in one place"
+        )
+    return own, own_every
+
+
+def _check_step_kwargs(
+    kwargs: Mapping[str, Any],
+    mesh: DeviceMesh | None,
+    model: nn.Module | None = None,
+    checkpointing: Checkpointing = None,
+    every: int = 1,
+) -> None:
+    """``mp_policy``, ``offload_policy`` and checkpointing FSDP2 would refuse later."""
+    if model is not None:
+        check_checkpointing(checkpointing, every=every, model=model)
+    check_mixed_precision(kwargs.get("mp_policy"))
+    check_offload(kwargs.get("offload_policy"), mesh=mesh)
+
+
+def _group_kwargs(
     model: nn.Module,
     groups: list[list[str]],
     mesh: DeviceMesh | None,
     fully_shard_kwargs: dict[str, Any],
     reshard: dict[tuple[str, ...], bool],
-    group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None = None,
-    *,
-    params: Mapping[tuple[str, ...], tuple[str, ...]] | None = None,
-) -> None:
-    """``fully_shard`` each group in post-order, then the root: each with
-    ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that
-    group (``reshard``; the root's entry taken literally, as the simulator
-    does), then ``group_kwargs(fqns)`` over both. Before anything is wrapped,
-    a group whose trainable parameters (``params``: group -> parameter FQNs)
-    mix dtypes without an ``mp_policy`` that casts them is refused."""
+    group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None,
+    plan: WrapPlan,
+) -> list[tuple[list[str], dict[str, Any]]]:
+    """Each group, in post-order then the root, with its ``fully_shard`` kwargs:
+    ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that group
+    (``reshard``; the root's entry taken literally, as the simulator does), then
+    ``group_kwargs(fqns)`` over both. All checked before anything is wrapped: a group
+    whose trainable parameters (the plan's unit's) mix dtypes without
+    an ``mp_policy`` that casts them, and a group's own ``mp_policy`` /
+    ``offload_policy`` FSDP2 would refuse."""
 
     def kwargs_for(fqns: list[str]) -> dict[str, Any]:
         kwargs = dict(fully_shard_kwargs)
@@ -263,15 +305,24 @@ def _shard_groups(
             kwargs.update(group_kwargs(list(fqns)))
         return kwargs
 
+    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
     ordered = [*_post_order(model, groups), [""]]
-    kwargs_by_group = {tuple(fqns): kwargs_for(fqns) for fqns in ordered}
-    for fqns in ordered:
-        key = tuple(fqns)
-        check_uniform_dtype(model, fqns, (params or {}).get(key, ()), kwargs_by_group[key])
-    for fqns in ordered[:-1]:
+    result = [(fqns, kwargs_for(fqns)) for fqns in ordered]
+    for fqns, kwargs in result:
+        check_uniform_dtype(model, fqns, params.get(tuple(fqns), ()), kwargs)
+        _check_step_kwargs(kwargs, mesh)
+    return result
+
+
+def _shard_groups(
+    model: nn.Module,
+    sharding: list[tuple[list[str], dict[str, Any]]],
+    mesh: DeviceMesh | None,
+) -> None:
+    """``fully_shard`` each group with its kwargs (:func:`_group_kwargs`), the root last."""
+    for fqns, kwargs in sharding[:-1]:
         modules = [model.get_submodule(f) for f in fqns]
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        kwargs = kwargs_by_group[tuple(fqns)]
         logger.debug(
             "fully_shard(%s, reshard_after_forward=%s)", fqns, kwargs.get("reshard_after_forward")
         )
@@ -282,7 +333,7 @@ def _shard_groups(
                 e.add_note(f"While applying fully_shard to plan group {fqns}")
             logger.debug("fully_shard(%s) failed", fqns)
             raise
-    fully_shard(model, mesh=mesh, **kwargs_by_group[("",)])
+    fully_shard(model, mesh=mesh, **sharding[-1][1])
 
 
 def _schedule_prefetch(

@@ -20,11 +20,21 @@ without naming the module).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch.nn as nn
 
-__all__ = ["check_shardable", "check_uniform_dtype", "scalar_params"]
+from execwrap.util.text import listed
+
+if TYPE_CHECKING:
+    from execwrap.plan.wrap_plan import WrapPlan
+
+__all__ = [
+    "check_shardable",
+    "check_uniform_dtype",
+    "check_uniform_requires_grad",
+    "scalar_params",
+]
 
 
 def scalar_params(model: nn.Module, ignored: Iterable[nn.Parameter] = ()) -> list[str]:
@@ -114,4 +124,24 @@ def check_uniform_dtype(
             "needs one dtype per group. Pass mp_policy=MixedPrecisionPolicy(param_dtype=...), "
             "cast the module to one dtype, or plan with a finer init_policy that puts them "
             "in different groups"
+        )
+
+
+def check_uniform_requires_grad(root: nn.Module, plan: WrapPlan) -> None:
+    """FSDP1 with ``use_orig_params=False``: every unit one ``requires_grad``."""
+    trainable = {fqn: p.requires_grad for fqn, p in root.named_parameters()}
+    mixed = []
+    for unit in plan.units:
+        flags = {trainable[p] for p in unit.param_fqns if p in trainable}
+        if len(flags) > 1:
+            n = sum(trainable.get(p, False) for p in unit.param_fqns)
+            mixed.append(f"{unit.label} ({n} of {len(unit.param_fqns)} parameters trainable)")
+    if mixed:
+        raise ValueError(
+            f"ParamExecOrderWrapPolicy: FSDP1 with use_orig_params=False flattens each unit "
+            f"into one flat parameter with one requires_grad, but {len(mixed)} of "
+            f"{len(plan.units)} units mix frozen and trainable parameters: "
+            f"{listed(mixed, 5)}. Pass use_orig_params=True to FSDP, or use an init_policy "
+            "that wraps the trainable modules separately (for PEFT models: "
+            "peft.utils.other.fsdp_auto_wrap_policy(model))"
         )
