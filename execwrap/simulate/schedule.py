@@ -8,7 +8,7 @@ and a :class:`~execwrap.cost.CostModel` into the ops of
 ``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
 ``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
 :func:`execwrap.simulate.simulate_step`'s docstring; :func:`prefetch_lists`
-is :func:`execwrap.prefetch.prefetch_schedule` on plan units (the schedule
+is :func:`execwrap.plan.prefetch.prefetch_schedule` on plan units (the schedule
 ``apply_fully_shard`` sets; it loads no ``torch.distributed.fsdp``).
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from execwrap.cost.model import CostModel
-from execwrap.prefetch import prefetch_schedule
+from execwrap.plan.prefetch import prefetch_schedule
+from execwrap.plan.spans import OrderFacts
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
-from execwrap.spans import OrderFacts
 from tracing.order import ExecutionOrder
 
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]

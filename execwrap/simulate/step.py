@@ -79,15 +79,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from execwrap.cost.model import CostModel
+from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
-from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["OPTIMIZERS", "Optimizer", "padded_bytes", "simulate_step"]
 
