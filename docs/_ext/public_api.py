@@ -15,7 +15,7 @@ not. This extension keeps the cross references right under that rule:
   imported and, when it is a public object, pointed at its public name.
 * A reference to an object that exists inside ``execwrap`` or ``tracing`` but
   is not public (a helper a docstring names, such as
-  ``execwrap.first_step.record_first_step``) is shown as code without a link:
+  ``execwrap.fsdp.first_step.record_first_step``) is shown as code without a link:
   the reference does not document internals. A reference to something that
   does not exist stays a warning (the build runs nitpicky, warnings as errors).
 * A constant's documentation is its ``#:`` comment where it is defined (the
