@@ -47,6 +47,7 @@ T = TypeVar("T")
 
 #: When the gradients are reduced across ranks: after every micro-batch, or after the last.
 GradientSync = Literal["every", "last"]
+#: The values of ``sync``: reduce after every micro-batch, or after the last.
 GRADIENT_SYNCS: tuple[str, ...] = get_args(GradientSync)
 
 

@@ -88,6 +88,7 @@ def build_order_graph(*orders: ExecutionOrder) -> nx.DiGraph:
           to each parameter it owns (under any of the parameter's names);
         * use: ``uses`` counts the forward uses of parameter ``v`` while module
           ``u`` ran (from ``param_uses``).
+
         ``kind`` lists the roles, ``"+"``-joined: ``"next"``, ``"contains"``,
         ``"uses"``, ``"contains+next"``, ...
 

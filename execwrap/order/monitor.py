@@ -100,6 +100,11 @@ class OrderMonitor:
             FQNs are compared without wrapper prefixes).
         order: the reference order; its ``module_forward_order`` is compared.
 
+    Attributes:
+        events: the drift of every WARNING so far, in order.
+        iterations: forwards finished since monitoring began (an event during
+            the first forward has iteration 0).
+
     Raises:
         ValueError: ``order`` has no module calls.
 

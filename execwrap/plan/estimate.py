@@ -81,7 +81,7 @@ class MemoryBreakdown:
 
     @property
     def dominant(self) -> str:
-        """The largest category's field name (ties: the first in field order)."""
+        """The largest category's field name; of equal ones, the first in field order."""
         best = max(fields(self), key=lambda f: getattr(self, f.name))
         return best.name
 

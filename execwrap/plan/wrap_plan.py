@@ -100,7 +100,7 @@ class WrapPlan:
     # ------------------------------------------------------------ lookups
     @property
     def groups(self) -> list[list[str]]:
-        """Module FQNs of each unit: the argument lists for ``fully_shard``."""
+        """Module FQNs of each unit, the argument lists for ``fully_shard``."""
         return [list(u.module_fqns) for u in self.units]
 
     @property

@@ -155,8 +155,7 @@ def plan_wrap(
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
-    The steps are described in :mod:`execwrap.planning.planner`; every departure from
-    the policy is explained in ``plan.notes``.
+    The steps are in :mod:`execwrap.planning.planner`; departures from the policy: ``plan.notes``.
 
     Args:
         model: the unwrapped root module (the meta device is fine).
@@ -173,10 +172,11 @@ def plan_wrap(
             (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
-        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
-            :class:`execwrap.cost.CostModel`, ranks (an int, NumPy's too; default: the
-            cost model's), peak bytes per rank, a whole number (``None``: no limit), the
-            optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
+        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
+        memory_budget: ``"auto"`` only: peak bytes per rank, a whole number (``None``: no limit).
+        optimizer: ``"auto"`` only: the optimizer priced
+            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
