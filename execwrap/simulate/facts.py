@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from execwrap.simulate.schedule import UnitSpec, prefetch_lists
+from execwrap.simulate.schedule import prefetch_lists
+from execwrap.simulate.unit_spec import UnitSpec
 from execwrap.spans import OrderFacts
 from execwrap.unit import enclosing_units
 from tracing.order import ExecutionOrder
@@ -96,7 +97,7 @@ class PlanFacts:
     """What simulating one plan reads of it, whatever its prefetch and resharding.
 
     Attributes:
-        specs: one :class:`~execwrap.simulate.schedule.UnitSpec` per plan unit,
+        specs: one :class:`~execwrap.simulate.unit_spec.UnitSpec` per plan unit,
             each resharding after forward (the simulation sets its own flags).
         forward_order: units that run forward, in plan order, root first.
         trainable_shards: bytes of each trainable parameter's shard on one
@@ -157,6 +158,7 @@ def _unit_specs(plan: WrapPlan, facts: SimulationFacts) -> list[UnitSpec]:
     runs_bwd = facts.runs_backward([(u.module_fqns, u.param_fqns) for u in plan.units])
     enclosing = enclosing_units(plan.units)
     padded, requires_grad = facts.param_padded, facts.requires_grad
+    params = facts.order.params
     specs = []
     for i, u in enumerate(plan.units):
         param_bytes = tuple(padded(p) for p in u.param_fqns)
@@ -172,6 +174,10 @@ def _unit_specs(plan: WrapPlan, facts: SimulationFacts) -> list[UnitSpec]:
                 tensors=len(u.param_fqns),
                 grad_tensors=sum(1 for p in u.param_fqns if requires_grad(p)),
                 param_bytes=param_bytes,
+                param_dtypes=tuple(
+                    params[p].dtype if p in params else "float32" for p in u.param_fqns
+                ),
+                trainable=tuple(requires_grad(p) for p in u.param_fqns),
             )
         )
     return specs

@@ -27,6 +27,7 @@ from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.rates import ComputeRates
 from tracing.runtime.param_map import ParamMap
+from tracing.runtime.precision import cast_inputs, cast_parameters, check_compute_dtype
 from tracing.runtime.recorder import RuntimeRecorder, timing_clock
 from tracing.runtime.timing import CallTimer, Clock
 
@@ -49,6 +50,7 @@ def record_execution_order(
     backward: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timing: bool | ComputeRates = False,
+    param_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> ExecutionOrder:
     """Capture the execution order by running one forward (and backward).
@@ -73,6 +75,14 @@ def record_execution_order(
     e.g. ``cost_model.compute``) estimates the recorded step op by op
     (``"estimated"``): the way for meta or fake models.
 
+    ``param_dtype`` (e.g. ``torch.bfloat16``) runs the step as FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=...)`` would: on parameters cast to it
+    and floating-point inputs cast to it
+    (:func:`~tracing.runtime.precision.cast_parameters`; nothing is allocated on
+    the meta device), so activations and their times are those of that dtype;
+    ``order.params`` keeps the model's own dtypes and ``order.param_dtype`` says
+    which dtype ran.
+
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
             :class:`RuntimeRecorder`).
@@ -83,6 +93,7 @@ def record_execution_order(
             floating-point tensor in the output (nested tuples, lists, dicts,
             dataclasses, ``ModelOutput``).
         timing: ``False``, ``True`` (measure) or the rates to estimate with.
+        param_dtype: the dtype to run the step in (default: the model's own).
         **kwargs: keyword inputs of ``model``.
 
     Returns:
@@ -93,6 +104,7 @@ def record_execution_order(
             a tensor-valued ``if``), naming the module; or a lazy module is uninitialised.
         TypeError: ``loss_fn`` did not return a tensor.
         ValueError: ``timing=True`` on the meta device or fake tensors.
+        TypeError: ``param_dtype`` is not a floating-point ``torch.dtype``.
         Exception: whatever the model raises otherwise, unchanged (with a
             note naming the innermost module).
 
@@ -103,6 +115,7 @@ def record_execution_order(
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
     check_no_lazy_modules(model)
+    param_dtype = check_compute_dtype(param_dtype, "record_execution_order")
     clock = timing_clock(model, True) if timing is True else None
     saved = SavedModelState(model, tensor_attributes=distributed_wrapper(model) is None)
     input_grads = _InputGrads((args, kwargs))
@@ -111,11 +124,19 @@ def record_execution_order(
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
-        with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+        args, kwargs = cast_inputs((args, kwargs), param_dtype)
+        with (
+            recorder,
+            cast_parameters(model, param_dtype),
+            torch.set_grad_enabled(backward or torch.is_grad_enabled()),
+        ):
             run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
         order = recorder.order
         if clock is not None:
-            order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
+            with cast_parameters(model, param_dtype):
+                order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
+        if param_dtype is not None:
+            order.param_dtype = str(param_dtype).removeprefix("torch.")
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         _raise_located(e, where, meta=_is_meta(model, args, kwargs))
@@ -196,12 +217,15 @@ def run_step(
     timer: CallTimer | None = None,
 ) -> None:
     """One forward, then (when ``backward``) one backward of its loss (whose saved
-    tensors ``timer`` counts for the root call)."""
+    tensors ``timer`` counts for the root call). The output is let go before the
+    backward, as training loops do (torchtitan's ``del pred``), so that what the
+    backward keeps alive is the loss's own."""
     output = model(*args, **kwargs)
     if not backward:
         return
     with timer.count_saved() if timer is not None else contextlib.nullcontext():
         loss = (loss_fn or default_loss)(output)
+    del output
     if loss is not None and not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss_fn must return a torch.Tensor, got {type(loss).__name__}")
     if loss is None or not loss.requires_grad:
