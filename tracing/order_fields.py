@@ -134,6 +134,8 @@ _PARAM_USE = Record(
         "op": Field(string(), required=False, default="call_module"),
     }
 )
+
+
 def _optional_dtype(value: Any, path: str) -> str:
     """``""`` or a dtype name (:func:`_dtype_name`)."""
     return "" if value == "" else _dtype_name(value, path)
@@ -185,7 +187,9 @@ ORDER_FIELDS = Record(
         "timing_method": Field(one_of(*TIMING_METHODS), required=False, default=""),
         "input_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
         "compute_ops": Field(list_of(_COMPUTE_OP), required=False, default=[]),
-        "forward_transient_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
+        "forward_transient_bytes": Field(
+            list_of(integer(what="bytes")), required=False, default=[]
+        ),
         "backward_transient_bytes": Field(
             list_of(integer(what="bytes")), required=False, default=[]
         ),

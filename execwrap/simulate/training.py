@@ -32,6 +32,7 @@ checkpointing, no offload, one micro-batch) are the step
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -51,6 +52,7 @@ __all__ = [
     "Precision",
     "TrainingStep",
     "dtype_itemsize",
+    "resolve_training",
 ]
 
 #: Floating-point dtypes a step can compute, gather or reduce in (torch names).
@@ -154,8 +156,8 @@ class Precision:
     @property
     def is_default(self) -> bool:
         """Whether every dtype is the parameters' own (no cast anywhere)."""
-        return self.param_dtype is None and self.reduce_dtype is None and (
-            self.autocast_dtype is None
+        return (
+            self.param_dtype is None and self.reduce_dtype is None and (self.autocast_dtype is None)
         )
 
 
@@ -287,6 +289,40 @@ class TrainingStep:
                 "checkpoint the units inside it"
             )
         return tuple(modes)
+
+
+def resolve_training(
+    training: TrainingStep | None,
+    *,
+    precision: Precision | None = None,
+    checkpointing: str | None = None,
+    offload: str | None = None,
+    micro_batches: int | None = None,
+    accumulation: str | None = None,
+) -> TrainingStep:
+    """``training`` (default: :class:`TrainingStep()`) with each given keyword replacing
+    its field, checked again.
+
+    Raises:
+        TypeError: ``training`` is not a :class:`TrainingStep`.
+        ValueError: a replaced field is invalid (:class:`TrainingStep`'s checks).
+    """
+    if training is None:
+        training = TrainingStep()
+    elif not isinstance(training, TrainingStep):
+        raise TypeError(f"training must be a TrainingStep, got {type(training).__name__}")
+    changes: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("precision", precision),
+            ("checkpointing", checkpointing),
+            ("offload", offload),
+            ("micro_batches", micro_batches),
+            ("accumulation", accumulation),
+        )
+        if v is not None
+    }
+    return dataclasses.replace(training, **changes) if changes else training
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -96,7 +96,9 @@ class UnitSpec:
                 self.grad_bytes if self.reduce_copy_bytes < 0 else self.reduce_copy_bytes
             ),
             grad_shard_bytes=(
-                self.grad_bytes // world_size if self.grad_shard_bytes < 0 else self.grad_shard_bytes
+                self.grad_bytes // world_size
+                if self.grad_shard_bytes < 0
+                else self.grad_shard_bytes
             ),
         )
 
@@ -123,7 +125,9 @@ class UnitSpec:
             gathered.append(g)
             shard += nbytes // world_size
             if grad:
-                reduced += _resized(nbytes, size, precision.reduce_dtype_for(dtype) if size else dtype)
+                reduced += _resized(
+                    nbytes, size, precision.reduce_dtype_for(dtype) if size else dtype
+                )
         gather_total = sum(gathered)
         grads_gathered = sum(g for g, t in zip(gathered, trainable, strict=True) if t)
         return dataclasses.replace(

@@ -170,7 +170,11 @@ def causal_fraction(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     causal = _argument(func, args, kwargs, "is_causal")
     query = _argument(func, args, kwargs, "query")
     key = _argument(func, args, kwargs, "key")
-    if causal is not True or not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+    if (
+        causal is not True
+        or not isinstance(query, torch.Tensor)
+        or not isinstance(key, torch.Tensor)
+    ):
         return 1.0
     s_q, s_k = int(query.shape[-2]), int(key.shape[-2])
     if s_q <= 0 or s_k <= 0:

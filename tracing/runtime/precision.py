@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["cast_inputs", "cast_parameters", "check_compute_dtype"]
+__all__ = ["as_dtype", "cast_inputs", "cast_parameters", "check_compute_dtype"]
 
 
 def check_compute_dtype(dtype: Any, where: str) -> torch.dtype | None:
@@ -96,3 +96,12 @@ def cast_inputs(inputs: Any, dtype: torch.dtype | None) -> Any:
         return t.to(dtype) if t.is_floating_point() else t
 
     return pytree.tree_map_only(torch.Tensor, cast, inputs)
+
+
+@contextmanager
+def as_dtype(model: nn.Module, inputs: Any, dtype: Any, where: str) -> Iterator[Any]:
+    """:func:`cast_parameters` of ``model`` for the block, yielding :func:`cast_inputs`
+    of ``inputs``; ``dtype`` checked first (:func:`check_compute_dtype`, naming ``where``)."""
+    dtype = check_compute_dtype(dtype, where)
+    with cast_parameters(model, dtype):
+        yield cast_inputs(inputs, dtype)

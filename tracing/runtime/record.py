@@ -27,7 +27,7 @@ from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.rates import ComputeRates
 from tracing.runtime.param_map import ParamMap
-from tracing.runtime.precision import cast_inputs, cast_parameters, check_compute_dtype
+from tracing.runtime.precision import as_dtype
 from tracing.runtime.recorder import RuntimeRecorder, timing_clock
 from tracing.runtime.timing import CallTimer, Clock
 
@@ -75,14 +75,6 @@ def record_execution_order(
     e.g. ``cost_model.compute``) estimates the recorded step op by op
     (``"estimated"``): the way for meta or fake models.
 
-    ``param_dtype`` (e.g. ``torch.bfloat16``) runs the step as FSDP2's
-    ``MixedPrecisionPolicy(param_dtype=...)`` would: on parameters cast to it
-    and floating-point inputs cast to it
-    (:func:`~tracing.runtime.precision.cast_parameters`; nothing is allocated on
-    the meta device), so activations and their times are those of that dtype;
-    ``order.params`` keeps the model's own dtypes and ``order.param_dtype`` says
-    which dtype ran.
-
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
             :class:`RuntimeRecorder`).
@@ -93,7 +85,8 @@ def record_execution_order(
             floating-point tensor in the output (nested tuples, lists, dicts,
             dataclasses, ``ModelOutput``).
         timing: ``False``, ``True`` (measure) or the rates to estimate with.
-        param_dtype: the dtype to run the step in (default: the model's own).
+        param_dtype: run on parameters and inputs cast to this dtype, as FSDP2's
+            ``MixedPrecisionPolicy`` does (:mod:`tracing.runtime.precision`; free on meta).
         **kwargs: keyword inputs of ``model``.
 
     Returns:
@@ -102,9 +95,8 @@ def record_execution_order(
     Raises:
         TracingError: on the meta device, an op needed tensor values (``.item()``,
             a tensor-valued ``if``), naming the module; or a lazy module is uninitialised.
-        TypeError: ``loss_fn`` did not return a tensor.
+        TypeError: ``loss_fn`` did not return a tensor, or a bad ``param_dtype``.
         ValueError: ``timing=True`` on the meta device or fake tensors.
-        TypeError: ``param_dtype`` is not a floating-point ``torch.dtype``.
         Exception: whatever the model raises otherwise, unchanged (with a
             note naming the innermost module).
 
@@ -115,7 +107,6 @@ def record_execution_order(
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
     check_no_lazy_modules(model)
-    param_dtype = check_compute_dtype(param_dtype, "record_execution_order")
     clock = timing_clock(model, True) if timing is True else None
     saved = SavedModelState(model, tensor_attributes=distributed_wrapper(model) is None)
     input_grads = _InputGrads((args, kwargs))
@@ -124,25 +115,53 @@ def record_execution_order(
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
-        args, kwargs = cast_inputs((args, kwargs), param_dtype)
-        with (
-            recorder,
-            cast_parameters(model, param_dtype),
-            torch.set_grad_enabled(backward or torch.is_grad_enabled()),
-        ):
-            run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
-        order = recorder.order
-        if clock is not None:
-            with cast_parameters(model, param_dtype):
-                order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
-        if param_dtype is not None:
-            order.param_dtype = str(param_dtype).removeprefix("torch.")
+        steps = (backward, loss_fn, param_dtype, clock, saved)
+        order = _record_and_time(recorder, model, args, kwargs, *steps)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         _raise_located(e, where, meta=_is_meta(model, args, kwargs))
     finally:
         saved.restore()
         input_grads.restore()
+    return order
+
+
+def _record_and_time(
+    recorder: RuntimeRecorder,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    param_dtype: torch.dtype | None,
+    clock: Clock | None,
+    saved: SavedModelState,
+) -> ExecutionOrder:
+    """The recorded step in ``param_dtype`` (:func:`record_step`), then, with a
+    ``clock``, the timed ones (:func:`_timed_step`)."""
+    with as_dtype(model, (args, kwargs), param_dtype, "record_execution_order") as inputs:
+        args, kwargs = inputs
+        order = record_step(recorder, model, args, kwargs, backward, loss_fn, param_dtype)
+        if clock is not None:
+            order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
+    return order
+
+
+def record_step(
+    recorder: RuntimeRecorder,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    param_dtype: torch.dtype | None,
+) -> ExecutionOrder:
+    """The recorded step's order (``param_dtype``: the dtype the parameters were cast to)."""
+    with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+        run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
+    order = recorder.order
+    if param_dtype is not None:
+        order.param_dtype = str(param_dtype).removeprefix("torch.")
     return order
 
 

@@ -61,7 +61,7 @@ from tracing.model_state import MODULE_INTERNALS, ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
 from tracing.runtime.precision import cast_inputs, cast_parameters, check_compute_dtype
-from tracing.runtime.record import run_step
+from tracing.runtime.record import record_step
 from tracing.runtime.recorder import RuntimeRecorder
 from tracing.source_line import source_line
 
@@ -203,9 +203,7 @@ def record_zero_cost(
         backward: also run one backward of the (fake) loss.
         loss_fn: maps the output to a scalar loss; default: the sum of every
             floating-point output tensor.
-        param_dtype: run the shadow on parameters and floating-point inputs cast to
-            this dtype, as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` runs
-            (:func:`~tracing.runtime.precision.cast_parameters`; fake, so free).
+        param_dtype: run on parameters and inputs cast to it (:mod:`tracing.runtime.precision`).
         **kwargs: keyword example inputs.
 
     Returns:
@@ -246,14 +244,9 @@ def record_zero_cost(
         with _quiet_fake_kernel_errors(), _fake_stand_ins(model, mode):
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
-            with (
-                recorder,
-                mode,
-                cast_parameters(model, param_dtype),
-                torch.set_grad_enabled(backward or torch.is_grad_enabled()),
-            ):
-                fake_args, fake_kwargs = cast_inputs((fake_args, fake_kwargs), param_dtype)
-                run_step(model, fake_args, fake_kwargs, backward=backward, loss_fn=loss_fn)
+            with mode, cast_parameters(model, param_dtype):
+                fake = cast_inputs((fake_args, fake_kwargs), param_dtype)
+                record_step(recorder, model, *fake, backward, loss_fn, param_dtype)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         raise fake_run_error(e, where) from e
@@ -261,8 +254,6 @@ def record_zero_cost(
         rng.restore()
     order = recorder.order
     order.zero_cost = True
-    if param_dtype is not None:
-        order.param_dtype = str(param_dtype).removeprefix("torch.")
     return order
 
 
