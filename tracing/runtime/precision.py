@@ -95,7 +95,8 @@ def cast_inputs(inputs: Any, dtype: torch.dtype | None) -> Any:
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype) if t.is_floating_point() else t
 
-    return pytree.tree_map_only(torch.Tensor, cast, inputs)
+    with _disable_current_modes():  # the inputs' cast is not the model's work either
+        return pytree.tree_map_only(torch.Tensor, cast, inputs)
 
 
 @contextmanager
