@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from execwrap.simulate.schedule import prefetch_lists
+from execwrap.prefetch import prefetch_schedule
 from execwrap.simulate.unit_spec import UnitSpec
 from execwrap.spans import OrderFacts
 from execwrap.unit import enclosing_units
@@ -29,7 +29,7 @@ from tracing.order import ExecutionOrder
 if TYPE_CHECKING:
     from execwrap.plan import WrapPlan
 
-__all__ = ["PlanFacts", "SimulationFacts", "padded_bytes"]
+__all__ = ["PlanFacts", "SimulationFacts", "padded_bytes", "prefetch_lists"]
 
 
 def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int) -> int:
@@ -44,6 +44,31 @@ def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int)
     dim0 = shape[0] if shape else 1
     rest = numel // dim0 if dim0 else 0
     return math.ceil(dim0 / world_size) * world_size * rest * itemsize
+
+
+def prefetch_lists(
+    units: Sequence[tuple[Sequence[str], Sequence[str]]],
+    order: ExecutionOrder,
+    prefetch: int,
+    *,
+    facts: OrderFacts | None = None,
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
+
+    Args:
+        units: ``(module_fqns, param_fqns)`` per plan unit.
+        order: the plan's order.
+        prefetch: depth (``0``: no explicit lists).
+        facts: ``OrderFacts(order)``, kept by the caller (default: computed).
+
+    Returns:
+        ``(forward, backward)``: unit index -> the units it prefetches.
+    """
+    if prefetch <= 0:
+        return {}, {}
+    groups = [modules for modules, _ in units]
+    params = [p for _, p in units]
+    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch, facts=facts)
 
 
 class SimulationFacts(OrderFacts):
@@ -141,7 +166,7 @@ class PlanFacts:
         self, plan: WrapPlan, facts: SimulationFacts, prefetch: int
     ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
         """The explicit prefetch lists of ``plan`` at depth ``prefetch``
-        (:func:`~execwrap.simulate.schedule.prefetch_lists`), kept per depth;
+        (:func:`prefetch_lists`), kept per depth;
         the caller must not change them."""
         lists = self.prefetch.get(prefetch)
         if lists is None:

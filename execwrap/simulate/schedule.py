@@ -7,9 +7,10 @@ and a :class:`~execwrap.cost.CostModel` into the ops of
 ``wait_for_unshard`` / ``reshard`` / ``pre_backward`` / ``post_backward``,
 ``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
 ``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
-:func:`execwrap.simulate.simulate_step`'s docstring; :func:`prefetch_lists`
-is :func:`execwrap.prefetch.prefetch_schedule` on plan units (the schedule
-``apply_fully_shard`` sets; it loads no ``torch.distributed.fsdp``).
+:func:`execwrap.simulate.simulate_step`'s docstring; the prefetch lists it follows
+come from :func:`execwrap.simulate.facts.prefetch_lists` (re-exported here), the
+units' sizes from :mod:`execwrap.simulate.unit_spec` and their checkpointing and
+transient memory from :mod:`execwrap.simulate.unit_work`.
 """
 
 from __future__ import annotations
@@ -17,42 +18,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from execwrap.cost.model import CostModel
-from execwrap.prefetch import prefetch_schedule
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
+from execwrap.simulate.facts import prefetch_lists
 from execwrap.simulate.unit_spec import UnitSpec
 from execwrap.simulate.unit_work import UnitWork
-from execwrap.spans import OrderFacts
-from tracing.order import ExecutionOrder
 
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = "compute", "all_gather", "reduce_scatter"
-
-
-def prefetch_lists(
-    units: Sequence[tuple[Sequence[str], Sequence[str]]],
-    order: ExecutionOrder,
-    prefetch: int,
-    *,
-    facts: OrderFacts | None = None,
-) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
-
-    Args:
-        units: ``(module_fqns, param_fqns)`` per plan unit.
-        order: the plan's order.
-        prefetch: depth (``0``: no explicit lists).
-        facts: ``OrderFacts(order)``, kept by the caller (default: computed).
-
-    Returns:
-        ``(forward, backward)``: unit index -> the units it prefetches.
-    """
-    if prefetch <= 0:
-        return {}, {}
-    groups = [modules for modules, _ in units]
-    params = [p for _, p in units]
-    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch, facts=facts)
 
 
 class StepProgram:
@@ -297,9 +271,10 @@ class StepProgram:
             on_start=(MemEvent("reduce_scatter_buffers", label, spec.grad_bytes),),
             on_end=() if self.sync else grads_freed,
         )
-        shard = (MemEvent("sharded_grads", label, spec.grad_shard_bytes),)
-        if self.offload:  # the gradient shards live in host memory
-            shard = ()
+        # with offload the gradient shards live in host memory
+        shard: tuple[MemEvent, ...] = (
+            () if self.offload else (MemEvent("sharded_grads", label, spec.grad_shard_bytes),)
+        )
         rs = self._collective(
             REDUCE_SCATTER,
             f"reduce-scatter {label}",

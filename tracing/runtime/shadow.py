@@ -245,8 +245,8 @@ def record_zero_cost(
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
             with mode, cast_parameters(model, param_dtype):
-                fake = cast_inputs((fake_args, fake_kwargs), param_dtype)
-                record_step(recorder, model, *fake, backward, loss_fn, param_dtype)
+                fake_args, fake_kwargs = cast_inputs((fake_args, fake_kwargs), param_dtype)
+                record_step(recorder, model, fake_args, fake_kwargs, backward, loss_fn, param_dtype)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         raise fake_run_error(e, where) from e
