@@ -20,7 +20,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["TitanLlama", "TitanLlamaArgs", "TitanBlock", "LLAMA3_8B", "LLAMA3_70B"]
+__all__ = [
+    "LLAMA2_13B",
+    "LLAMA2_70B",
+    "LLAMA3_70B",
+    "LLAMA3_8B",
+    "TitanBlock",
+    "TitanLlama",
+    "TitanLlamaArgs",
+]
 
 
 @dataclass(frozen=True)
@@ -33,16 +41,19 @@ class TitanLlamaArgs:
     n_kv_heads: int = 8
     vocab_size: int = 128256
     multiple_of: int = 1024
-    ffn_dim_multiplier: float = 1.3
+    ffn_dim_multiplier: float | None = 1.3
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     max_seq_len: int = 8192
+    #: April 2024's model cast its logits to float32 itself (``self.output(h).float()``)
+    float_output: bool = False
 
     @property
     def hidden_dim(self) -> int:
         """The feed-forward width, as ``FeedForward.__init__`` computes it."""
         hidden = int(2 * 4 * self.dim / 3)
-        hidden = int(self.ffn_dim_multiplier * hidden)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
@@ -50,6 +61,32 @@ class TitanLlamaArgs:
 LLAMA3_8B = TitanLlamaArgs()
 LLAMA3_70B = TitanLlamaArgs(
     dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=4096
+)
+#: torchtitan's ``llama2_configs["13B"]`` / ``["70B"]`` of April 2024 (Llama 2 tokenizer: 32,000
+#: tokens; multi-head attention for 13B; ``multiple_of=256`` by default).
+LLAMA2_13B = TitanLlamaArgs(
+    dim=5120,
+    n_layers=40,
+    n_heads=40,
+    n_kv_heads=40,
+    vocab_size=32000,
+    multiple_of=256,
+    ffn_dim_multiplier=None,
+    rope_theta=10000.0,
+    max_seq_len=4096,
+    float_output=True,
+)
+LLAMA2_70B = TitanLlamaArgs(
+    dim=8192,
+    n_layers=80,
+    n_heads=64,
+    n_kv_heads=8,
+    vocab_size=32000,
+    multiple_of=4096,
+    ffn_dim_multiplier=1.3,
+    rope_theta=10000.0,
+    max_seq_len=4096,
+    float_output=True,
 )
 
 
@@ -150,4 +187,5 @@ class TitanLlama(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
             h = layer(h, self.freqs_cis)
-        return self.output(self.norm(h))
+        out = self.output(self.norm(h))
+        return out.float() if self.args.float_output else out

@@ -23,7 +23,7 @@ are predictions; their median error is printed. Nothing here runs on a GPU.
 Usage::
 
     python -m benchmarks.published            # every row
-    python -m benchmarks.published --quick    # the same rows (they take seconds)
+    python -m benchmarks.published --quick    # torchtitan's two H100 rows only
     python -m benchmarks.published --fit      # refit the factor on the fit rows
 """
 
@@ -47,6 +47,12 @@ _TITAN_DOC = (
     "https://github.com/pytorch/torchtitan/blob/9dec370ad26b5f8e9a7333a0e36165018262644b/"
     "docs/performance.md (now benchmarks/llama3_h100_202412_torchtitan.md)"
 )
+_TITAN_A100 = (
+    "https://github.com/pytorch/torchtitan/blob/f38766edb/docs/performance.md (2024-04-24; "
+    "configs in train_configs/ of that commit)"
+)
+#: The A100 cluster's network is not published; these rows assume 400 Gb/s InfiniBand per GPU.
+_A100_NET = "network not published: 400 Gb/s per GPU assumed"
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class PublishedRun:
         tokens_per_s: published tokens/s per GPU.
         memory_gib: published peak memory (GiB, the allocator's reserved peak).
         fit: whether the GPU model's efficiency factor is fitted on this row.
+        outcome: ``"OOM"`` when the run was published as out of memory (then
+            ``tokens_per_s`` is 0 and the prediction should exceed the GPU's memory).
+        notes: assumptions the row needs.
     """
 
     name: str
@@ -82,6 +91,7 @@ class PublishedRun:
     tokens_per_s: float = 0.0
     memory_gib: float | None = None
     fit: bool = False
+    outcome: str = ""
     notes: str = field(default="")
 
 
@@ -120,25 +130,97 @@ ROWS: tuple[PublishedRun, ...] = (
         tokens_per_s=5605,
         memory_gib=67.0,
     ),
+    *(
+        PublishedRun(
+            f"torchtitan A100 Llama 3 8B {name}",
+            _TITAN_A100 + ", Llama 3 table",
+            "llama3-8b-2404",
+            64,
+            "h100-ib-400g",
+            "a100-sxm4-80gb",
+            1,
+            8192,
+            mode,
+            every,
+            tokens_per_s=tps,
+            notes=_A100_NET,
+        )
+        for name, mode, every, tps in (
+            ("selective layer", "full", 2, 2904),
+            ("selective op", "selective", 1, 2973),
+        )
+    ),
+    PublishedRun(
+        "torchtitan A100 Llama 3 70B full",
+        _TITAN_A100 + ", Llama 3 table",
+        "llama3-70b-2404",
+        64,
+        "h100-ib-400g",
+        "a100-sxm4-80gb",
+        1,
+        8192,
+        "full",
+        tokens_per_s=331,
+        notes=_A100_NET,
+    ),
+    *(
+        PublishedRun(
+            f"torchtitan A100 Llama 2 {size} b{batch} {name}",
+            _TITAN_A100 + ", Llama 2 table",
+            f"llama2-{size.lower()}-2404",
+            64,
+            "h100-ib-400g",
+            "a100-sxm4-80gb",
+            batch,
+            4096,
+            mode,
+            every,
+            tokens_per_s=tps,
+            outcome="OOM" if tps == 0 else "",
+            notes=_A100_NET,
+        )
+        for size, batch, name, mode, every, tps in (
+            ("13B", 2, "no AC", "none", 1, 2162),
+            ("13B", 2, "selective layer", "full", 2, 1914),
+            ("13B", 2, "selective op", "selective", 1, 1904),
+            ("70B", 2, "selective layer", "full", 2, 0),
+            ("70B", 2, "selective op", "selective", 1, 0),
+            ("70B", 1, "selective op", "selective", 1, 355),
+            ("70B", 2, "full", "full", 1, 353),
+        )
+    ),
 )
 
 
-def _titan(args_name: str) -> Callable[[], Any]:
+def _titan(args_name: str, **changes: Any) -> Callable[[], Any]:
     def build() -> Any:
+        import dataclasses
+
         import torch
 
         from benchmarks import _titan_llama as t
 
         with torch.device("meta"):
-            return t.TitanLlama(getattr(t, args_name))
+            return t.TitanLlama(dataclasses.replace(getattr(t, args_name), **changes))
 
     return build
 
 
+#: GPU model -> its memory in GiB (the nominal capacity: the HBM stacks' binary gigabytes).
+GPU_MEMORY_GIB = {
+    "h100-sxm5-80gb": 80.0,
+    "h100-hbm2e-96gb": 96.0,
+    "h200-sxm-141gb": 141.0,
+    "a100-sxm4-80gb": 80.0,
+}
+
 #: Model name -> (builder on the meta device, block class name to shard by).
 MODELS: dict[str, tuple[Callable[[], Any], str]] = {
     "llama3-8b": (_titan("LLAMA3_8B"), "TitanBlock"),
-    "llama3-70b": (_titan("LLAMA3_70B"), "TitanBlock"),
+    "llama3-8b-2404": (_titan("LLAMA3_8B", float_output=True), "TitanBlock"),
+    "llama3-70b-2404": (_titan("LLAMA3_70B", float_output=True), "TitanBlock"),
+    "llama2-13b-2404": (_titan("LLAMA2_13B"), "TitanBlock"),
+    "llama2-70b-2404": (_titan("LLAMA2_70B"), "TitanBlock"),
 }
 
 
@@ -235,23 +317,42 @@ def fit(rows: tuple[PublishedRun, ...]) -> dict[str, float]:
     return factors
 
 
+def _step_text(r: PublishedRun) -> str:
+    ac = r.checkpointing + ("" if r.checkpoint_every == 1 else f" every {r.checkpoint_every}")
+    return f"b{r.batch} s{r.seq}, {ac} AC"
+
+
 def _table(predictions: list[Prediction]) -> str:
     rows = []
     for p in predictions:
         r = p.run
-        mem = "n/a" if r.memory_gib is None else f"{r.memory_gib:.1f}"
-        mem_ratio = "n/a" if r.memory_gib is None else f"{p.memory_gib / r.memory_gib:.3f}"
+        capacity = GPU_MEMORY_GIB[r.gpu]
+        if r.outcome == "OOM":
+            tps, tps_ratio = "OOM", "n/a"
+            mem, mem_ratio = (
+                f"OOM (> {capacity:.0f})",
+                "ok" if p.memory_gib > capacity else "MISSED",
+            )
+        else:
+            tps = f"{r.tokens_per_s:,.0f}"
+            tps_ratio = f"{p.tokens_per_s / r.tokens_per_s:.3f}"
+            mem = "n/a" if r.memory_gib is None else f"{r.memory_gib:.1f}"
+            mem_ratio = "n/a" if r.memory_gib is None else f"{p.memory_gib / r.memory_gib:.3f}"
+            if r.memory_gib is None:  # it ran: it fit in the GPU's memory
+                mem = f"fits (< {capacity:.0f})"
+                mem_ratio = "ok" if p.memory_gib <= capacity else "MISSED"
         rows.append(
             [
                 r.name + (" (fit)" if r.fit else ""),
                 f"{r.gpus}x {r.gpu}",
-                f"b{r.batch} s{r.seq} {r.checkpointing} AC",
+                _step_text(r),
                 f"{p.tokens_per_s:,.0f}",
-                f"{r.tokens_per_s:,.0f}",
-                f"{p.tokens_per_s / r.tokens_per_s:.3f}",
+                tps,
+                tps_ratio,
                 f"{p.memory_gib:.1f} ({p.allocated_gib:.1f})",
                 mem,
                 mem_ratio,
+                r.notes,
             ]
         )
     header = [
@@ -264,26 +365,38 @@ def _table(predictions: list[Prediction]) -> str:
         "predicted GiB reserved (allocated)",
         "published GiB",
         "ratio",
+        "assumed",
     ]
     return markdown_table(header, rows)
 
 
 def _summary(predictions: list[Prediction]) -> str:
-    held = [p for p in predictions if not p.run.fit]
+    held = [p for p in predictions if not p.run.fit and p.run.outcome != "OOM"]
     lines = []
     if held:
-        tps = median([abs(p.tokens_per_s / p.run.tokens_per_s - 1) for p in held])
+        errors = [p.tokens_per_s / p.run.tokens_per_s - 1 for p in held]
         mems = [abs(p.memory_gib / p.run.memory_gib - 1) for p in held if p.run.memory_gib]
-        mem = f"{100 * median(mems):.1f}%" if mems else "n/a"
+        mem = f"{100 * median(mems):.1f}% over {len(mems)}" if mems else "n/a"
         lines.append(
-            f"Rows not fitted on: {len(held)}; median |error| tokens/s/GPU "
-            f"{100 * tps:.1f}%, peak memory {mem}."
+            f"Rows not fitted on: {len(held)} with throughput; median |error| of tokens/s/GPU "
+            f"{100 * median([abs(e) for e in errors]):.1f}% (signed median "
+            f"{100 * median(errors):+.1f}%); median |error| of peak memory {mem}."
         )
+    fits = [p for p in predictions if p.run.memory_gib is None or p.run.outcome == "OOM"]
+    right = sum(
+        (p.memory_gib > GPU_MEMORY_GIB[p.run.gpu]) == (p.run.outcome == "OOM") for p in fits
+    )
+    lines.append(f"Fits / out of memory predicted right for {right} of {len(fits)} rows.")
     from execwrap.cost.gpus import FITTED_EFFICIENCY
 
     fitted = ", ".join(f"{k} {v:.3f}" for k, v in sorted(FITTED_EFFICIENCY.items())) or "none"
-    lines.append(f"Fitted efficiency factors (execwrap.cost.gpus.FITTED_EFFICIENCY): {fitted}.")
-    lines.append("Sources: " + "; ".join(f"{r.name}: {r.source}" for r in ROWS) + ".")
+    fit_rows = ", ".join(p.run.name for p in predictions if p.run.fit)
+    lines.append(
+        f"Fitted efficiency factors (execwrap.cost.gpus.FITTED_EFFICIENCY): {fitted}; fitted "
+        f"on: {fit_rows}."
+    )
+    sources = dict.fromkeys(r.source.split(", Table")[0].split(", Llama")[0] for r in ROWS)
+    lines.append("Sources: " + "; ".join(sources) + ".")
     return "\n".join(lines)
 
 
@@ -299,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{gpu}: fitted efficiency factor {factor:.4f}")
         return 0
     cache: dict[Any, Any] = {}
-    predictions = [predict(r, cache) for r in ROWS]
+    rows = ROWS[:2] if args.quick else ROWS  # --quick: torchtitan's H100 rows (one capture)
+    predictions = [predict(r, cache) for r in rows]
     note = (
         "# Published GPU runs: predicted vs published\n\n"
         "Predicted on the meta device from each run's public configuration "

@@ -16,13 +16,15 @@ Simple) is a line ``time = latency + nbytes / algorithm_bandwidth`` with
 
 and the curve is the best protocol at each size (the lower envelope). Each
 preset names its GPU model (:mod:`execwrap.cost.gpus`: peak rates per dtype,
-memory bandwidth, host link, from datasheets); ``gpu=`` picks another model
-of the same family for the same cluster. These are estimates: measure your
+memory bandwidth, host link, from datasheets); ``gpu=`` puts another GPU
+model in the same cluster (its family's NVLink bandwidth and NCCL constants
+replace the preset's: A100 nodes on the InfiniBand preset's fabric, say). These are estimates: measure your
 own cluster with ``execwrap calibrate``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -119,12 +121,11 @@ def preset_fields(
         world_size: ranks, an int or a NumPy integer (default: the
             preset's); within one node for the NVLink presets, several whole
             nodes for the InfiniBand ones.
-        gpu: the GPU model (default: the preset's), of the preset's family.
+        gpu: the GPU model (default: the preset's; :data:`execwrap.cost.gpus.GPUS`).
 
     Raises:
         ValueError: unknown name (the message lists the presets), a world
-            size the preset does not describe, or a GPU model that is unknown or
-            of another family.
+            size the preset does not describe, or an unknown GPU model.
     """
     if name not in PRESETS:
         raise ValueError(f"unknown cost-model preset {name!r}; choose one of {sorted(PRESETS)}")
@@ -145,9 +146,10 @@ def preset_fields(
             f"a multiple of {p.gpus_per_node} and >= {2 * p.gpus_per_node}, got {w}"
         )
     device = _device(p, gpu)
-    curve = _ring_curve(p, w)
+    family = GPUS[device].family
+    curve = _ring_curve(dataclasses.replace(p, gpu=family), w)
     hbm = GPUS[device].memory_bytes_per_s
-    overlap = 1.0 - _NCHANNELS[p.gpu] / _SMS[p.gpu]
+    overlap = 1.0 - _NCHANNELS[family] / _SMS[family]
     return {
         "device_type": "cuda",
         "backend": "nccl",
@@ -168,14 +170,12 @@ def preset_fields(
 
 
 def _device(p: Preset, gpu: str | None) -> str:
-    """The preset's GPU model, or ``gpu`` when it is one of the preset's family."""
+    """The preset's GPU model, or ``gpu`` (a key of :data:`GPUS`)."""
     if gpu is None:
         return p.device
-    same = sorted(g.name for g in GPUS.values() if g.family == p.gpu)
-    if gpu not in GPUS or GPUS[gpu].family != p.gpu:
+    if gpu not in GPUS:
         raise ValueError(
-            f"preset {p.name!r}: gpu must be a GPU model of its family ({p.gpu}): one of "
-            f"{same}, got {gpu!r}"
+            f"preset {p.name!r}: unknown GPU model {gpu!r}; choose one of {sorted(GPUS)}"
         )
     return gpu
 

@@ -308,6 +308,13 @@ def _check_training(
     captured = plan.order.param_dtype or "/".join(own)
     p = step.precision
     wanted = p.autocast_dtype or p.param_dtype or "/".join(own)
+    if p.autocast_dtype is not None:
+        raise ValueError(
+            f"simulate_step: under torch.autocast ({p.autocast_dtype}) the activations are "
+            "partly in each dtype, which a capture on the meta device does not reproduce yet: "
+            "capture a real step under torch.autocast (record_execution_order(..., timing=True) "
+            "inside the autocast context) and pass compute=unit_compute(plan)"
+        )
     if captured != wanted:
         raise ValueError(
             f"simulate_step: the step computes in {wanted} but the plan's order was captured "

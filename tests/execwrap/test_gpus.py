@@ -43,11 +43,15 @@ def test_preset_gpu_choice() -> None:
         0.75 * 63e9, 0.75 * 63e9, 0.75 * 76.8e9, source=cm.host.source if cm.host else ""
     )
     with pytest.raises(
-        ValueError,
-        match=r"preset 'a100-nvlink-8': gpu must be a GPU model of its family \(ampere\): one of "
-        r"\['a100-sxm4-80gb'\], got 'h100-sxm5-80gb'",
+        ValueError, match=r"preset 'a100-nvlink-8': unknown GPU model 'h100'; choose one of"
     ):
-        CostModel.preset("a100-nvlink-8", gpu="h100-sxm5-80gb")
+        CostModel.preset("a100-nvlink-8", gpu="h100")
+    # another family brings its own NVLink and NCCL constants
+    a100_ib = CostModel.preset("h100-ib-400g", world_size=64, gpu="a100-sxm4-80gb")
+    assert a100_ib.overlap == pytest.approx(1 - 8 / 108)
+    assert CostModel.preset("h100-nvlink-8", gpu="a100-sxm4-80gb").all_gather == (
+        CostModel.preset("a100-nvlink-8").all_gather
+    )
     with pytest.raises(ValueError, match=r"unknown GPU model 'v100'; choose one of"):
         gpu_compute_rates("v100")
     assert sorted(GPUS) == ["a100-sxm4-80gb", "h100-hbm2e-96gb", "h100-sxm5-80gb", "h200-sxm-141gb"]

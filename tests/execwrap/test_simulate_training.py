@@ -209,6 +209,8 @@ def test_the_step_must_compute_in_the_captured_dtype() -> None:
         match=r"the step computes in float32 but the plan's order was captured in bfloat16",
     ):
         simulate_step(plan, cm, world_size=2)
+    with pytest.raises(ValueError, match=r"under torch\.autocast \(bfloat16\) the activations"):
+        simulate_step(plan, cm, world_size=2, precision=Precision(autocast_dtype="bfloat16"))
     est = simulate_step(plan, cm, world_size=2, precision=Precision("bfloat16"))
     assert unit_compute(plan).activation_bytes == (0, 32, 32)  # each input: 2 x 8 bfloat16
     assert est.all_gathers == 4
