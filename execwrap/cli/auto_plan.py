@@ -24,17 +24,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-import execwrap.planner as planning
-import execwrap.search_space as search_space
+import execwrap.planning.auto.space as search_space
+import execwrap.planning.planner as planning
 from execwrap.cli.errors import CLIError
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
 from execwrap.errors import MemoryBudgetError, PlanError
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.simulate import UnitCompute, simulate_step, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
-from execwrap.text import plural
+from execwrap.util.text import plural
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 

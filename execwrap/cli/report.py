@@ -17,17 +17,17 @@ from typing import Any
 
 import torch.nn as nn
 
-import execwrap.planner as planning  # plan_wrap is looked up at call time (tests replace it)
+import execwrap.planning.planner as planning  # plan_wrap is looked up at call time (tests replace it)
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
-from execwrap.plan import WrapPlan
-from execwrap.plan_stats import PlanStats, chosen_collectives
-from execwrap.report.formatting import format_bytes, format_numel, short_reason
+from execwrap.plan.stats import PlanStats, chosen_collectives
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.writer import write_report
+from execwrap.util.formatting import format_bytes, format_numel, short_reason
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
 from tracing.fqn import module_phrase
 from tracing.symbolic import check_concrete_args

@@ -4,7 +4,7 @@ A saved file is a ``report.json`` (``schema_version`` of the report, an
 ``"order"`` and a ``"plan"``, see :mod:`execwrap.report`) or a bare order
 (:meth:`tracing.ExecutionOrder.save`). The order is rebuilt with
 :meth:`~tracing.ExecutionOrder.from_dict`, the plan with
-:meth:`~execwrap.plan.WrapPlan.from_dict`; every problem is a
+:meth:`~execwrap.plan.wrap_plan.WrapPlan.from_dict`; every problem is a
 :class:`~execwrap.cli.errors.CLIError` naming the file.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from execwrap.cli.errors import CLIError
 from execwrap.cli.text import shorten, terminal_safe
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
 from tracing.checks import is_int

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.host_link import HostLink
 from execwrap.cost.model_fields import COST_MODEL_FIELDS
-from execwrap.text import plural
+from execwrap.util.text import plural
 from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.checks import check_integral
 from tracing.rates import ComputeRates

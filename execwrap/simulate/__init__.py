@@ -8,7 +8,7 @@ Modules, one job each:
 * :mod:`~execwrap.simulate.compute`: :class:`UnitCompute` and :func:`unit_compute`;
 * :mod:`~execwrap.simulate.facts`: what simulating reads of a plan's order and of each
   plan, computed once (``SimulationFacts``, kept by the auto-planner for its search);
-* :mod:`~execwrap.simulate.estimate`: :class:`StepEstimate`, :class:`MemoryBreakdown`,
+* :mod:`~execwrap.plan.estimate`: :class:`StepEstimate`, :class:`MemoryBreakdown`,
   :class:`StreamEvent`;
 * :mod:`~execwrap.simulate.training`: :class:`TrainingStep` and :class:`Precision`, the
   training step around a plan (mixed precision, activation checkpointing, CPU offload,
@@ -17,8 +17,8 @@ Modules, one job each:
   :mod:`~execwrap.simulate.unit_work` (per-unit recomputation and memory).
 """
 
+from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.compute import UnitCompute, unit_compute
-from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.step import OPTIMIZERS, simulate_step
 from execwrap.simulate.training import Precision, TrainingStep
 

@@ -9,15 +9,21 @@ backward. Per unit of a plan, from an order captured with estimated timing
 * full checkpointing (torch's ``checkpoint_wrapper``) keeps each region's
   inputs (its floating-point tensor arguments) and runs its whole forward
   again: what it keeps is :attr:`CheckpointFacts.input_bytes`;
-* selective checkpointing, torchtitan's op-level policy
-  (``torchtitan/models/llama3/parallelize.py`` of December 2024:
-  ``_save_list`` and ``_get_custom_policy``, through
+* selective checkpointing, torchtitan's op-level policy as
+  :func:`execwrap.fsdp.checkpointing.selective_checkpoint_policy` applies it
+  (torchtitan 0.3's ``SelectiveAC``, through
   ``torch.utils.checkpoint.create_selective_checkpoint_contexts``): in each
-  region, the outputs of the fused attention kernels and of every other
-  ``aten.mm`` (the 1st, 3rd, ... of the region) are kept, everything else
-  runs again. It keeps the region's inputs and those outputs
+  region, the outputs of the compute-intensive ops (the fused attention
+  kernels, ``addmm``, ``bmm``, convolutions) and of every other ``aten.mm``
+  (the 1st, 3rd, ... of the region) are kept, everything else runs again. It
+  keeps the region's inputs and those outputs
   (:attr:`CheckpointFacts.selective_bytes`) and runs again all of the forward
   but the kept ops (:attr:`CheckpointFacts.selective_saved_s` is their time).
+  For a bias-free transformer (matmuls and attention only) this is also the
+  December 2024 policy of torchtitan's published benchmarks (``_save_list``:
+  ``mm`` and the attention kernels). The CPU's fused attention kernel is not
+  on the list (a CPU step recomputes it); an order captured for another
+  device (``timing_device``) stands for the CUDA kernel, which is.
 
 Regions are the calls of the unit's own modules (``plan.units[i].module_fqns``);
 an op belongs to the region of the nearest enclosing such call.
@@ -29,21 +35,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["SELECTIVE_ALTERNATE_OPS", "SELECTIVE_SAVE_OPS", "CheckpointFacts", "checkpoint_facts"]
 
-#: Ops whose outputs torchtitan's selective policy saves (aten names; the CPU's fused
-#: attention kernel, which a capture on the meta device records, stands for the CUDA ones).
+#: Ops whose outputs the selective policy saves (aten names: torch's partitioner's
+#: compute-intensive ops of the recorded kinds, and the attention kernels torchtitan adds).
 SELECTIVE_SAVE_OPS = frozenset(
     {
         "mm",
+        "addmm",
+        "bmm",
+        "convolution",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
     }
 )
+#: The CPU's fused attention kernel, which a capture on the meta device records: saved when
+#: the order is for another device (it stands for the CUDA kernel there).
+_CPU_ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
 #: Of :data:`SELECTIVE_SAVE_OPS`, the ones saved every other time in a region (the 1st, 3rd, ...).
 SELECTIVE_ALTERNATE_OPS = frozenset({"mm"})
 
@@ -89,8 +100,9 @@ def checkpoint_facts(plan: WrapPlan, calls: list[int]) -> CheckpointFacts | None
     kept = list(inputs)
     saved_s = [0.0] * n
     counts: dict[int, int] = {}
+    save = SELECTIVE_SAVE_OPS | ({_CPU_ATTENTION} if order.timing_device != "cpu" else set())
     for op in order.compute_ops:
-        if not 0 <= op.call_index < n_calls or op.op not in SELECTIVE_SAVE_OPS:
+        if not 0 <= op.call_index < n_calls or op.op not in save:
             continue
         r = region[op.call_index]
         if op.op in SELECTIVE_ALTERNATE_OPS:

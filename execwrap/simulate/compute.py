@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from execwrap.plan.unit import enclosing_units
 from execwrap.simulate.checkpointing import checkpoint_facts
-from execwrap.unit import enclosing_units
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["UnitCompute", "unit_compute"]
 

@@ -5,7 +5,7 @@
 and the first trainable use (which units run backward, the prefetch
 schedule), and each parameter's bytes once FSDP2 pads it for the world size.
 It builds them for each call unless given a :class:`SimulationFacts`; the
-auto-planner (:class:`execwrap.search_space.SearchSpace`) keeps one for its
+auto-planner (:class:`execwrap.planning.auto.space.SearchSpace`) keeps one for its
 whole search, and the facts keep, per plan simulated with them, what every
 simulation of that plan reads whatever its prefetch depth and resharding
 (:class:`PlanFacts`).
@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from execwrap.prefetch import prefetch_schedule
+from execwrap.plan.prefetch import prefetch_schedule
+from execwrap.plan.spans import OrderFacts
+from execwrap.plan.unit import enclosing_units
 from execwrap.simulate.unit_spec import UnitSpec
-from execwrap.spans import OrderFacts
-from execwrap.unit import enclosing_units
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["PlanFacts", "SimulationFacts", "padded_bytes", "prefetch_lists"]
 
@@ -72,7 +72,7 @@ def prefetch_lists(
 
 
 class SimulationFacts(OrderFacts):
-    """:class:`~execwrap.spans.OrderFacts` of ``order`` plus its parameters at ``world_size``.
+    """:class:`~execwrap.plan.spans.OrderFacts` of ``order`` plus its parameters at ``world_size``.
 
     Like the order facts, these assume the order does not change while in
     use, nor any plan simulated with them (:meth:`plan` keeps its facts).

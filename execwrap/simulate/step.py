@@ -83,7 +83,7 @@ each field also a keyword of :func:`simulate_step`):
   reduce-scatter stream after its reduction, the optimizer step at the host's
   rate (:class:`~execwrap.cost.host_link.HostLink`);
 * micro-batches: the forward and backward run once per micro-batch, the
-  optimizer once; with ``accumulation="no_sync"`` the micro-batches before the
+  optimizer once; with ``gradient_sync="last"`` the micro-batches before the
   last keep their unsharded gradients in ``reduce_dtype`` (and, without
   ``reshard_after_backward``, their unsharded parameters) until the last
   micro-batch reduce-scatters them.
@@ -108,17 +108,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from execwrap.cost.model import CostModel
+from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
-from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
-from execwrap.simulate.training import Precision, TrainingStep, resolve_training
+from execwrap.simulate.training import (
+    Precision,
+    TrainingStep,
+    check_priceable,
+    resolve_training,
+)
 from execwrap.simulate.unit_work import UnitWork, unit_work
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["OPTIMIZERS", "Optimizer", "padded_bytes", "simulate_step"]
 
@@ -152,7 +157,7 @@ def simulate_step(
     checkpointing: str | None = None,
     offload: str | None = None,
     micro_batches: int | None = None,
-    accumulation: str | None = None,
+    gradient_sync: str | None = None,
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
@@ -186,7 +191,7 @@ def simulate_step(
             that simulates many plans of one order (default: computed here).
         training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
             default: float32, no checkpointing, no offload, one micro-batch).
-        precision, checkpointing, offload, micro_batches, accumulation: each
+        precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
 
     Returns:
@@ -210,9 +215,9 @@ def simulate_step(
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
     _check_optimizer(optimizer)
-    given = _given(precision, checkpointing, offload, micro_batches, accumulation)
+    given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
     step = resolve_training(training, **given)
-    _check_training(plan, cost_model, step, given_compute=compute is not None)
+    check_priceable(plan, cost_model, step, given_compute=compute is not None)
     compute = _checked_compute(plan, cost_model, compute)
     facts = _checked_facts(plan, world_size, facts)
     reshard = _reshard_flags(plan, reshard_after_forward)
@@ -231,7 +236,7 @@ def _given(
     checkpointing: str | None,
     offload: str | None,
     micro_batches: int | None,
-    accumulation: str | None,
+    gradient_sync: str | None,
 ) -> dict[str, Any]:
     """The training-step keywords of :func:`simulate_step`, by name."""
     return {
@@ -239,7 +244,7 @@ def _given(
         "checkpointing": checkpointing,
         "offload": offload,
         "micro_batches": micro_batches,
-        "accumulation": accumulation,
+        "gradient_sync": gradient_sync,
     }
 
 
@@ -282,47 +287,6 @@ _POOLS = {
     "reduce_scatter_buffers": "reduce_scatter",
     "sharded_grads": "reduce_scatter",
 }
-
-
-def _check_training(
-    plan: WrapPlan, cost_model: CostModel, step: TrainingStep, *, given_compute: bool
-) -> None:
-    """Refuse a training step the cost model or the plan's capture cannot price."""
-    if step.offload == "cpu":
-        if cost_model.device_type == "cpu":
-            raise ValueError(
-                "simulate_step: offload='cpu' moves shards, gradients and optimizer state "
-                "from device memory to host memory, but the cost model is for CPU devices, "
-                "whose memory is host memory already: there is nothing to offload; use "
-                "offload='none'"
-            )
-        if cost_model.host is None:
-            raise ValueError(
-                "simulate_step: offload='cpu' needs the host link's rates, which the cost "
-                "model does not have: use a GPU preset (CostModel.preset(...)) or set "
-                "cost_model.replace(host=HostLink(...))"
-            )
-    if given_compute or not plan.order.has_timing:
-        return
-    own = sorted({info.dtype for info in plan.order.params.values()}) or ["float32"]
-    captured = plan.order.param_dtype or "/".join(own)
-    p = step.precision
-    wanted = p.autocast_dtype or p.param_dtype or "/".join(own)
-    if p.autocast_dtype is not None:
-        raise ValueError(
-            f"simulate_step: under torch.autocast ({p.autocast_dtype}) the activations are "
-            "partly in each dtype, which a capture on the meta device does not reproduce yet: "
-            "capture a real step under torch.autocast (record_execution_order(..., timing=True) "
-            "inside the autocast context) and pass compute=unit_compute(plan)"
-        )
-    if captured != wanted:
-        raise ValueError(
-            f"simulate_step: the step computes in {wanted} but the plan's order was captured "
-            f"in {captured}, so its activations and compute times are of that dtype: capture "
-            f"with record_execution_order(..., param_dtype=torch.{wanted}) (free on the meta "
-            f"device), pass precision=Precision(param_dtype={captured!r}) to simulate the "
-            "step that was captured, or pass compute=UnitCompute(...) for this dtype"
-        )
 
 
 def _checked_compute(
@@ -406,7 +370,7 @@ def _program(
     )
     for mb in range(step.micro_batches):
         last = mb == step.micro_batches - 1
-        program.reduce_grads = last or step.accumulation == "reduce_scatter"
+        program.reduce_grads = last or step.gradient_sync == "every"
         program.reshard_after_backward = last or step.reshard_after_backward
         program.forward()
         program.backward()

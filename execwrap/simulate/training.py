@@ -19,9 +19,9 @@ what applies it (``MixedPrecisionPolicy``, checkpoint wrappers,
 * CPU offload (FSDP2's ``CPUOffloadPolicy``: shards, gradients and optimizer
   state in host memory, the optimizer step on the CPU);
 * ``micro_batches`` per optimizer step, each reduce-scattering its gradients
-  (``accumulation="reduce_scatter"``) or only the last one
-  (``"no_sync"``: ``set_requires_gradient_sync(False)`` before the others,
-  which keep unsharded gradients in ``reduce_dtype``), and whether the
+  (``gradient_sync="every"``) or only the last one (``"last"``:
+  ``set_requires_gradient_sync(False)`` before the others, which keep unsharded
+  gradients in ``reduce_dtype``; :func:`execwrap.accumulate_gradients`' ``sync``), and whether the
   parameters are resharded after the backward of the micro-batches before the
   last (``set_reshard_after_backward``).
 
@@ -37,20 +37,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from execwrap.plan.unit import enclosing_units
+
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.cost.model import CostModel
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = [
-    "ACCUMULATION_MODES",
+    "GRADIENT_SYNCS",
     "CHECKPOINT_MODES",
     "DTYPES",
     "OFFLOAD_MODES",
-    "Accumulation",
+    "GradientSync",
     "CheckpointMode",
     "DType",
     "Offload",
     "Precision",
     "TrainingStep",
+    "check_priceable",
     "dtype_itemsize",
     "resolve_training",
 ]
@@ -61,13 +65,14 @@ DType = Literal["float32", "bfloat16", "float16"]
 CheckpointMode = Literal["none", "full", "selective"]
 #: Where sharded state lives: on the device, or in host memory (``CPUOffloadPolicy``).
 Offload = Literal["none", "cpu"]
-#: How gradients of several micro-batches are combined.
-Accumulation = Literal["reduce_scatter", "no_sync"]
+#: When the gradients of several micro-batches are reduced across ranks: after every
+#: micro-batch, or after the last (the values of :func:`execwrap.accumulate_gradients`' ``sync``).
+GradientSync = Literal["every", "last"]
 
 DTYPES: tuple[str, ...] = get_args(DType)
 CHECKPOINT_MODES: tuple[str, ...] = get_args(CheckpointMode)
 OFFLOAD_MODES: tuple[str, ...] = get_args(Offload)
-ACCUMULATION_MODES: tuple[str, ...] = get_args(Accumulation)
+GRADIENT_SYNCS: tuple[str, ...] = get_args(GradientSync)
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
@@ -153,6 +158,22 @@ class Precision:
         """The dtype the gradient of a parameter of dtype ``own`` is reduce-scattered in."""
         return self.reduce_dtype or self.param_dtype or own
 
+    def fsdp_policy(self) -> Any:
+        """FSDP2's ``MixedPrecisionPolicy`` of these dtypes (autocast is not FSDP's: apply
+        it around the forward yourself), for ``apply_fully_shard(..., mp_policy=...)``."""
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        def dtype(name: str | None) -> Any:
+            return None if name is None else getattr(torch, name)
+
+        return MixedPrecisionPolicy(
+            param_dtype=dtype(self.param_dtype),
+            reduce_dtype=dtype(self.reduce_dtype),
+            output_dtype=dtype(self.output_dtype),
+            cast_forward_inputs=self.cast_forward_inputs,
+        )
+
     @property
     def is_default(self) -> bool:
         """Whether every dtype is the parameters' own (no cast anywhere)."""
@@ -167,18 +188,20 @@ class TrainingStep:
 
     Attributes:
         precision: the step's dtypes (:class:`Precision`).
-        checkpointing: the mode of every unit but the root (``"none"``,
-            ``"full"``, ``"selective"``), subject to ``checkpoint_every``.
-        checkpoint_every: apply ``checkpointing`` to every ``n``-th non-root unit
-            that runs forward, counted from 1 in plan order (torchtitan's
-            per-layer option: ``2`` checkpoints the 2nd, 4th, ... unit).
+        checkpointing: the mode of every outermost unit but the root (``"none"``,
+            ``"full"``, ``"selective"``; a unit inside another non-root unit is
+            left to it), subject to ``checkpoint_every``: the units
+            :func:`execwrap.apply_checkpointing` checkpoints for one mode.
+        checkpoint_every: apply ``checkpointing`` to every ``n``-th of those units,
+            counted from 1 in plan order (torchtitan's per-layer option: ``2``
+            checkpoints the 2nd, 4th, ... unit).
         unit_checkpointing: per-unit modes that replace the above, keyed by
             plan unit index or by a module FQN of the unit.
         offload: ``"none"`` or ``"cpu"`` (FSDP2's ``CPUOffloadPolicy``).
         micro_batches: forward/backward passes per optimizer step (each on the
             captured batch), ``>= 1``.
-        accumulation: ``"reduce_scatter"`` (every micro-batch reduce-scatters)
-            or ``"no_sync"`` (only the last; the others keep unsharded gradients).
+        gradient_sync: ``"every"`` (every micro-batch reduce-scatters) or ``"last"``
+            (only the last; the others keep unsharded gradients).
         reshard_after_backward: whether micro-batches before the last reshard
             their parameters after backward (FSDP2's default ``True``;
             ``False`` keeps them unsharded until the last micro-batch).
@@ -200,7 +223,7 @@ class TrainingStep:
     unit_checkpointing: Mapping[int | str, str] = field(default_factory=dict, hash=False)
     offload: str = "none"
     micro_batches: int = 1
-    accumulation: str = "reduce_scatter"
+    gradient_sync: str = "every"
     reshard_after_backward: bool = True
 
     def __post_init__(self) -> None:
@@ -210,7 +233,7 @@ class TrainingStep:
             )
         _choice("checkpointing", self.checkpointing, CHECKPOINT_MODES)
         _choice("offload", self.offload, OFFLOAD_MODES)
-        _choice("accumulation", self.accumulation, ACCUMULATION_MODES)
+        _choice("gradient_sync", self.gradient_sync, GRADIENT_SYNCS)
         for name in ("checkpoint_every", "micro_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -246,6 +269,27 @@ class TrainingStep:
             and self.checkpointing == "none"
         )
 
+    def checkpoint_targets(self, plan: WrapPlan) -> dict[str, str]:
+        """``{module FQN: mode}`` of the checkpointed units' modules, for
+        ``apply_fully_shard(..., checkpointing=...)`` (:meth:`checkpoint_modes`).
+
+        Example:
+            >>> import torch.nn as nn
+            >>> from execwrap import ModuleWrapPolicy, plan_wrap
+            >>> from tracing import trace_execution_order
+            >>> model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+            >>> plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.Linear}))
+            >>> TrainingStep(checkpointing="full", checkpoint_every=2).checkpoint_targets(plan)
+            {'1': 'full'}
+        """
+        modes = self.checkpoint_modes(plan)
+        return {
+            f: m
+            for u, m in zip(plan.units, modes, strict=True)
+            if m != "none"
+            for f in u.module_fqns
+        }
+
     def checkpoint_modes(self, plan: WrapPlan) -> tuple[str, ...]:
         """The checkpointing mode of each unit of ``plan`` (in ``plan.units`` order).
 
@@ -258,11 +302,9 @@ class TrainingStep:
         n = len(plan.units)
         root = plan.root_index
         modes = ["none"] * n
-        k = 0
-        for i, unit in enumerate(plan.units):
-            if i == root or unit.first_use is None:
-                continue
-            k += 1
+        enclosing = enclosing_units(plan.units)
+        outermost = [i for i in range(n) if i != root and not enclosing[i] - {root}]
+        for k, i in enumerate(outermost, start=1):
             if k % self.checkpoint_every == 0:
                 modes[i] = self.checkpointing
         by_fqn = {fqn: i for i, u in enumerate(plan.units) for fqn in u.module_fqns}
@@ -291,6 +333,53 @@ class TrainingStep:
         return tuple(modes)
 
 
+def check_priceable(
+    plan: WrapPlan, cost_model: CostModel, step: TrainingStep, *, given_compute: bool
+) -> None:
+    """Refuse a training step the cost model or the plan's capture cannot price:
+    CPU offload on a CPU device or without the host link's rates; a compute dtype
+    other than the one the plan's order was captured in (unless ``given_compute``).
+
+    Raises:
+        ValueError: naming what is missing and how to get it.
+    """
+    if step.offload == "cpu":
+        if cost_model.device_type == "cpu":
+            raise ValueError(
+                "simulate_step: offload='cpu' moves shards, gradients and optimizer state "
+                "from device memory to host memory, but the cost model is for CPU devices, "
+                "whose memory is host memory already: there is nothing to offload; use "
+                "offload='none'"
+            )
+        if cost_model.host is None:
+            raise ValueError(
+                "simulate_step: offload='cpu' needs the host link's rates, which the cost "
+                "model does not have: use a GPU preset (CostModel.preset(...)) or set "
+                "cost_model.replace(host=HostLink(...))"
+            )
+    if given_compute or not plan.order.has_timing:
+        return
+    own = sorted({info.dtype for info in plan.order.params.values()}) or ["float32"]
+    captured = plan.order.param_dtype or "/".join(own)
+    p = step.precision
+    wanted = p.autocast_dtype or p.param_dtype or "/".join(own)
+    if p.autocast_dtype is not None:
+        raise ValueError(
+            f"simulate_step: under torch.autocast ({p.autocast_dtype}) the activations are "
+            "partly in each dtype, which a capture on the meta device does not reproduce yet: "
+            "capture a real step under torch.autocast (record_execution_order(..., timing=True) "
+            "inside the autocast context) and pass compute=unit_compute(plan)"
+        )
+    if captured != wanted:
+        raise ValueError(
+            f"simulate_step: the step computes in {wanted} but the plan's order was captured "
+            f"in {captured}, so its activations and compute times are of that dtype: capture "
+            f"with record_execution_order(..., param_dtype=torch.{wanted}) (free on the meta "
+            f"device), pass precision=Precision(param_dtype={captured!r}) to simulate the "
+            "step that was captured, or pass compute=UnitCompute(...) for this dtype"
+        )
+
+
 def resolve_training(
     training: TrainingStep | None,
     *,
@@ -298,7 +387,7 @@ def resolve_training(
     checkpointing: str | None = None,
     offload: str | None = None,
     micro_batches: int | None = None,
-    accumulation: str | None = None,
+    gradient_sync: str | None = None,
 ) -> TrainingStep:
     """``training`` (default: :class:`TrainingStep()`) with each given keyword replacing
     its field, checked again.
@@ -318,7 +407,7 @@ def resolve_training(
             ("checkpointing", checkpointing),
             ("offload", offload),
             ("micro_batches", micro_batches),
-            ("accumulation", accumulation),
+            ("gradient_sync", gradient_sync),
         )
         if v is not None
     }

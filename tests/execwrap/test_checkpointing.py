@@ -19,16 +19,16 @@ from tracing import record_execution_order
 from tracing.rates import ComputeRates
 
 
-def _plan():  # type: ignore[no-untyped-def]
+def _plan(device: str = "cuda"):  # type: ignore[no-untyped-def]
     with torch.device("meta"):
         model = Llama(LlamaConfig(n_layers=2))
     tokens = torch.zeros(2, 16, dtype=torch.long, device="meta")
-    order = record_execution_order(model, tokens, timing=ComputeRates("cpu", 1e9, 1e9))
+    order = record_execution_order(model, tokens, timing=ComputeRates(device, 1e9, 1e9))
     return plan_wrap(model, order, ModuleWrapPolicy({LlamaBlock}))
 
 
 def test_full_keeps_the_block_input_and_selective_every_other_mm() -> None:
-    plan = _plan()
+    plan = _plan()  # for a GPU: the meta capture's attention kernel stands for CUDA's
     c = unit_compute(plan)
     assert [u.label for u in plan.units] == ["<root>", "layers.0", "layers.1"]
     assert c.checkpoint_bytes == (0, 8192, 8192)
@@ -40,6 +40,12 @@ def test_full_keeps_the_block_input_and_selective_every_other_mm() -> None:
     ]
     assert c.selective_saved_s[1] == pytest.approx(sum(op.seconds for op in kept))
     assert c.selective_saved_s[1] < c.forward_s[1]
+
+
+def test_a_cpu_step_recomputes_the_cpu_attention_kernel() -> None:
+    """torchtitan's save list has the CUDA attention kernels, not the CPU's."""
+    c = unit_compute(_plan("cpu"))
+    assert c.selective_bytes[1:] == (8192 + 8192 + 8192 + 22016 + 8192,) * 2
 
 
 def test_no_checkpointing_facts_without_recorded_inputs() -> None:

@@ -135,10 +135,10 @@ def test_micro_batches_run_forward_and_backward_each_and_the_optimizer_once() ->
     assert two.peak_memory_bytes == one.peak_memory_bytes + 64  # the first one's sharded grads
 
 
-def test_no_sync_keeps_unsharded_gradients_until_the_last_micro_batch() -> None:
+def test_syncing_the_last_keeps_unsharded_gradients_until_then() -> None:
     plan = _plan()
     sync = simulate_step(plan, _cost(), world_size=2, compute=TWO, micro_batches=2)
-    step = TrainingStep(micro_batches=2, accumulation="no_sync")
+    step = TrainingStep(micro_batches=2, gradient_sync="last")
     no_sync = simulate_step(plan, _cost(), world_size=2, compute=TWO, training=step)
     # the first micro-batch skips each unit's copy-in (1 s), reduce-scatter (2 s), overhead
     assert sync.step_time_s - no_sync.step_time_s == 2 * (1.0 + 2.0 + 0.25)

@@ -24,7 +24,7 @@ def test_defaults_are_the_plain_step() -> None:
     step = TrainingStep()
     assert step.is_default and step.precision.is_default
     assert step.precision.compute_dtype == "float32"
-    assert (step.offload, step.micro_batches, step.accumulation) == ("none", 1, "reduce_scatter")
+    assert (step.offload, step.micro_batches, step.gradient_sync) == ("none", 1, "every")
     assert not TrainingStep(micro_batches=2).is_default
 
 
@@ -76,8 +76,8 @@ def test_bad_precision_is_refused(kwargs: dict, error: type, message: str) -> No
         ),
         ({"offload": "gpu"}, "TrainingStep.offload must be one of ['none', 'cpu'], got 'gpu'"),
         (
-            {"accumulation": "sum"},
-            "TrainingStep.accumulation must be one of ['reduce_scatter', 'no_sync'], got 'sum'",
+            {"gradient_sync": "never"},
+            "TrainingStep.gradient_sync must be one of ['every', 'last'], got 'never'",
         ),
         ({"micro_batches": 0}, "TrainingStep.micro_batches must be an int >= 1, got 0"),
         ({"checkpoint_every": True}, "TrainingStep.checkpoint_every must be an int >= 1, got True"),
@@ -117,6 +117,33 @@ def test_checkpoint_modes_per_unit() -> None:
         checkpointing="selective", unit_checkpointing={1: "none", "4": "full"}
     ).checkpoint_modes(plan)
     assert mixed == ("none", "none", "selective", "selective", "selective", "full")
+
+
+def test_bridges_to_what_applies_the_step() -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = Precision("bfloat16", "float32").fsdp_policy()
+    assert policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    step = TrainingStep(
+        checkpointing="selective", checkpoint_every=2, unit_checkpointing={5: "full"}
+    )
+    assert step.checkpoint_targets(_plan()) == {"1": "selective", "3": "selective", "4": "full"}
+
+
+def test_units_inside_others_are_left_to_them() -> None:
+    inner = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model = nn.Sequential(inner, nn.Linear(4, 4))
+    plan = plan_wrap(
+        model, trace_execution_order(model), ModuleWrapPolicy({nn.Linear, nn.Sequential})
+    )
+    assert [u.label for u in plan.units] == ["<root>", "0", "0.0", "0.1", "1"]
+    assert TrainingStep(checkpointing="full").checkpoint_modes(plan) == (
+        "none",
+        "full",
+        "none",
+        "none",
+        "full",
+    )
 
 
 def test_checkpoint_modes_refuse_what_the_plan_does_not_have() -> None:

@@ -29,7 +29,7 @@ def test_importing_execwrap_and_integrations_loads_no_framework() -> None:
     code = (
         "import sys, execwrap, execwrap.integrations\n"
         "from execwrap.integrations import fsdp_groups, lift_order, lift_plan\n"
-        "from execwrap.integrations.hints import ignored_by\n"
+        "from execwrap.watch.hints import ignored_by\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))\n"
     )
     proc = subprocess.run(
