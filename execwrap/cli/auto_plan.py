@@ -55,6 +55,7 @@ _BUDGET_REMEDIES = {
     "all_gather_buffers": _FINER,
     "reduce_scatter_buffers": _FINER,
     "activations": "use a smaller batch or sequence in --input, or activation checkpointing",
+    "temporaries": "use a smaller batch or sequence in --input",
 }
 #: The auto-planner's WARNING for an order without compute times, in CLI terms.
 _NO_COMPUTE_TIMES = (

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.host_link import HostLink
 from execwrap.cost.model_fields import COST_MODEL_FIELDS
 from execwrap.util.text import plural
 from tracing.atomic import atomic_write_text, refuse_folder
@@ -90,6 +91,8 @@ class CostModel:
             where collectives block the training thread
             (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
             ``0`` (presets, models saved before it): no wait.
+        host: the GPU's link to its host and the CPU optimizer's rate, for CPU
+            offload (:class:`~execwrap.cost.host_link.HostLink`; ``None``: unknown).
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -116,6 +119,7 @@ class CostModel:
     copy_curve: CollectiveCurve | None = None
     optimizer_curve: CollectiveCurve | None = None
     sync_jitter: float = 0.0
+    host: HostLink | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -221,6 +225,10 @@ class CostModel:
         True
         """
         return sum(self.copy_time(b) for b in param_bytes)
+
+    def host_copy_time(self, nbytes: int, direction: str) -> float:
+        """Seconds of a host-device copy (``"to_device"`` / ``"to_host"``; 0 without :attr:`host`)."""
+        return 0.0 if self.host is None else self.host.copy_time(nbytes, direction)  # type: ignore[arg-type]
 
     @property
     def synchronous_collectives(self) -> bool:
@@ -361,12 +369,15 @@ class CostModel:
         return cls(**calibration_fields(group, device=device, max_bytes=max_bytes, repeat=repeat))
 
     @classmethod
-    def preset(cls, name: str, *, world_size: int | None = None) -> CostModel:
+    def preset(
+        cls, name: str, *, world_size: int | None = None, gpu: str | None = None
+    ) -> CostModel:
         """A preset cluster (``"h100-nvlink-8"``, ``"h100-ib-400g"``, ``"a100-nvlink-8"``).
 
         Args:
             name: the preset (:data:`execwrap.cost.presets.PRESETS`).
             world_size: ranks (default: the preset's own, 8 or 16).
+            gpu: its GPU model (:data:`execwrap.cost.gpus.GPUS`; default: the preset's).
 
         Raises:
             ValueError: unknown name (the message lists them) or a world size
@@ -374,7 +385,7 @@ class CostModel:
         """
         from execwrap.cost.presets import preset_fields
 
-        return cls(**preset_fields(name, world_size))
+        return cls(**preset_fields(name, world_size, gpu))
 
     # -------------------------------------------------------- serialising
     def to_dict(self) -> dict[str, Any]:
@@ -398,6 +409,7 @@ class CostModel:
             if self.optimizer_curve is None
             else self.optimizer_curve.to_dict(),
             "sync_jitter": self.sync_jitter,
+            **({} if self.host is None else {"host": self.host.to_dict()}),
             "source": self.source,
             "created": self.created,
             "torch_version": self.torch_version,
@@ -435,8 +447,9 @@ class CostModel:
         f = COST_MODEL_FIELDS.check(data, source=source, what="cost model")
         try:
             return cls(
-                **{k: f[k] for k in COST_MODEL_FIELDS.fields if k != "compute"},
+                **{k: f[k] for k in COST_MODEL_FIELDS.fields if k not in ("compute", "host")},
                 compute=ComputeRates(**f["compute"]),
+                host=None if f["host"] is None else HostLink(**f["host"]),
             )
         except (TypeError, ValueError) as e:  # the ranges the constructors check
             raise ValueError(f"{source}: malformed cost model: {e}") from e

@@ -26,6 +26,7 @@ from tracing.schema import (
     Field,
     Record,
     SchemaError,
+    dict_of,
     field_path,
     integer,
     list_of,
@@ -124,6 +125,17 @@ _COMPUTE = Record(
         "flops_per_s": Field(number(None)),
         "memory_bytes_per_s": Field(number(None)),
         "op_overhead_s": Field(number(0.0), required=False, default=0.0),
+        "matmul_flops_per_s": Field(dict_of(number(None)), required=False, default={}),
+        "attention_flops_per_s": Field(dict_of(number(None)), required=False, default={}),
+    }
+)
+
+_HOST = Record(
+    {
+        "to_device_bytes_per_s": Field(number(None)),
+        "to_host_bytes_per_s": Field(number(None)),
+        "optimizer_bytes_per_s": Field(number(None)),
+        "source": Field(string(), required=False, default=""),
     }
 )
 
@@ -145,6 +157,7 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "host": Field(optional(_HOST), required=False),
         "source": Field(string(), required=False, default=""),
         "created": Field(string(), required=False, default=""),
         "torch_version": Field(string(), required=False, default=""),

@@ -45,6 +45,7 @@ MEMORY_CATEGORIES: dict[str, str] = {
     "activations": "Activation",
     "all_gather_buffers": "All Gather",
     "reduce_scatter_buffers": "Reduce Scatter",
+    "temporaries": "Temp",
 }
 
 
@@ -63,6 +64,9 @@ class MemoryBreakdown:
         all_gather_buffers: all-gather outputs alive (issued, not yet freed
             after their copy-out).
         reduce_scatter_buffers: reduce-scatter inputs alive.
+        temporaries: what the running op's unit has alive beyond what it saves
+            (activations in flight, their gradients, the loss's temporaries),
+            when the capture recorded it.
     """
 
     sharded_params: int = 0
@@ -73,6 +77,7 @@ class MemoryBreakdown:
     activations: int = 0
     all_gather_buffers: int = 0
     reduce_scatter_buffers: int = 0
+    temporaries: int = 0
 
     @property
     def total(self) -> int:
@@ -126,7 +131,12 @@ class StepEstimate:
             stream (FSDP2 waits for the last reduce-scatter before the optimizer
             step); the forward, backward and optimizer phases of a measured step
             compare with ``forward_end_s``, ``backward_end_s - forward_end_s`` and
-            ``step_time_s - backward_end_s``.
+            ``step_time_s - backward_end_s``. With several micro-batches, these are
+            the last micro-batch's forward and backward ends.
+        reserved_memory_bytes: the memory PyTorch's CUDA caching allocator reserves:
+            the sum of the peaks of the streams' pools (compute, all-gather,
+            reduce-scatter; :mod:`execwrap.simulate.engine`); on CPU the peak.
+        micro_batches: forward/backward passes in the step.
     """
 
     step_time_s: float
@@ -148,6 +158,8 @@ class StepEstimate:
     memory_timeline: tuple[tuple[float, int], ...] = ()
     forward_end_s: float = 0.0
     backward_end_s: float = 0.0
+    reserved_memory_bytes: int = 0
+    micro_batches: int = 1
 
     def phase_times_s(self) -> dict[str, float]:
         """Seconds of each phase: ``{"forward": ..., "backward": ..., "optimizer": ...}``
@@ -181,6 +193,8 @@ class StepEstimate:
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "forward_end_s": self.forward_end_s,
             "backward_end_s": self.backward_end_s,
+            "reserved_memory_bytes": self.reserved_memory_bytes,
+            "micro_batches": self.micro_batches,
         }
 
     @classmethod
@@ -209,4 +223,6 @@ class StepEstimate:
             memory_timeline=tuple((float(t), int(b)) for t, b in data.get("memory_timeline", [])),
             forward_end_s=float(data.get("forward_end_s", 0.0)),
             backward_end_s=float(data.get("backward_end_s", 0.0)),
+            reserved_memory_bytes=int(data.get("reserved_memory_bytes", 0)),
+            micro_batches=int(data.get("micro_batches", 1)),
         )

@@ -58,6 +58,7 @@ _PART_HINTS: dict[str, tuple[str, str]] = {
     "activations": ("activations", "use a smaller batch or sequence, or activation checkpointing"),
     "all_gather_buffers": ("all-gather buffers", _FINER),
     "reduce_scatter_buffers": ("reduce-scatter buffers", _FINER),
+    "temporaries": ("transient memory", "use a smaller batch or sequence"),
 }
 
 
