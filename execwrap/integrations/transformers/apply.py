@@ -1,0 +1,201 @@
+"""Apply an execwrap plan through transformers' own ``from_pretrained(..., distributed_config=...)``.
+
+transformers 5 shards a model inside ``from_pretrained`` (``maybe_distribute_model``:
+it builds the device mesh, applies tensor and expert parallelism, then FSDP2 through
+``apply_fully_sharded_data_parallelism``, then loads each rank's shard of the
+weights). Its plan format holds one style per group and no tuple group it will
+apply (:mod:`~execwrap.integrations.transformers.fsdp_plan`), and a
+``DistributedConfig(fsdp_plan=...)`` can override the model's rules but not remove
+one. Two ways in:
+
+* :func:`applying_plan`: inside the ``with`` block, transformers' FSDP2 step is
+  execwrap's :func:`execwrap.apply_fully_shard` of the plan, on the mesh and with the
+  ``fully_shard`` settings transformers chose (``fsdp_mixed_precision``,
+  ``fsdp_cpu_offload``, HSDP's 2-D mesh); everything else (the mesh, loading the
+  weights into the shards, tying) stays transformers'. Any plan applies this way:
+  groups of several modules, per-group resharding, explicit prefetching.
+* ``DistributedConfig(fsdp_plan=...)`` from
+  :func:`~execwrap.integrations.transformers.distributed_config_for`, for plans the
+  format holds; then :func:`set_prefetch` sets the plan's explicit prefetching on the
+  loaded model (the one thing the format cannot say that can be set after sharding).
+
+The replacement is scoped: it is installed on entering the block and the original
+put back on leaving it (also when the block raises); blocks do not nest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.integrations.groups import fsdp_groups
+from execwrap.plan.prefetch import prefetch_schedule
+from execwrap.plan.wrap_plan import WrapPlan
+
+__all__ = ["AppliedPlans", "applying_plan", "set_prefetch"]
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE: list[AppliedPlans] = []
+
+
+@dataclass
+class AppliedPlans:
+    """What an :func:`applying_plan` block applied.
+
+    Attributes:
+        plan: the plan.
+        prefetch: the prefetch depth applied.
+        models: every model transformers sharded with the plan inside the block.
+    """
+
+    plan: WrapPlan
+    prefetch: int
+    models: list[nn.Module] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def applying_plan(plan: WrapPlan, *, prefetch: int | None = None) -> Iterator[AppliedPlans]:
+    """Make transformers' ``from_pretrained(..., distributed_config=...)`` apply ``plan``.
+
+    Args:
+        plan: a plan for the model being loaded (e.g. from :func:`execwrap.plan_wrap`
+            on the same architecture built on the meta device, or
+            :func:`~execwrap.integrations.transformers.load_fsdp_plan`).
+        prefetch: explicit prefetch depth (``0``: FSDP2's implicit prefetching, as
+            transformers runs); ``None``: the plan's own (``plan.prefetch``), else 1.
+
+    Yields:
+        An :class:`AppliedPlans`, filled as models are sharded.
+
+    Raises:
+        RuntimeError: a block is already active, or transformers has no
+            ``apply_fully_sharded_data_parallelism`` step to replace (not transformers 5).
+        ValueError: inside the block, when transformers shards a model with expert
+            parallelism (``ep_size > 1``: not supported here); and whatever
+            :func:`execwrap.apply_fully_shard` raises (a plan for another model).
+
+    Example:
+        >>> with applying_plan(plan) as applied:  # doctest: +SKIP
+        ...     model = AutoModelForCausalLM.from_pretrained(
+        ...         path, distributed_config=DistributedConfig(fsdp_size=8))
+        >>> fsdp_groups(model) == sorted(plan.groups)  # doctest: +SKIP
+        True
+    """
+    if not isinstance(plan, WrapPlan):
+        raise TypeError(f"applying_plan: expected a WrapPlan, got {type(plan).__name__}")
+    if _ACTIVE:
+        raise RuntimeError("applying_plan: a block is already active; blocks do not nest")
+    mixin = _mixin()
+    depth = prefetch if prefetch is not None else (plan.prefetch if plan.prefetch is not None else 1)
+    applied = AppliedPlans(plan=plan, prefetch=depth)
+    original = mixin.apply_fully_sharded_data_parallelism
+
+    def apply_plan(model: Any, mesh_manager: Any, fsdp_plan: Any, ep_plan: Any) -> Any:
+        return _apply(model, mesh_manager, applied)
+
+    mixin.apply_fully_sharded_data_parallelism = apply_plan
+    _ACTIVE.append(applied)
+    try:
+        yield applied
+    finally:
+        mixin.apply_fully_sharded_data_parallelism = original
+        _ACTIVE.pop()
+    if not applied.models:
+        logger.warning(
+            "applying_plan: no model was sharded inside the block, so the plan (%d groups) was "
+            "not applied: call from_pretrained(..., distributed_config=DistributedConfig("
+            "fsdp_size=N)) with N > 1 inside it",
+            len(plan.units),
+        )
+
+
+def _mixin() -> Any:
+    import transformers
+    from transformers.distributed import mixin
+
+    if not hasattr(mixin, "apply_fully_sharded_data_parallelism"):
+        raise RuntimeError(
+            f"applying_plan: transformers {transformers.__version__} has no "
+            "distributed.mixin.apply_fully_sharded_data_parallelism step to apply the plan in; "
+            "install transformers>=5.0, or shard with execwrap.apply_fully_shard(model, plan)"
+        )
+    return mixin
+
+
+def _apply(model: Any, mesh_manager: Any, applied: AppliedPlans) -> Any:
+    """transformers' FSDP2 step with the plan: its mesh and ``fully_shard`` settings."""
+    from transformers.distributed import fsdp as hf_fsdp
+
+    config = getattr(model.config, "distributed_config", None)
+    if config is not None and config.ep_size > 1:
+        raise ValueError(
+            f"applying_plan: ep_size={config.ep_size}: transformers shards the dispatched "
+            "experts on their own mesh, which applying_plan does not set up; load with ep_size=1"
+        )
+    replicate = config is not None and config.dp_replicate_size > 1
+    mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp") if replicate else "fsdp")
+    kwargs = hf_fsdp._get_fsdp_policy_kwargs(config)
+    apply_fully_shard(model, applied.plan, mesh=mesh, prefetch=applied.prefetch, **kwargs)
+    model._is_fsdp_managed_module = True  # what transformers' own step sets (generation reads it)
+    applied.models.append(model)
+    logger.info(
+        "applying_plan: %s sharded into %d groups (prefetch %d)",
+        type(model).__name__,
+        len(applied.plan.units),
+        applied.prefetch,
+    )
+    return model
+
+
+def set_prefetch(model: nn.Module, plan: WrapPlan, *, prefetch: int = 1) -> None:
+    """Set ``plan``'s explicit prefetching on a model transformers sharded with the plan's groups.
+
+    For a model loaded with ``distributed_config_for(plan, model, ...)``: transformers
+    sets no explicit prefetching; this sets what :func:`execwrap.apply_fully_shard`
+    would (:func:`execwrap.prefetch_schedule` of the plan's order).
+
+    Args:
+        model: the sharded model.
+        plan: the plan its groups came from (with an order that has calls).
+        prefetch: groups prefetched ahead in each direction (``0``: none set).
+
+    Raises:
+        ValueError: the model's groups are not the plan's (naming the first that
+            differs); the plan's order has no calls (nothing to schedule from).
+    """
+    built = {frozenset(g): g for g in fsdp_groups(model)}
+    for unit in plan.units:
+        if frozenset(unit.module_fqns) not in built:
+            raise ValueError(
+                f"set_prefetch: the plan's group {list(unit.module_fqns)} is not a group of "
+                f"the sharded {type(model).__name__} (its groups: {sorted(built.values())}); "
+                "load it with distributed_config_for(plan, model, ...)"
+            )
+    if prefetch == 0:
+        return
+    if not plan.order.module_forward_order:
+        raise ValueError(
+            "set_prefetch: the plan's order has no calls, so there is no order to prefetch in; "
+            "build the plan on an order with calls (model_order(model, example_kwargs))"
+        )
+    groups = [list(u.module_fqns) for u in plan.units]
+    forward, backward = prefetch_schedule(
+        groups, plan.order, param_fqns=[list(u.param_fqns) for u in plan.units], prefetch=prefetch
+    )
+    handles = []
+    for fqns in groups:
+        module = model.get_submodule(fqns[0])
+        assert isinstance(module, FSDPModule), f"{fqns[0]!r} has no fully_shard applied"
+        handles.append(module)
+    for i, targets in forward.items():
+        handles[i].set_modules_to_forward_prefetch([handles[t] for t in targets])
+    for i, targets in backward.items():
+        handles[i].set_modules_to_backward_prefetch([handles[t] for t in targets])
