@@ -99,7 +99,9 @@ def plan_from_groups(
         )
         if i and reshard_after_forward is not None:
             flags[fqns] = bool(reshard_after_forward[i - 1])
-    units.sort(key=lambda u: (u.first_use is None, u.first_use or 0, view.def_index[u.module_fqns[0]]))
+    units.sort(
+        key=lambda u: (u.first_use is None, u.first_use or 0, view.def_index[u.module_fqns[0]])
+    )
     plan_notes = [*notes, *_shared_notes(shared, checked, view), *_uncalled_notes(units, order)]
     return WrapPlan(
         units=units,

@@ -12,7 +12,12 @@ one. Two ways in:
   execwrap's :func:`execwrap.apply_fully_shard` of the plan, on the mesh and with the
   ``fully_shard`` settings transformers chose (``fsdp_mixed_precision``,
   ``fsdp_cpu_offload``, HSDP's 2-D mesh); everything else (the mesh, loading the
-  weights into the shards, tying) stays transformers'. Any plan applies this way:
+  weights into the shards, tying) stays transformers'. transformers ties weights only
+  after loading them, so at sharding time a tied output head still has a parameter
+  of its own (FSDP2 refuses a parameter shared by two groups; transformers' own path
+  relies on this too); a plan made on the tied model is applied with that parameter
+  in the group its module falls in (the root's, unless the head is in a group), as
+  transformers' own path has it (:func:`_as_loaded`). Any plan applies this way:
   groups of several modules, per-group resharding, explicit prefetching.
 * ``DistributedConfig(fsdp_plan=...)`` from
   :func:`~execwrap.integrations.transformers.distributed_config_for`, for plans the
@@ -26,6 +31,7 @@ put back on leaving it (also when the block raises); blocks do not nest.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +44,8 @@ from execwrap.fsdp.fsdp2 import apply_fully_shard
 from execwrap.integrations.groups import fsdp_groups
 from execwrap.plan.prefetch import prefetch_schedule
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.given_groups import plan_from_groups
+from tracing.order import param_infos, shared_param_map
 
 __all__ = ["AppliedPlans", "applying_plan", "set_prefetch"]
 
@@ -94,7 +102,9 @@ def applying_plan(plan: WrapPlan, *, prefetch: int | None = None) -> Iterator[Ap
     if _ACTIVE:
         raise RuntimeError("applying_plan: a block is already active; blocks do not nest")
     mixin = _mixin()
-    depth = prefetch if prefetch is not None else (plan.prefetch if plan.prefetch is not None else 1)
+    depth = (
+        prefetch if prefetch is not None else (plan.prefetch if plan.prefetch is not None else 1)
+    )
     applied = AppliedPlans(plan=plan, prefetch=depth)
     original = mixin.apply_fully_sharded_data_parallelism
 
@@ -143,7 +153,8 @@ def _apply(model: Any, mesh_manager: Any, applied: AppliedPlans) -> Any:
     replicate = config is not None and config.dp_replicate_size > 1
     mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp") if replicate else "fsdp")
     kwargs = hf_fsdp._get_fsdp_policy_kwargs(config)
-    apply_fully_shard(model, applied.plan, mesh=mesh, prefetch=applied.prefetch, **kwargs)
+    plan = _as_loaded(applied.plan, model)
+    apply_fully_shard(model, plan, mesh=mesh, prefetch=applied.prefetch, **kwargs)
     model._is_fsdp_managed_module = True  # what transformers' own step sets (generation reads it)
     applied.models.append(model)
     logger.info(
@@ -153,6 +164,43 @@ def _apply(model: Any, mesh_manager: Any, applied: AppliedPlans) -> Any:
         applied.prefetch,
     )
     return model
+
+
+def _as_loaded(plan: WrapPlan, model: nn.Module) -> WrapPlan:
+    """``plan`` for ``model`` as ``from_pretrained`` holds it before tying its weights.
+
+    When names the plan's order holds as aliases of one tied parameter are separate
+    parameters of ``model``, the plan's groups are laid out again on ``model``
+    (:func:`~execwrap.planning.given_groups.plan_from_groups`, the order's parameter
+    tables replaced by the model's); otherwise ``plan`` itself.
+    """
+    params = dict(model.named_parameters())
+    untied = [
+        alias
+        for canonical, aliases in plan.order.shared_params.items()
+        for alias in aliases
+        if alias in params and canonical in params and params[alias] is not params[canonical]
+    ]
+    if not untied:
+        return plan
+    _, shared = shared_param_map(model)
+    order = dataclasses.replace(plan.order, params=param_infos(model), shared_params=shared)
+    flags = plan.reshard_after_forward or tuple(not u.is_root for u in plan.units)
+    groups = [(u.module_fqns, f) for u, f in zip(plan.units, flags, strict=True) if not u.is_root]
+    logger.info(
+        "applying_plan: %s is not tied yet (%s), its groups laid out on it as loaded",
+        type(model).__name__,
+        ", ".join(untied),
+    )
+    return plan_from_groups(
+        model,
+        order,
+        [fqns for fqns, _ in groups],
+        reshard_after_forward=[bool(f) for _, f in groups],
+        prefetch=plan.prefetch,
+        policy_name=plan.policy_name,
+        notes=plan.notes,
+    )
 
 
 def set_prefetch(model: nn.Module, plan: WrapPlan, *, prefetch: int = 1) -> None:

@@ -197,7 +197,9 @@ def distributed_config_for(plan: WrapPlan, model: nn.Module, **kwargs: Any) -> D
         )
     config = with_fsdp_plan(DistributedConfig(**kwargs), dict(fsdp_plan))
     got = {frozenset(fqns): (fqns, r) for fqns, r in resolve_fsdp_plan(model, config).groups}
-    want = {frozenset(u.module_fqns): (u.module_fqns, f) for u, f in _unit_flags(plan) if not u.is_root}
+    want = {
+        frozenset(u.module_fqns): (u.module_fqns, f) for u, f in _unit_flags(plan) if not u.is_root
+    }
     for key, (fqns, reshard) in want.items():
         if key not in got or got[key][1] != reshard:
             raise ValueError(

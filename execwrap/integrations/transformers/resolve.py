@@ -116,7 +116,9 @@ def resolve_fsdp_plan(
             model, a size without a plan).
     """
     check_transformers_model(model, "resolve_fsdp_plan")
-    config = distributed_config if distributed_config is not None else DistributedConfig(fsdp_size=2)
+    config = (
+        distributed_config if distributed_config is not None else DistributedConfig(fsdp_size=2)
+    )
     if config.dp_size <= 1:
         raise ValueError(
             f"resolve_fsdp_plan: the DistributedConfig shards nothing (dp_replicate_size "
@@ -148,7 +150,9 @@ def resolve_fsdp_plan(
 def _groups(model: nn.Module, resolved: dict[str, str]) -> list[tuple[tuple[str, ...], bool]]:
     """``apply_fully_sharded_data_parallelism``'s calls before the root's, in its order."""
     free = [name for name, style in resolved.items() if style != KEEP_FULL_WEIGHT]
-    keep = [(name, model.get_submodule(name)) for name, s in resolved.items() if s == KEEP_FULL_WEIGHT]
+    keep = [
+        (name, model.get_submodule(name)) for name, s in resolved.items() if s == KEEP_FULL_WEIGHT
+    ]
     groups: list[tuple[tuple[str, ...], bool]] = [((name,), True) for name in free]
     if is_norm_and_head_pair(keep, model):
         groups.append((tuple(name for name, _ in keep), False))
