@@ -145,12 +145,12 @@ def _apply(model: Any, mesh_manager: Any, applied: AppliedPlans) -> Any:
     from transformers.distributed import fsdp as hf_fsdp
 
     config = getattr(model.config, "distributed_config", None)
-    if config is not None and config.ep_size > 1:
+    if config is not None and (config.ep_size or 1) > 1:
         raise ValueError(
             f"applying_plan: ep_size={config.ep_size}: transformers shards the dispatched "
             "experts on their own mesh, which applying_plan does not set up; load with ep_size=1"
         )
-    replicate = config is not None and config.dp_replicate_size > 1
+    replicate = config is not None and (config.dp_replicate_size or 1) > 1
     mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp") if replicate else "fsdp")
     kwargs = hf_fsdp._get_fsdp_policy_kwargs(config)
     plan = _as_loaded(applied.plan, model)

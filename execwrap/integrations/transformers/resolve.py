@@ -125,7 +125,7 @@ def resolve_fsdp_plan(
             f"{config.dp_replicate_size} x fsdp_size {config.fsdp_size} = 1): transformers "
             "applies FSDP only when their product is above 1; pass fsdp_size=<ranks>"
         )
-    if config.ep_size > 1:
+    if (config.ep_size or 1) > 1:
         raise ValueError(
             f"resolve_fsdp_plan: ep_size={config.ep_size}: transformers shards the dispatched "
             "experts on their own mesh (efsdp), which execwrap does not model; plan with ep_size=1"
