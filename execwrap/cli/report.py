@@ -116,6 +116,14 @@ def _plan(
         except (TypeError, ValueError, ExecwrapError) as exc:
             raise CLIError(f"planning the baselines failed: {shorten(exc, 240)}") from exc
         return plan, baselines
+    if options.plan_file is not None:
+        from execwrap.planning.plan_file import load_plan_file
+
+        try:
+            plan = load_plan_file(options.plan_file, model, order=order)
+        except ValueError as exc:  # the file's own message names it, and the rule
+            raise CLIError(f"--plan: {shorten(exc, 400)}") from exc
+        return plan, _baselines(model, order, init_policy, options)
     try:
         plan = planning.plan_wrap(model, order, init_policy, bucket_numel=options.bucket_numel)
         baselines = _baselines(model, order, init_policy, options)
@@ -178,7 +186,9 @@ def _summary_rows(
             else []
         ),
         ("fallback reason", _fallback_text(order)),
-        ("policy", options.policy.text),
+        ("policy", options.policy.text)
+        if options.plan_file is None
+        else ("plan file", str(options.plan_file)),
         ("bucket size", bucket_text),
         ("units", str(stats.num_units)),
         *_collective_rows(plan, stats, options.prefetch),

@@ -30,9 +30,24 @@ from execwrap.plan.unit import WrapUnit
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.util.text import fqn_list
 from tracing.fqn import is_within, owner_fqn, quoted
-from tracing.order import ExecutionOrder
+from tracing.order import ExecutionOrder, param_infos, shared_param_map
 
-__all__ = ["plan_from_groups"]
+__all__ = ["plan_from_groups", "tables_order"]
+
+
+def tables_order(model: nn.Module) -> ExecutionOrder:
+    """An order of ``model`` without calls: its parameter, tied-name and module tables only.
+
+    Enough to lay out, check, export and apply a plan of given groups (the plan then
+    fits this model); not enough to simulate it or to set explicit prefetching, which
+    need the calls (capture the order for those).
+    """
+    _, shared = shared_param_map(model)
+    return ExecutionOrder(
+        params=param_infos(model),
+        shared_params=shared,
+        module_classes={f: type(m).__name__ for f, m in model.named_modules()},
+    )
 
 
 def plan_from_groups(
@@ -168,6 +183,7 @@ def _holders(
     """Unit index (0: the root, ``i + 1``: ``groups[i]``) -> its canonical parameters;
     and each parameter managed by several groups -> those groups (holder first)."""
     group_of = {m: i + 1 for i, fqns in enumerate(groups) for m in fqns}
+    first_def = [0, *(min(view.def_index[m] for m in fqns) for fqns in groups)]
     holders: dict[int, list[str]] = {}
     shared: dict[str, list[int]] = {}
     for p in view.params:
@@ -179,7 +195,7 @@ def _holders(
                 default=(-1, 0),
             )
             reached[unit] = max(reached.get(unit, -1), depth)
-        ordered = sorted(reached, key=lambda u: (-reached[u], u))
+        ordered = sorted(reached, key=lambda u: (-reached[u], first_def[u]))
         holders.setdefault(ordered[0], []).append(p)
         if len(ordered) > 1:
             shared[p] = ordered

@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from execwrap.util.text import fqn_list
+from execwrap.util.text import fqn_and_list
 from tracing.fqn import is_within, quoted
 
 __all__ = [
@@ -244,9 +244,9 @@ def _no_match(key: str, module_names: Sequence[str], where: str, model_name: str
     head = key.split(".")[0]
     near = [n for n in module_names if n.split(".")[0] == head and n][:5]
     hint = (
-        f"modules starting with {head!r}: {fqn_list(near)}"
+        f"modules starting with {head!r}: {fqn_and_list(near)}"
         if near
-        else f"its top-level modules: {fqn_list([n for n in module_names if n and '.' not in n])}"
+        else f"its top-level modules: {fqn_and_list([n for n in module_names if n and '.' not in n])}"
     )
     return (
         f"{where}: rule {key!r} names no module of {model_name} ({hint}); was the plan made "

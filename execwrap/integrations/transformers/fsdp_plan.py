@@ -34,10 +34,10 @@ from execwrap.integrations.transformers.resolve import (
     with_fsdp_plan,
 )
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.given_groups import plan_from_groups
+from execwrap.planning.given_groups import plan_from_groups, tables_order
 from execwrap.planning.rules import STYLES, group_rules
 from tracing.capture import capture_execution_order
-from tracing.order import ExecutionOrder, param_infos, shared_param_map
+from tracing.order import ExecutionOrder
 from tracing.rates import ComputeRates
 from tracing.runtime import record_execution_order
 
@@ -68,12 +68,7 @@ def model_order(
         recording with estimated times when ``timing`` is given).
     """
     if example_kwargs is None:
-        _, shared = shared_param_map(model)
-        return ExecutionOrder(
-            params=param_infos(model),
-            shared_params=shared,
-            module_classes={f: type(m).__name__ for f, m in model.named_modules()},
-        )
+        return tables_order(model)
     if timing is not None:
         return record_execution_order(model, timing=timing, **example_kwargs)
     return capture_execution_order(model, example_kwargs=example_kwargs)
