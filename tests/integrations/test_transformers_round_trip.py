@@ -48,11 +48,18 @@ def expected_export(
     drop = set(unmatched)
     if getattr(model, "all_tied_weights_keys", None):
         names = {id(m): n for n, m in model.named_modules()}
-        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        embed, head = _module(model.get_input_embeddings), _module(model.get_output_embeddings)
         if embed is not None and head is not None and id(embed) in names and id(head) in names:
             drop.add(names[id(embed)])
             drop.add(layer_pattern(names[id(embed)]))
     return {k: v for k, v in rules.items() if k not in drop}
+
+
+def _module(getter: Any) -> Any:
+    try:
+        return getter()
+    except NotImplementedError:  # vision and audio models without token embeddings
+        return None
 
 
 def reread_groups(model: Any, fsdp_plan: dict[Any, str]) -> list[tuple[frozenset[str], bool]]:
@@ -80,6 +87,10 @@ def check_round_trip(entry: ModelEntry) -> None:
             f"{entry.class_name} cannot be built from {entry.model_type}'s config: {type(e).__name__}: {e}"
         )
     assert isinstance(model, PreTrainedModel)
+    if not model.fsdp_plan:
+        pytest.skip(
+            f"{entry.class_name} has no fsdp_plan (its config's base_model_fsdp_plan is empty)"
+        )
     resolved = resolve_fsdp_plan(model)
     plan = load_fsdp_plan(model)
     assert sorted(plan.groups) == sorted([[""], *([*g] for g, _ in resolved.groups)])

@@ -233,17 +233,25 @@ def _why(fqns: tuple[str, ...], got: list[tuple[str, ...]]) -> str:
 def _embeddings(model: nn.Module) -> tuple[str | None, str | None, bool]:
     """FQNs of the input embedding and the output head, and whether transformers
     treats them as tied (``_resolve_tied_embed_lm_head_plan``'s condition)."""
-    model_: Any = model
     names = {id(m): n for n, m in model.named_modules()}
-    embed = model_.get_input_embeddings() if hasattr(model_, "get_input_embeddings") else None
-    head = model_.get_output_embeddings() if hasattr(model_, "get_output_embeddings") else None
+    embed, head = _module(model, "get_input_embeddings"), _module(model, "get_output_embeddings")
     embed_name = names.get(id(embed)) if embed is not None else None
     head_name = names.get(id(head)) if head is not None else None
-    tied = bool(getattr(model_, "all_tied_weights_keys", None)) and None not in (
+    tied = bool(getattr(model, "all_tied_weights_keys", None)) and None not in (
         embed_name,
         head_name,
     )
     return embed_name, head_name, tied
+
+
+def _module(model: nn.Module, getter: str) -> nn.Module | None:
+    """``model.get_input_embeddings()`` / ``get_output_embeddings()``, ``None`` where the
+    model has none (many vision and audio models raise ``NotImplementedError``)."""
+    try:
+        found = getattr(model, getter)() if hasattr(model, getter) else None
+    except NotImplementedError:
+        return None
+    return found if isinstance(found, nn.Module) else None
 
 
 def _as_transformers_reads(
