@@ -147,6 +147,24 @@ def test_distributed_config_for(found: Any) -> None:
         distributed_config_for(layers_only, model, fsdp_size=4)
 
 
+def test_distributed_config_for_a_tied_embedding_resharded() -> None:
+    # the model's own 'lm_head' rule stays (an override cannot remove it) and transformers
+    # folds the tied embedding into it, kept, paired with the norm
+    tied = plan_from_config(_config(tie=True), sequence_length=16)
+    groups = [["model.embed_tokens"], ["model.layers.0"], ["model.layers.1"], ["model.norm"]]
+    plan = plan_from_groups(
+        tied.model, tied.order, groups, reshard_after_forward=[True, True, True, False]
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^distributed_config_for: transformers would not build the plan's group "
+        r"\['model\.embed_tokens'\] \(free_full_weight\) from this fsdp_plan; transformers builds "
+        r"\[\['model\.embed_tokens', 'model\.norm'\]\] instead; apply the plan with "
+        r"`with applying_plan\(plan\): \.\.\.`$",
+    ):
+        distributed_config_for(plan, tied.model, fsdp_size=2)
+
+
 def test_to_fsdp_plan_refuses_another_models_plan(found: Any) -> None:
     other = plan_from_config(
         LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -12,7 +12,10 @@ The default run checks a sample across families (dense, tied, MoE, multimodal,
 encoder-decoder, encoder-only, a base model); the full sweep over every class is
 ``slow``. A class whose model cannot be built from its config class (a missing
 optional library such as timm or scipy, a config that needs a field with no default)
-is skipped with the reason.
+is skipped with the reason; a class whose plan transformers' own resolution cannot
+resolve (a model with tied weights but no input embeddings: transformers asks it for
+them and gets ``NotImplementedError``, so its own ``from_pretrained(..., distributed_config=...)``
+fails too) is an expected failure with the reason.
 """
 
 from __future__ import annotations
@@ -91,7 +94,12 @@ def check_round_trip(entry: ModelEntry) -> None:
         pytest.skip(
             f"{entry.class_name} has no fsdp_plan (its config's base_model_fsdp_plan is empty)"
         )
-    resolved = resolve_fsdp_plan(model)
+    try:
+        resolved = resolve_fsdp_plan(model)
+    except ValueError as e:
+        if "transformers' own FSDP plan resolution fails" not in str(e):
+            raise
+        pytest.xfail(str(e))  # from_pretrained(..., distributed_config=...) fails the same way
     plan = load_fsdp_plan(model)
     assert sorted(plan.groups) == sorted([[""], *([*g] for g, _ in resolved.groups)])
     exported = to_fsdp_plan(plan, model)

@@ -35,7 +35,7 @@ from execwrap.integrations.transformers.resolve import (
 )
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.given_groups import plan_from_groups, tables_order
-from execwrap.planning.rules import STYLES, group_rules
+from execwrap.planning.rules import group_rules, style_of
 from tracing.capture import capture_execution_order
 from tracing.order import ExecutionOrder
 from tracing.rates import ComputeRates
@@ -199,9 +199,8 @@ def distributed_config_for(plan: WrapPlan, model: nn.Module, **kwargs: Any) -> D
         if key not in got or got[key][1] != reshard:
             raise ValueError(
                 f"distributed_config_for: transformers would not build the plan's group "
-                f"{list(fqns)} ({STYLE_NAMES[reshard]}) from this fsdp_plan; "
-                f"{_why(fqns, [g for g, _ in got.values()])}; apply the plan with "
-                "`with applying_plan(plan): ...`"
+                f"{list(fqns)} ({style_of(reshard)}) from this fsdp_plan; "
+                f"{_why(key, reshard, got)}; apply the plan with `with applying_plan(plan): ...`"
             )
     extra = [fqns for key, (fqns, _) in got.items() if key not in want]
     if extra:
@@ -214,20 +213,20 @@ def distributed_config_for(plan: WrapPlan, model: nn.Module, **kwargs: Any) -> D
     return config
 
 
-#: ``reshard_after_forward`` -> style.
-STYLE_NAMES = {reshard: style for style, reshard in STYLES.items()}
-
-
 def _unit_flags(plan: WrapPlan) -> list[tuple[Any, bool]]:
     flags = plan.reshard_after_forward or tuple(not u.is_root for u in plan.units)
     return [(u, bool(f)) for u, f in zip(plan.units, flags, strict=True)]
 
 
-def _why(fqns: tuple[str, ...], got: list[tuple[str, ...]]) -> str:
-    split = [g for g in got if set(g) & set(fqns)]
+def _why(
+    key: frozenset[str], reshard: bool, got: dict[frozenset[str], tuple[tuple[str, ...], bool]]
+) -> str:
+    if key in got:
+        return f"transformers gives it {style_of(got[key][1])}"
+    split = [list(fqns) for k, (fqns, _) in got.items() if k & key]
     if not split:
         return "transformers leaves its modules to the root's group"
-    return f"transformers builds {[list(g) for g in split]}"
+    return f"transformers builds {split} instead"
 
 
 def _embeddings(model: nn.Module) -> tuple[str | None, str | None, bool]:

@@ -126,10 +126,8 @@ def plan_from_pretrained(
 def _meta_model(config: PretrainedConfig, model_class: Any) -> nn.Module:
     try:
         with torch.device("meta"):
-            if hasattr(model_class, "from_config") and not isinstance(model_class, nn.Module):
-                builder = getattr(model_class, "_model_mapping", None)
-                if builder is not None:  # an auto class
-                    return model_class.from_config(config)
+            if hasattr(model_class, "_model_mapping"):  # an auto class
+                return model_class.from_config(config)
             return model_class(config)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         name = getattr(model_class, "__name__", repr(model_class))

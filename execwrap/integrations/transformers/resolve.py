@@ -110,7 +110,8 @@ def resolve_fsdp_plan(
     Raises:
         TypeError: ``model`` is not a transformers 5 model.
         ValueError: the config shards nothing (``dp_replicate_size * fsdp_size``
-            is 1: transformers applies no FSDP); expert parallelism
+            is 1: transformers applies no FSDP); transformers' own resolution fails
+            (a model with tied weights and no input embeddings); expert parallelism
             (``ep_size > 1``: experts are sharded on another mesh, not modelled
             here); and what transformers raises (an override naming nothing in the
             model, a size without a plan).
@@ -136,13 +137,22 @@ def resolve_fsdp_plan(
     try:
         _, _, resolved = model_._resolve_parallel_plans(config)
         rules = dict(model_.fsdp_plan)
+        groups = _groups(model, resolved)
+    except NotImplementedError as e:
+        raise ValueError(
+            f"resolve_fsdp_plan: transformers' own FSDP plan resolution fails for "
+            f"{type(model).__name__}: {e} (it asks a model with tied weights for its input "
+            "embeddings, which this model does not define; from_pretrained(..., "
+            "distributed_config=DistributedConfig(fsdp_size>1)) fails the same way); shard it "
+            "with execwrap.apply_fully_shard(model, plan) instead"
+        ) from e
     finally:
         for attribute, value in saved.items():
             setattr(model_, attribute, value)
     return ResolvedFsdpPlan(
         rules=rules,
         resolved=dict(resolved),
-        groups=_groups(model, resolved),
+        groups=groups,
         unmatched=_unmatched(model, rules),
     )
 
