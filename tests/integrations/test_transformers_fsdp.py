@@ -6,7 +6,7 @@ on a tiny Llama saved in a temp folder (built from a config, never downloaded), 
 1. transformers' own path with the model's own plan (untied and tied embeddings);
 2. that plan loaded into execwrap (:func:`load_fsdp_plan` on the meta model) and applied
    through the same ``from_pretrained`` with :func:`applying_plan`: the same groups
-   and the same losses, bit for bit;
+   and the same losses, bit for bit (also on HSDP's ``(dp_replicate, fsdp)`` mesh);
 3. execwrap's own plan (blocks two by two, ``[norm, lm_head]`` as one group, explicit
    prefetching) through :func:`applying_plan`: the groups are the plan's, the losses
    transformers' (in fp32 the grouping moves parameters, not arithmetic);
@@ -111,6 +111,12 @@ def _worker(rank: int, world_size: int, untied: str, tied: str) -> dict[str, Any
             "plan": theirs.groups,
             "applied": len(applied.models),
         }
+    hsdp = DistributedConfig(fsdp_size=1, dp_replicate_size=world_size)  # HSDP's 2-D mesh
+    model = load(untied, hsdp)
+    out["hsdp_own"] = {"groups": fsdp_groups(model), "losses": _train(model, rank)}
+    with applying_plan(load_fsdp_plan(plan_from_pretrained(untied).model)):
+        model = load(untied, hsdp)
+    out["hsdp_loaded"] = {"groups": fsdp_groups(model), "losses": _train(model, rank)}
     plans = _meta_plans(untied)
     with applying_plan(plans["ours"], prefetch=1):
         model = load(untied)
@@ -179,6 +185,8 @@ def test_transformers_plan_loaded_into_execwrap_is_what_transformers_builds(
             assert loaded["groups"] == own["groups"]
             assert loaded["losses"] == own["losses"]
             assert loaded["applied"] == 1
+        assert rank["hsdp_loaded"] == rank["hsdp_own"]
+        assert rank["hsdp_own"]["groups"] == OWN_UNTIED
     assert results[0]["untied_own"]["losses"] != results[1]["untied_own"]["losses"]  # own data
 
 
