@@ -9,7 +9,8 @@ on a tiny Llama saved in a temp folder (built from a config, never downloaded), 
    and the same losses, bit for bit (also on HSDP's ``(dp_replicate, fsdp)`` mesh);
 3. execwrap's own plan (blocks two by two, ``[norm, lm_head]`` as one group, explicit
    prefetching) through :func:`applying_plan`: the groups are the plan's, the losses
-   transformers' (in fp32 the grouping moves parameters, not arithmetic);
+   transformers' (in fp32 the grouping moves parameters, not arithmetic); and with full
+   activation checkpointing of every group (``checkpointing="full"``): the same again;
 4. a plan the format holds, exported with :func:`distributed_config_for` and loaded by
    transformers itself, then :func:`set_prefetch`: transformers builds the plan's groups.
 """
@@ -82,6 +83,7 @@ def _worker(rank: int, world_size: int, untied: str, tied: str) -> dict[str, Any
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
+    from execwrap.fsdp.checkpointing import CheckpointedForward
     from execwrap.integrations import fsdp_groups
     from execwrap.integrations.transformers import (
         applying_plan,
@@ -118,6 +120,14 @@ def _worker(rank: int, world_size: int, untied: str, tied: str) -> dict[str, Any
         model = load(untied, hsdp)
     out["hsdp_loaded"] = {"groups": fsdp_groups(model), "losses": _train(model, rank)}
     plans = _meta_plans(untied)
+    with applying_plan(plans["ours"], prefetch=1, checkpointing="full"):
+        model = load(untied)
+    out["ours_checkpointed"] = {"groups": fsdp_groups(model), "losses": _train(model, rank)}
+    out["checkpointed_modules"] = sorted(
+        n
+        for n, m in model.named_modules()
+        if isinstance(m.__dict__.get("forward"), CheckpointedForward)
+    )
     with applying_plan(plans["ours"], prefetch=1):
         model = load(untied)
     out["ours"] = {
@@ -200,6 +210,11 @@ def test_execwrap_plan_applied_through_from_pretrained(results: list[dict[str, A
         ]
         assert sorted(ours["groups"]) == sorted(ours["plan"])
         assert ours["losses"] == rank["untied_own"]["losses"]
+        checkpointed = rank["ours_checkpointed"]  # recomputed in backward: the same arithmetic
+        assert checkpointed == {"groups": ours["groups"], "losses": ours["losses"]}
+        # 'model.norm' was a target too: its forward set on the instance is gone once
+        # from_pretrained has loaded the weights (the layers and lm_head keep theirs)
+        assert rank["checkpointed_modules"] == ["lm_head", "model.layers.0", "model.layers.1"]
 
 
 def test_distributed_config_for_makes_transformers_build_the_plan(

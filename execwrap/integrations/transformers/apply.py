@@ -12,8 +12,10 @@ one. Two ways in:
   execwrap's :func:`execwrap.apply_fully_shard` of the plan, on the mesh and with the
   ``fully_shard`` settings transformers chose (``fsdp_mixed_precision``,
   ``fsdp_cpu_offload``, HSDP's 2-D mesh); everything else (the mesh, loading the
-  weights into the shards, tying) stays transformers'. transformers ties weights only
-  after loading them, so at sharding time a tied output head still has a parameter
+  weights into the shards, tying) stays transformers'. Activation checkpointing per
+  unit, which transformers' format has no place for, is applied here too
+  (``checkpointing=``, before sharding, as :func:`execwrap.apply_fully_shard` does).
+  transformers ties weights only after loading them, so at sharding time a tied output head still has a parameter
   of its own (FSDP2 refuses a parameter shared by two groups; transformers' own path
   relies on this too); a plan made on the tied model is applied with that parameter
   in the group its module falls in (the root's, unless the head is in a group), as
@@ -40,6 +42,7 @@ from typing import Any
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
+from execwrap.fsdp.checkpointing import Checkpointing
 from execwrap.fsdp.fsdp2 import apply_fully_shard
 from execwrap.integrations.groups import fsdp_groups
 from execwrap.plan.prefetch import prefetch_schedule
@@ -61,16 +64,26 @@ class AppliedPlans:
     Attributes:
         plan: the plan.
         prefetch: the prefetch depth applied.
+        checkpointing: the activation checkpointing applied with it (``None``: none).
+        checkpoint_every: with one checkpointing mode, every N-th unit.
         models: every model transformers sharded with the plan inside the block.
     """
 
     plan: WrapPlan
     prefetch: int
+    checkpointing: Checkpointing = None
+    checkpoint_every: int = 1
     models: list[nn.Module] = field(default_factory=list)
 
 
 @contextlib.contextmanager
-def applying_plan(plan: WrapPlan, *, prefetch: int | None = None) -> Iterator[AppliedPlans]:
+def applying_plan(
+    plan: WrapPlan,
+    *,
+    prefetch: int | None = None,
+    checkpointing: Checkpointing = None,
+    checkpoint_every: int = 1,
+) -> Iterator[AppliedPlans]:
     """Make transformers' ``from_pretrained(..., distributed_config=...)`` apply ``plan``.
 
     Args:
@@ -79,6 +92,9 @@ def applying_plan(plan: WrapPlan, *, prefetch: int | None = None) -> Iterator[Ap
             :func:`~execwrap.integrations.transformers.load_fsdp_plan`).
         prefetch: explicit prefetch depth (``0``: FSDP2's implicit prefetching, as
             transformers runs); ``None``: the plan's own (``plan.prefetch``), else 1.
+        checkpointing, checkpoint_every: activation checkpointing per unit, applied
+            before sharding (:func:`execwrap.apply_fully_shard`'s; transformers' own
+            format has no place for it).
 
     Yields:
         An :class:`AppliedPlans`, filled as models are sharded.
@@ -105,7 +121,7 @@ def applying_plan(plan: WrapPlan, *, prefetch: int | None = None) -> Iterator[Ap
     depth = (
         prefetch if prefetch is not None else (plan.prefetch if plan.prefetch is not None else 1)
     )
-    applied = AppliedPlans(plan=plan, prefetch=depth)
+    applied = AppliedPlans(plan, depth, checkpointing, checkpoint_every)
     original = mixin.apply_fully_sharded_data_parallelism
 
     def apply_plan(model: Any, mesh_manager: Any, fsdp_plan: Any, ep_plan: Any) -> Any:
@@ -154,7 +170,15 @@ def _apply(model: Any, mesh_manager: Any, applied: AppliedPlans) -> Any:
     mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp") if replicate else "fsdp")
     kwargs = hf_fsdp._get_fsdp_policy_kwargs(config)
     plan = _as_loaded(applied.plan, model)
-    apply_fully_shard(model, plan, mesh=mesh, prefetch=applied.prefetch, **kwargs)
+    apply_fully_shard(
+        model,
+        plan,
+        mesh=mesh,
+        prefetch=applied.prefetch,
+        checkpointing=applied.checkpointing,
+        checkpoint_every=applied.checkpoint_every,
+        **kwargs,
+    )
     model._is_fsdp_managed_module = True  # what transformers' own step sets (generation reads it)
     applied.models.append(model)
     logger.info(
