@@ -11,7 +11,8 @@ on a tiny Llama saved in a temp folder (built from a config, never downloaded), 
    prefetching) through :func:`applying_plan`: the groups are the plan's, the losses
    transformers' (in fp32 the grouping moves parameters, not arithmetic); and with full
    activation checkpointing of every group (``checkpointing="full"``): the same again;
-4. a plan the format holds, exported with :func:`distributed_config_for` and loaded by
+4. execwrap's plan saved as a plan file and read back: the same groups and losses;
+5. a plan the format holds, exported with :func:`distributed_config_for` and loaded by
    transformers itself, then :func:`set_prefetch`: transformers builds the plan's groups.
 """
 
@@ -92,6 +93,7 @@ def _worker(rank: int, world_size: int, untied: str, tied: str) -> dict[str, Any
         plan_from_pretrained,
         set_prefetch,
     )
+    from execwrap.planning.plan_file import load_plan_file, save_plan_file
     from tests.integrations._frameworks import launcher_env
 
     launcher_env(rank, world_size)
@@ -135,6 +137,13 @@ def _worker(rank: int, world_size: int, untied: str, tied: str) -> dict[str, Any
         "losses": _train(model, rank),
         "plan": plans["ours"].groups,
     }
+    # the same plan through a plan file, read back for the meta model
+    path = Path(untied) / f"plan{rank}.json"
+    save_plan_file(plans["ours"], path, plans["model"])
+    from_file = load_plan_file(path, plans["model"], order=plans["ours"].order)
+    with applying_plan(from_file, prefetch=1):
+        model = load(untied)
+    out["from_file"] = {"groups": fsdp_groups(model), "losses": _train(model, rank)}
     dc = distributed_config_for(plans["kept"], plans["model"], fsdp_size=world_size)
     model = load(untied, dc)
     set_prefetch(model, plans["kept"], prefetch=1)
@@ -210,6 +219,7 @@ def test_execwrap_plan_applied_through_from_pretrained(results: list[dict[str, A
         ]
         assert sorted(ours["groups"]) == sorted(ours["plan"])
         assert ours["losses"] == rank["untied_own"]["losses"]
+        assert rank["from_file"] == {"groups": ours["groups"], "losses": ours["losses"]}
         checkpointed = rank["ours_checkpointed"]  # recomputed in backward: the same arithmetic
         assert checkpointed == {"groups": ours["groups"], "losses": ours["losses"]}
         # 'model.norm' was a target too: its forward set on the instance is gone once
