@@ -50,6 +50,8 @@ def run_report(options: ReportOptions) -> int:
         check_concrete_args(model, options.concrete_args)
     except ValueError as exc:
         raise CLIError(f"--concrete-arg: {str(exc).removeprefix('concrete_args: ')}") from None
+    if options.plan_file is not None:
+        _load_plan_file(model, None, options)  # a file for another model: before any capture
     example = _example_inputs(options, model)
     config = tracing_config(options.tracer_path, options.concrete_args)
     init_policy = parse_policy(options.policy.text, model)
@@ -116,12 +118,29 @@ def _plan(
         except (TypeError, ValueError, ExecwrapError) as exc:
             raise CLIError(f"planning the baselines failed: {shorten(exc, 240)}") from exc
         return plan, baselines
+    if options.plan_file is not None:
+        return _load_plan_file(model, order, options), _baselines(
+            model, order, init_policy, options
+        )
     try:
         plan = planning.plan_wrap(model, order, init_policy, bucket_numel=options.bucket_numel)
         baselines = _baselines(model, order, init_policy, options)
     except (TypeError, ValueError, ExecwrapError) as exc:
         raise CLIError(f"planning failed: {shorten(exc, 240)}") from exc
     return plan, baselines
+
+
+def _load_plan_file(
+    model: nn.Module, order: ExecutionOrder | None, options: ReportOptions
+) -> WrapPlan:
+    """The ``--plan`` file's plan for ``model`` (on ``order``; ``None``: the model's tables)."""
+    from execwrap.planning.plan_file import load_plan_file
+
+    assert options.plan_file is not None
+    try:
+        return load_plan_file(options.plan_file, model, order=order)
+    except ValueError as exc:  # the file's own message names it, and the rule
+        raise CLIError(f"--plan: {shorten(exc, 400)}") from exc
 
 
 def _baselines(
@@ -178,7 +197,9 @@ def _summary_rows(
             else []
         ),
         ("fallback reason", _fallback_text(order)),
-        ("policy", options.policy.text),
+        ("policy", options.policy.text)
+        if options.plan_file is None
+        else ("plan file", str(options.plan_file)),
         ("bucket size", bucket_text),
         ("units", str(stats.num_units)),
         *_collective_rows(plan, stats, options.prefetch),
