@@ -28,6 +28,7 @@ Three ways to an order, tried in this sequence:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +46,7 @@ from execwrap.autoplan import check_auto_options, check_memory_budget, check_wor
 from execwrap.first_step import is_recording, record_first_step
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
+from execwrap.rank_status import fail_together, is_distributed
 from execwrap.ranks import check_order_across_ranks
 from execwrap.shardable import check_shardable
 from execwrap.text import listed
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["ParamExecOrderWrapPolicy"]
 
 logger = logging.getLogger(__name__)
+
+_NO_OP = contextlib.nullcontext()
 
 #: An FSDP1-style policy: a callable ``(module, recurse, nonwrapped_numel) -> bool``
 #: or a torch ``_Policy`` instance (``ModuleWrapPolicy``, ``CustomPolicy``).
@@ -278,7 +282,14 @@ class ParamExecOrderWrapPolicy(_Policy):
                 (checked before wrapping, also when the order is recorded
                 during the first step).
         """
-        order = self.order if self.order is not None else self._capture(model)
+        ranks = self.check_ranks and is_distributed(group)
+        if self.order is not None:
+            order: ExecutionOrder | None = self.order
+        elif ranks:  # a rank that fails to capture is named on the others
+            with fail_together("capture (ParamExecOrderWrapPolicy)", group=group):
+                order = self._capture(model)
+        else:
+            order = self._capture(model)
         if order is None and self.bucket_numel == "auto":
             raise ValueError(
                 'ParamExecOrderWrapPolicy(bucket_numel="auto") plans from the execution order '
@@ -308,6 +319,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            group=group,
+            across_ranks=ranks,
         )
         return self.plan
 
@@ -352,18 +365,18 @@ class ParamExecOrderWrapPolicy(_Policy):
                 or parameters.
         """
         group = root_kwargs.get("process_group")
+        pg = group if isinstance(group, dist.ProcessGroup) else None
         plan = self.build_plan(
-            root_module,
-            ignored_modules=ignored_modules,
-            group=group if isinstance(group, dist.ProcessGroup) else None,
-            target="fsdp1",
+            root_module, ignored_modules=ignored_modules, group=pg, target="fsdp1"
         )
-        if not root_kwargs.get("use_orig_params", False):
-            _check_uniform_requires_grad(root_module, plan)
-        ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
-        check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
+        # a rank whose local checks fail is named on the others, before FSDP1 wraps
+        with fail_together("FSDP1's checks of the plan", group=pg) if self.check_ranks else _NO_OP:
+            if not root_kwargs.get("use_orig_params", False):
+                _check_uniform_requires_grad(root_module, plan)
+            ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
+            check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
+            targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         mark_applied(self)
-        targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}
         for module in targets:
             if module in ignored_modules:
@@ -373,12 +386,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 kwargs["forward_prefetch"] = self.forward_prefetch
             result[module] = kwargs
         if self.order is None:
-            record_first_step(
-                self,
-                root_module,
-                start_now=False,
-                group=group if isinstance(group, dist.ProcessGroup) else None,
-            )
+            record_first_step(self, root_module, start_now=False, group=pg)
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
 

@@ -32,6 +32,7 @@ The model of the algorithm:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import sys
@@ -50,7 +51,8 @@ from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
 from execwrap.plan_consistency import first_overlap, overlap_error
 from execwrap.prefetch import prefetch_schedule
-from execwrap.ranks import check_plan_before_sharding
+from execwrap.rank_status import fail_together
+from execwrap.ranks import check_group, check_plan_before_sharding
 from execwrap.shardable import check_shardable, check_uniform_dtype
 from tracing.checks import check_int
 from tracing.fqn import ancestors, join_fqn
@@ -111,6 +113,10 @@ def apply_fully_shard(
             (:mod:`execwrap.shardable`): a 0-dim parameter outside
             ``ignored_params``, or a group of mixed trainable dtypes that its
             ``mp_policy`` does not cast to one ``param_dtype``.
+        RankFailure: another rank of the mesh failed in capture, planning, the
+            checks before sharding or sharding (each followed by a status exchange,
+            :mod:`execwrap.rank_status`), naming it and its exception; the failing
+            rank raises its own.
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks of the mesh would apply different groups, prefetch or
             resharding (one ``all_gather_object``: a collective when a process
@@ -129,17 +135,24 @@ def apply_fully_shard(
     """
     _check_arguments(model, prefetch)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
-    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
-    prefetch = _resolve_prefetch(prefetch, plan)
-    groups = _plan_groups(model, plan)
-    reshard = _group_reshard(plan, fully_shard_kwargs)
-    check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
-    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
-    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
-    mark_applied(policy_or_plan)
-    if prefetch > 0:
-        policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
-        _schedule_prefetch(model, groups, plan, policy, prefetch, mesh)
+    # Local steps between collectives: a rank that fails one is named on the others.
+    with _together("apply_fully_shard: the checks before sharding", mesh):
+        if plan is policy_or_plan:
+            _check_ready_plan(plan, model)
+        check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
+        depth = _resolve_prefetch(prefetch, plan)
+        groups = _plan_groups(model, plan)
+        reshard = _group_reshard(plan, fully_shard_kwargs)
+    check_plan_before_sharding(plan, depth, reshard, mesh, fully_shard_kwargs)
+    with _together("apply_fully_shard: sharding", mesh):
+        params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
+        _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
+        mark_applied(policy_or_plan)
+        if depth > 0:
+            policy = (
+                policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
+            )
+            _schedule_prefetch(model, groups, plan, policy, depth, mesh)
     return plan
 
 
@@ -174,15 +187,28 @@ def _build_plan(
             target="fsdp2",
         )
     if isinstance(policy_or_plan, WrapPlan):
-        overlap = first_overlap(policy_or_plan.units)
-        if overlap is not None:
-            raise overlap_error(overlap, policy_or_plan.units, "apply_fully_shard")
-        warn_if_other_model(policy_or_plan, model, "apply_fully_shard")
-        return policy_or_plan
+        return policy_or_plan  # checked by _check_ready_plan, on every rank together
     raise TypeError(
         "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
         f"WrapPlan; got {type(policy_or_plan).__name__}"
     )
+
+
+def _check_ready_plan(plan: WrapPlan, model: nn.Module) -> None:
+    """A ready plan: no module or parameter in two units; one WARNING if it was
+    planned for another model."""
+    overlap = first_overlap(plan.units)
+    if overlap is not None:
+        raise overlap_error(overlap, plan.units, "apply_fully_shard")
+    warn_if_other_model(plan, model, "apply_fully_shard")
+
+
+def _together(phase: str, mesh: DeviceMesh | None) -> contextlib.AbstractContextManager[None]:
+    """:func:`~execwrap.rank_status.fail_together` over the ranks that apply the plan
+    together (:func:`~execwrap.ranks.check_group`); nothing for an n-D mesh over part
+    of the world."""
+    compared, group = check_group(mesh)
+    return fail_together(phase, group=group) if compared else contextlib.nullcontext()
 
 
 _AUTO_HINT = '; or pass "auto" for the depth the auto-planner chose'

@@ -57,6 +57,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch.distributed as dist
 import torch.nn as nn
 
 from execwrap.apply_watch import watch
@@ -81,6 +82,8 @@ from execwrap.plan_notes import (
     fsdp1_split_note,
 )
 from execwrap.planner_steps import FSDPTarget, Planner
+from execwrap.rank_status import fail_together, is_distributed
+from execwrap.rank_timing import agree_timing
 from execwrap.stated_groups import (
     StatedGroups,
     bucket_between_groups,
@@ -156,6 +159,8 @@ def plan_wrap(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -181,6 +186,14 @@ def plan_wrap(
             :class:`execwrap.cost.CostModel`, ranks (an int, NumPy's too; default: the
             cost model's), peak bytes per rank, a whole number (``None``: no limit), the
             optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        group: the process group whose ranks plan together (default: ``WORLD``).
+        across_ranks: whether planning is a collective of ``group``'s ranks (when a
+            process group of more than one rank is initialised): every rank plans
+            from the compute times of the slowest rank (:func:`execwrap.rank_timing.agree_timing`,
+            so an auto plan is the same on every rank), and a rank that fails
+            is named on the others (:mod:`execwrap.rank_status`). ``None``
+            (default): for ``bucket_numel="auto"`` only, the one plan that depends
+            on each rank's own timings; ``False``: never (planning on one rank).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -220,6 +233,8 @@ def plan_wrap(
         world_size=world_size,
         memory_budget=memory_budget,
         optimizer=optimizer,
+        group=group,
+        across_ranks=across_ranks,
     )
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -238,9 +253,45 @@ def plan_wrap_unwatched(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
+    kwargs: dict[str, Any] = dict(
+        bucket_numel=bucket_numel,
+        ignored_modules=ignored_modules,
+        groups=groups,
+        target=target,
+        cost_model=cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
+        optimizer=optimizer,
+    )
+    auto = isinstance(bucket_numel, str) and bucket_numel == "auto"
+    if not (across_ranks or (across_ranks is None and auto)) or not is_distributed(group):
+        return _plan_here(model, order, init_policy, **kwargs)
+    if auto:  # the one input that differs between ranks: their own compute times
+        order = agree_timing(order, group)
+    with fail_together("planning", group=group):
+        return _plan_here(model, order, init_policy, **kwargs)
+
+
+def _plan_here(
+    model: nn.Module,
+    order: ExecutionOrder,
+    init_policy: Any,
+    *,
+    bucket_numel: int | Literal["auto"] | None,
+    ignored_modules: Iterable[nn.Module | str] | None,
+    groups: Iterable[Iterable[str]] | None,
+    target: FSDPTarget | None,
+    cost_model: CostModel | None,
+    world_size: int | None,
+    memory_budget: int | None,
+    optimizer: str | None,
+) -> WrapPlan:
+    """The plan of ``plan_wrap``, made on this rank alone."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
     memory_budget = check_memory_budget(memory_budget, "plan_wrap")
     world_size = check_world_size(world_size, "plan_wrap")
