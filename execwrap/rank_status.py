@@ -161,7 +161,7 @@ def _message(phase: str, failures: tuple[Failure, ...]) -> str:
             f"rank {r}: {text}" for r, text in failures
         )
     return (
-        f"{head}. This rank ({me}) stops too: every rank takes this step together, and going "
+        f"{head.rstrip('.')}. This rank ({me}) stops too: every rank takes this step together, and going "
         "on would leave the ranks' collectives unpaired (a hang, or gloo's \"Connection closed "
         f'by peer"). Fix the error on rank {ranks[0]} (its own traceback is in its output)'
     )
