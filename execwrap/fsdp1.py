@@ -44,6 +44,7 @@ from execwrap.apply_watch import mark_applied, watch
 from execwrap.auto_wrap import policy_name
 from execwrap.autoplan import check_auto_options, check_memory_budget, check_world_size
 from execwrap.first_step import is_recording, record_first_step
+from execwrap.pinned import check_pinned_options, check_plan_fits
 from execwrap.plan import WrapPlan
 from execwrap.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.rank_status import fail_together, is_distributed
@@ -123,6 +124,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             kwarg.
         groups: stated groups, lists of module FQNs that each form one FSDP
             group (``[["norm", "lm_head"]]``; see :func:`execwrap.plan_wrap`).
+        pinned_plan: a plan to apply as it is, with its order (a restart:
+            ``execwrap.pinned.load_plan(checkpoint_folder)``): no capture, no
+            planning; checked against the model when wrapping (the first
+            module or parameter that differs is named). Not combined with
+            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
+            ``groups`` or the auto-planner's options.
 
     Attributes:
         order: after wrapping, the order used (``None`` until recorded in
@@ -175,6 +182,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     world_size: int | None = None
     memory_budget: int | None = None
     optimizer: str | None = None
+    pinned_plan: WrapPlan | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +227,15 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.example_kwargs must be a dict of forward keyword "
                 f"arguments or None; got {type(self.example_kwargs).__name__}"
             )
+        check_pinned_options(
+            self.pinned_plan,
+            order=self.order,
+            tracing_config=self.tracing_config,
+            example_inputs=self.example_inputs,
+            bucket_numel=self.bucket_numel,
+            groups=self.groups,
+            cost_model=self.cost_model,
+        )
         if isinstance(self.example_inputs, torch.Tensor):
             self.example_inputs = (self.example_inputs,)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
@@ -240,6 +257,18 @@ class ParamExecOrderWrapPolicy(_Policy):
             if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
                 parts.append(f"{f.name}={_short_repr(value)}")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _use_pinned(self, model: nn.Module, group: dist.ProcessGroup | None) -> WrapPlan:
+        """:meth:`build_plan` for a pinned plan: checked against ``model`` (and the
+        order and parameters across ranks), then used as it is."""
+        plan = self.pinned_plan
+        assert plan is not None
+        with fail_together("reading the pinned plan", group=group) if self.check_ranks else _NO_OP:
+            check_plan_fits(plan, model, source="ParamExecOrderWrapPolicy.pinned_plan")
+        if self.check_ranks and dist.is_available() and dist.is_initialized():
+            check_order_across_ranks(plan.order, group=group, model=model)
+        self.order, self.plan = plan.order, plan
+        return plan
 
     # ---------------------------------------------------------------- planning
     @property
@@ -282,6 +311,8 @@ class ParamExecOrderWrapPolicy(_Policy):
                 (checked before wrapping, also when the order is recorded
                 during the first step).
         """
+        if self.pinned_plan is not None:
+            return self._use_pinned(model, group)
         ranks = self.check_ranks and is_distributed(group)
         if self.order is not None:
             order: ExecutionOrder | None = self.order
