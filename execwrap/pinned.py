@@ -173,14 +173,14 @@ def _first_module_difference(order: ExecutionOrder, model: nn.Module, name: str)
     for (a, class_a), (b, class_b) in zip(theirs, mine, strict=False):
         if a != b:
             only_model = b not in order.module_classes
-            missing, where = (b, name) if only_model else (a, "plan's model")
-            return f"the first module that differs is {quoted(missing)}, which only the {where} has"
+            missing, where = (b, name) if only_model else (a, "the plan's model")
+            return f"the first module that differs is {quoted(missing)}, which only {where} has"
         if class_a != class_b:
             return f"module {quoted(a)} is a {class_a} in the plan and a {class_b} in {name}"
     if len(theirs) != len(mine):
-        longer, owner = (theirs, "plan's model") if len(theirs) > len(mine) else (mine, name)
+        longer, owner = (theirs, "the plan's model") if len(theirs) > len(mine) else (mine, name)
         fqn = longer[min(len(theirs), len(mine))][0]
-        return f"the first module that differs is {quoted(fqn)}, which only the {owner} has"
+        return f"the first module that differs is {quoted(fqn)}, which only {owner} has"
     return None
 
 

@@ -112,7 +112,10 @@ def fsdp1(policy: str, *, use_orig_params: bool) -> Shard:
         else:
             p = ParamExecOrderWrapPolicy(always_wrap_policy, TracingConfig(), bucket_numel=20_000)
         wrapped = FullyShardedDataParallel(
-            model, auto_wrap_policy=p, use_orig_params=use_orig_params, device_id=torch.device("cpu")
+            model,
+            auto_wrap_policy=p,
+            use_orig_params=use_orig_params,
+            device_id=torch.device("cpu"),
         )
         return wrapped, p.plan
 
@@ -188,7 +191,9 @@ def _refusals(folder: str) -> dict[str, tuple[str, str]]:
     out = {}
     # wpe left out of the sharding: each rank trains its own copy
     model = _model()
-    plan = plan_wrap(model, trace_execution_order(model, TracingConfig()), ModuleWrapPolicy({Block}))
+    plan = plan_wrap(
+        model, trace_execution_order(model, TracingConfig()), ModuleWrapPolicy({Block})
+    )
     apply_fully_shard(model, plan, ignored_params={model.wpe})
     opt = _optimizer(model)
     _train(model, opt, range(1))
@@ -259,9 +264,7 @@ def test_a_checkpoint_of_another_model_is_refused(two_ranks: list[dict[str, Any]
         )
         kind, message = rank["refusals"]["another shape"]
         assert kind == "ValueError"
-        assert message.startswith(
-            "load_checkpoint: 'wpe' has shape (16, 32) in the checkpoint at "
-        )
+        assert message.startswith("load_checkpoint: 'wpe' has shape (16, 32) in the checkpoint at ")
         assert message.endswith("and (32, 32) in the model; it was saved from another model. "
                                 "Load it into the model it was saved from")  # fmt: skip
 
@@ -289,6 +292,3 @@ def test_a_checkpoint_of_2_ranks_trains_on_on_1(tmp_path: Path) -> None:
     assert restarted == pytest.approx(uninterrupted[STEPS:], rel=RTOL)
     assert json.loads((tmp_path / "ckpt" / PLAN_FILE).read_text())["kind"] == "execwrap-pinned-plan"
     assert load_plan(folder).groups == [[""], ["blocks.0"], ["blocks.1"], ["blocks.2"]]
-
-
-
