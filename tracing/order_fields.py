@@ -44,11 +44,12 @@ __all__ = [
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
 #: Version 2 added the optional timing fields (``forward_times_s`` ...) and the
-#: capture fields ``zero_cost`` and ``warnings``; version-1 files still load
-#: (those fields get their defaults).
-SCHEMA_VERSION = 2
+#: capture fields ``zero_cost`` and ``warnings``; version 3 the mode of the
+#: capture, ``training`` and ``grad_enabled``. Older files still load (the
+#: fields they lack get their defaults: ``None``, not recorded).
+SCHEMA_VERSION = 3
 #: Layout versions :meth:`ExecutionOrder.from_dict` reads.
-READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 #: ``ExecutionOrder.method`` values.
 CAPTURE_METHODS: tuple[str, ...] = ("symbolic", "runtime")
@@ -171,6 +172,9 @@ ORDER_FIELDS = Record(
         "timing_device": Field(string(), required=False, default=""),
         "timing_method": Field(one_of(*TIMING_METHODS), required=False, default=""),
         "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
+        # schema 3: the mode the order was captured in (absent in older files: not recorded)
+        "training": Field(optional(boolean()), required=False),
+        "grad_enabled": Field(optional(boolean()), required=False),
     }
 )
 

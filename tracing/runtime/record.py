@@ -60,7 +60,9 @@ def record_execution_order(
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
     CUDA RNG states restored so the user's random stream does not shift (and,
     unless the model is wrapped by FSDP/DDP, the values of plain tensor
-    attributes). The training flag and ``requires_grad`` are never touched.
+    attributes). The training flag, ``requires_grad`` and autograd's mode are
+    never touched: under ``torch.no_grad()`` no backward runs, and the order
+    says so (``order.grad_enabled`` is ``False``; ``order.warnings`` explains).
 
     Runs on the meta device too (meta model and meta inputs): no memory is
     allocated for weights or activations, provided the model's control flow
@@ -111,7 +113,7 @@ def record_execution_order(
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
-        with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+        with recorder:
             run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
         order = recorder.order
         if clock is not None:
@@ -145,8 +147,7 @@ def _timed_step(
                 saved.clear_grads()
             timer = CallTimer(params.modules, clock)
             try:
-                with torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-                    run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
+                run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
             finally:
                 timer.remove()
             if timer.num_calls != len(order.module_forward_order):

@@ -240,7 +240,7 @@ def record_zero_cost(
         with _quiet_fake_kernel_errors(), _fake_stand_ins(model, mode):
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
-            with recorder, mode, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+            with recorder, mode:
                 run_step(model, fake_args, fake_kwargs, backward=backward, loss_fn=loss_fn)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
