@@ -79,7 +79,7 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     if not is_int(version):
         raise SchemaError(
             field_path(prefix, "schema_version"),
-            f"expected an int layout version ({' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}), "
+            f"expected an int layout version ({_versions()}), "
             f"got {type_and_value(version)}",
             source,
             "ExecutionOrder",
@@ -98,6 +98,12 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     except SchemaError as e:
         raise SchemaError(e.path, e.problem, source, "ExecutionOrder") from None
     return fields
+
+
+def _versions() -> str:
+    """``"1, 2 or 3"``: the readable layout versions, in words."""
+    *head, last = map(str, READABLE_SCHEMA_VERSIONS)
+    return f"{', '.join(head)} or {last}" if head else last
 
 
 def parse_json(text: str, source: str) -> Any:
