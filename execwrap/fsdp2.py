@@ -113,10 +113,8 @@ def apply_fully_shard(
             (:mod:`execwrap.shardable`): a 0-dim parameter outside
             ``ignored_params``, or a group of mixed trainable dtypes that its
             ``mp_policy`` does not cast to one ``param_dtype``.
-        RankFailure: another rank of the mesh failed in capture, planning, the
-            checks before sharding or sharding (each followed by a status exchange,
-            :mod:`execwrap.rank_status`), naming it and its exception; the failing
-            rank raises its own.
+        RankFailure: another rank failed in capture, planning, the checks before
+            sharding or sharding (:mod:`execwrap.rank_status`); it raises its own error.
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks of the mesh would apply different groups, prefetch or
             resharding (one ``all_gather_object``: a collective when a process
@@ -135,25 +133,32 @@ def apply_fully_shard(
     """
     _check_arguments(model, prefetch)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
-    # Local steps between collectives: a rank that fails one is named on the others.
     with _together("apply_fully_shard: the checks before sharding", mesh):
-        if plan is policy_or_plan:
-            _check_ready_plan(plan, model)
-        check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
-        depth = _resolve_prefetch(prefetch, plan)
-        groups = _plan_groups(model, plan)
-        reshard = _group_reshard(plan, fully_shard_kwargs)
+        depth, groups, reshard = _prepare(model, policy_or_plan, plan, prefetch, fully_shard_kwargs)
     check_plan_before_sharding(plan, depth, reshard, mesh, fully_shard_kwargs)
     with _together("apply_fully_shard: sharding", mesh):
         params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
         _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
         mark_applied(policy_or_plan)
         if depth > 0:
-            policy = (
-                policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
-            )
-            _schedule_prefetch(model, groups, plan, policy, depth, mesh)
+            _schedule_prefetch(model, groups, plan, policy_or_plan, depth, mesh)
     return plan
+
+
+def _prepare(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    plan: WrapPlan,
+    prefetch: int | str,
+    fully_shard_kwargs: dict[str, Any],
+) -> tuple[int, list[list[str]], dict[tuple[str, ...], bool]]:
+    """The checks before sharding (a ready plan's own too): the prefetch depth,
+    the non-root groups and each group's ``reshard_after_forward``."""
+    if plan is policy_or_plan:
+        _check_ready_plan(plan, model)
+    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
+    depth = _resolve_prefetch(prefetch, plan)
+    return depth, _plan_groups(model, plan), _group_reshard(plan, fully_shard_kwargs)
 
 
 # ------------------------------------------------------------------ apply_fully_shard helpers
@@ -315,11 +320,12 @@ def _schedule_prefetch(
     model: nn.Module,
     groups: list[list[str]],
     plan: WrapPlan,
-    policy: ParamExecOrderWrapPolicy | None,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
     prefetch: int,
     mesh: DeviceMesh | None,
 ) -> None:
     """Set prefetching now from the plan's order, or after a first-step recording."""
+    policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
     if plan.order.module_forward_order:
         _set_prefetch(model, groups, plan, plan.order, prefetch)
     elif policy is not None:

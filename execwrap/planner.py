@@ -186,14 +186,11 @@ def plan_wrap(
             :class:`execwrap.cost.CostModel`, ranks (an int, NumPy's too; default: the
             cost model's), peak bytes per rank, a whole number (``None``: no limit), the
             optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
-        group: the process group whose ranks plan together (default: ``WORLD``).
-        across_ranks: whether planning is a collective of ``group``'s ranks (when a
-            process group of more than one rank is initialised): every rank plans
-            from the compute times of the slowest rank (:func:`execwrap.rank_timing.agree_timing`,
-            so an auto plan is the same on every rank), and a rank that fails
-            is named on the others (:mod:`execwrap.rank_status`). ``None``
-            (default): for ``bucket_numel="auto"`` only, the one plan that depends
-            on each rank's own timings; ``False``: never (planning on one rank).
+        group, across_ranks: with a process group initialised, planning is a collective
+            of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
+            compute times (:mod:`execwrap.rank_timing`) and a failing rank is named on
+            the others (:mod:`execwrap.rank_status`). ``across_ranks``: ``None``, for
+            ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -222,20 +219,10 @@ def plan_wrap(
         [[''], ['blocks.0'], ['blocks.1']]
     """
     plan = plan_wrap_unwatched(
-        model,
-        order,
-        init_policy,
-        bucket_numel=bucket_numel,
-        ignored_modules=ignored_modules,
-        groups=groups,
-        target=target,
-        cost_model=cost_model,
-        world_size=world_size,
-        memory_budget=memory_budget,
-        optimizer=optimizer,
-        group=group,
-        across_ranks=across_ranks,
-    )
+        model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
+        groups=groups, target=target, cost_model=cost_model, world_size=world_size,
+        memory_budget=memory_budget, optimizer=optimizer, group=group, across_ranks=across_ranks,
+    )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
 

@@ -79,8 +79,7 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     if not is_int(version):
         raise SchemaError(
             field_path(prefix, "schema_version"),
-            f"expected an int layout version ({_versions()}), "
-            f"got {type_and_value(version)}",
+            f"expected an int layout version ({_versions()}), got {type_and_value(version)}",
             source,
             "ExecutionOrder",
         )

@@ -60,13 +60,11 @@ def record_execution_order(
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
     CUDA RNG states restored so the user's random stream does not shift (and,
     unless the model is wrapped by FSDP/DDP, the values of plain tensor
-    attributes). The training flag, ``requires_grad`` and autograd's mode are
-    never touched: under ``torch.no_grad()`` no backward runs, and the order
-    says so (``order.grad_enabled`` is ``False``; ``order.warnings`` explains).
+    attributes). The training flag, ``requires_grad`` and autograd's mode are never
+    touched (under ``torch.no_grad()`` no backward runs; ``order.warnings`` says so).
 
-    Runs on the meta device too (meta model and meta inputs): no memory is
-    allocated for weights or activations, provided the model's control flow
-    depends on shapes only.
+    Runs on the meta device too (meta model and inputs: nothing allocated for
+    weights or activations), provided the model's control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
