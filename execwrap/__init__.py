@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     )
 
     from execwrap.bucketing import min_contiguous_groups
+    from execwrap.checkpoint import load_checkpoint, restart_fully_shard, save_checkpoint
     from execwrap.compare import compare_plans
     from execwrap.cost import CostModel
     from execwrap.divergence import Divergence, first_divergence
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         OrderDivergenceError,
         ParamMismatchError,
         PlanError,
+        RankFailure,
     )
     from execwrap.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp2 import apply_fully_shard
@@ -87,6 +89,7 @@ _EXPORTS: dict[str, str] = {
     "OrderDivergenceError": "execwrap.errors",
     "ParamMismatchError": "execwrap.errors",
     "PlanError": "execwrap.errors",
+    "RankFailure": "execwrap.errors",
     "ParamExecOrderWrapPolicy": "execwrap.fsdp1",
     "apply_fully_shard": "execwrap.fsdp2",
     "prefetch_schedule": "execwrap.prefetch",
@@ -112,6 +115,10 @@ _EXPORTS: dict[str, str] = {
     "UnitCompute": "execwrap.simulate",
     "simulate_step": "execwrap.simulate",
     "unit_compute": "execwrap.simulate",
+    # issue 36: checkpoints across plans
+    "load_checkpoint": "execwrap.checkpoint",
+    "restart_fully_shard": "execwrap.checkpoint",
+    "save_checkpoint": "execwrap.checkpoint",
     # issue 11: the auto-planner's record (plan_wrap(..., bucket_numel="auto").search)
     "PlanSearch": "execwrap.plan_search",
 }
@@ -133,6 +140,7 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "RankFailure",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
@@ -147,12 +155,15 @@ __all__ = [
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "load_checkpoint",
     "min_contiguous_groups",
     "order_fingerprint",
     "order_subgraph",
     "plan_wrap",
     "policy_units",
     "prefetch_schedule",
+    "restart_fully_shard",
+    "save_checkpoint",
     "simulate_step",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",

@@ -310,6 +310,8 @@ class ParamExecOrderWrapPolicy(_Policy):
                 parameters of another shape, dtype or ``requires_grad``
                 (checked before wrapping, also when the order is recorded
                 during the first step).
+            execwrap.RankFailure: another rank failed to capture or to plan
+                (named, with its exception; :mod:`execwrap.rank_status`).
         """
         if self.pinned_plan is not None:
             return self._use_pinned(model, group)

@@ -49,6 +49,12 @@ parameters that are not units share one note.
 
 Planning with a policy callable (the default included) does not import
 ``torch.distributed.fsdp``.
+
+With a process group initialised, ``plan_wrap(..., bucket_numel="auto")`` is a
+collective: the ranks agree on one timing record first (the slowest rank's,
+:mod:`execwrap.rank_timing`), so that every rank makes the same plan, and a
+rank that fails to plan is named on the others (:mod:`execwrap.rank_status`);
+``across_ranks`` widens or drops this.
 """
 
 from __future__ import annotations
