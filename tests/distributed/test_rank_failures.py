@@ -195,3 +195,39 @@ def test_failure_in_the_checks_before_sharding_is_named(outcomes: list[Any]) -> 
         "apply_fully_shard: the plan names module 'blocks.2', which Net does not have"
     )
     assert outcomes[1]["checks before sharding"][0] == "ValueError"
+
+
+def _leaves(rank: int, folder: str) -> None:
+    """Rank 1's process ends inside a step; rank 0 writes what it raised."""
+    import datetime
+    import os
+    from pathlib import Path
+
+    from execwrap.rank_status import fail_together
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{folder}/rendezvous",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    try:
+        with fail_together("capture"):
+            if rank == 1:
+                os._exit(0)  # the process ends without a word (exit 0: spawn keeps rank 0)
+    except Exception as e:  # noqa: BLE001 - written for the test
+        Path(folder, "rank0.txt").write_text(f"{type(e).__name__}: {e}")
+    os._exit(0)
+
+
+def test_a_rank_whose_process_ends_is_reported_as_gone(tmp_path: Any) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_leaves, args=(str(tmp_path),), nprocs=2, join=True)
+    text = (tmp_path / "rank0.txt").read_text()
+    assert text.startswith("RankFailure: the ranks' status exchange after capture failed (")
+    assert text.endswith(
+        "): a rank left the job before reporting (its process ended, or it failed outside "
+        "execwrap). Look for the first failure in the other ranks' output"
+    )
