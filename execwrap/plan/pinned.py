@@ -34,6 +34,8 @@ from tracing.order import ExecutionOrder, param_infos
 from tracing.order_fields import parse_json
 
 __all__ = [
+    "is_pinned_dict",
+    "plan_from_pinned_dict",
     "PINNED_KIND",
     "PINNED_VERSION",
     "PLAN_FILE",
@@ -120,20 +122,36 @@ def load_plan(path: str | os.PathLike[str], model: nn.Module | None = None) -> W
             "save_plan(plan, folder) writes one)"
         )
     data = parse_json(source.read_text(encoding="utf-8"), str(source))
-    if not isinstance(data, dict) or data.get("kind") != PINNED_KIND:
+    return plan_from_pinned_dict(data, model, source=str(source))
+
+
+def is_pinned_dict(data: Any) -> bool:
+    """Whether a parsed JSON object is a pinned plan (:func:`save_plan`'s layout)."""
+    return isinstance(data, dict) and data.get("kind") == PINNED_KIND
+
+
+def plan_from_pinned_dict(
+    data: Any, model: nn.Module | None = None, *, source: str = "<dict>"
+) -> WrapPlan:
+    """:func:`load_plan` of an already parsed JSON object (``source`` names it in errors).
+
+    Raises:
+        ValueError, PlanError: as :func:`load_plan`.
+    """
+    if not is_pinned_dict(data):
         raise ValueError(
             f'{source}: not a pinned execwrap plan (no "kind": {PINNED_KIND!r}); write one '
-            "with execwrap.plan.pinned.save_plan"
+            "with execwrap.save_plan"
         )
     if data.get("version") != PINNED_VERSION:
         raise ValueError(
             f"{source}: pinned-plan layout version {data.get('version')!r}; this execwrap "
             f"reads version {PINNED_VERSION}"
         )
-    order = ExecutionOrder.from_dict(data.get("order"), source=str(source), prefix="order")
-    plan = WrapPlan.from_dict(data.get("plan"), order, source=str(source), prefix="plan")
+    order = ExecutionOrder.from_dict(data.get("order"), source=source, prefix="order")
+    plan = WrapPlan.from_dict(data.get("plan"), order, source=source, prefix="plan")
     if model is not None:
-        check_plan_fits(plan, model, source=str(source))
+        check_plan_fits(plan, model, source=source)
     return plan
 
 
