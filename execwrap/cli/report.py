@@ -21,12 +21,13 @@ import execwrap.planner as planning  # plan_wrap is looked up at call time (test
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
-from execwrap.cli.options import ReportOptions
+from execwrap.cli.options import ReportOptions, foreign_files_message
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
 from execwrap.plan import WrapPlan
 from execwrap.plan_stats import PlanStats, chosen_collectives
 from execwrap.report.formatting import format_bytes, format_numel, short_reason
+from execwrap.report.ownership import ForeignFilesError
 from execwrap.report.writer import write_report
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
 from tracing.fqn import module_phrase
@@ -145,6 +146,8 @@ def _write(
             baselines=baselines,
             title=title,
         )
+    except ForeignFilesError as exc:  # written there since the options were checked
+        raise CLIError(foreign_files_message(options.out_dir, exc.names)) from exc
     except OSError as exc:
         raise CLIError(f"--out {str(options.out_dir)!r}: cannot write the report: {exc}") from exc
 

@@ -25,6 +25,7 @@ import torch
 
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.formatting import blank, format_bytes, format_numel, short_reason
+from execwrap.report.ownership import GENERATOR_META
 from execwrap.report.plans import unsharded_timeline
 from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
 from execwrap.text import printable
@@ -61,6 +62,7 @@ def render_html(ctx: ReportContext) -> str:
         '<html lang="en">',
         "<head>",
         '<meta charset="utf-8">',
+        GENERATOR_META,
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{e(ctx.title)}</title>",
         f"<style>{_CSS}</style>",
