@@ -10,10 +10,11 @@ from its creation: FSDP1 (the policy's ``_run_policy``) and
 :func:`execwrap.apply_fully_shard` mark what they apply, and the first
 ``optimizer.step()`` of the process after a watched object was created logs
 one WARNING for each watched object that is still alive and was never applied,
-naming it, where it was created and what would have applied it. A plan applied
-to a model other than the one it was planned for (its order does not fit the
-model: other parameters, sizes or modules) is logged the same way, once, when
-it is applied.
+naming it, where it was created and what would have applied it. An object that
+execwrap refused to apply (an exception from FSDP1's policy call or
+``apply_fully_shard``) is no longer watched: the caller has that error. A plan
+applied to a model other than the one it was planned for (its order does not
+fit the model: other parameters, sizes or modules) is refused when applied.
 
 Nothing is stored on the watched objects or on the user's modules: the
 registry holds them weakly (an object garbage-collected before the first step
@@ -28,6 +29,8 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from torch.utils.hooks import RemovableHandle
 from execwrap.integrations.hints import ignored_by
 from execwrap.model_view import ModelView, check_order_fits
 
-__all__ = ["mark_applied", "warn_if_other_model", "watch"]
+__all__ = ["check_same_model", "mark_applied", "unwatched_if_refused", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,20 +94,36 @@ def mark_applied(obj: Any) -> None:
         entry.applied = True
 
 
-def warn_if_other_model(plan: Any, model: nn.Module, where: str) -> bool:
-    """Log one WARNING when ``plan`` was planned for a model other than ``model``.
+@contextmanager
+def unwatched_if_refused(obj: Any) -> Iterator[None]:
+    """Stop watching ``obj`` when the block raises: execwrap refused it (or applying
+    it failed), the caller has that error, and a later "never applied" WARNING
+    would only repeat it."""
+    try:
+        yield
+    except Exception:
+        entry = _WATCHED.get(id(obj))
+        if entry is not None and entry.ref() is obj:
+            del _WATCHED[id(obj)]
+        raise
+
+
+def check_same_model(plan: Any, model: nn.Module, where: str) -> None:
+    """Refuse ``plan`` when it was planned for a model other than ``model``.
 
     The plan's order must fit ``model`` (:func:`execwrap.model_view.check_order_fits`:
     the same parameters with the same numel and shape, every module it calls);
     a plan whose order has no parameter table (a hand-built one) is not checked.
+    A model that shares some module names with the planned one is another model:
+    its other parameters would be sharded where the plan never looked.
 
     Args:
         plan: the :class:`~execwrap.WrapPlan` about to be applied.
         model: the model it is applied to.
         where: the caller, for the message (e.g. ``"apply_fully_shard"``).
 
-    Returns:
-        Whether a warning was logged.
+    Raises:
+        ValueError: naming what differs, before anything is wrapped.
     """
     try:
         check_order_fits(
@@ -112,19 +131,11 @@ def warn_if_other_model(plan: Any, model: nn.Module, where: str) -> bool:
         )
     except (ValueError, KeyError) as e:
         detail = str(e).removeprefix("plan_wrap: ")
-        logger.warning(
-            "%s: the plan (policy %s, %d groups) was planned for another model than the %s "
-            "it is applied to: %s. Expected a plan made from this model's own order; "
-            "modules or parameters the plan does not know stay in their enclosing group. "
-            "Plan this model: plan_wrap(model, capture_execution_order(model, ...), ...)",
-            where,
-            plan.policy_name,
-            len(plan.units),
-            type(model).__name__,
-            detail,
-        )
-        return True
-    return False
+        raise ValueError(
+            f"{where}: the plan (policy {plan.policy_name}, {len(plan.units)} groups) was "
+            f"planned for another model than the {type(model).__name__} it is applied to, so "
+            f"nothing was wrapped: {detail}, then plan_wrap(model, order, ...)"
+        ) from None
 
 
 def _first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

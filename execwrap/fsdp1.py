@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
-from execwrap.apply_watch import mark_applied, watch
+from execwrap.apply_watch import mark_applied, unwatched_if_refused, watch
 from execwrap.auto_wrap import policy_name
 from execwrap.autoplan import check_auto_options, check_memory_budget, check_world_size
 from execwrap.first_step import is_recording, record_first_step
@@ -85,14 +85,15 @@ class ParamExecOrderWrapPolicy(_Policy):
             capture with ``example_inputs``; without them the
             :class:`tracing.TracingError` is raised.
         bucket_numel: merge consecutive units (in execution order) into groups
-            of at most this many parameter elements (FSDP2 groups; FSDP1
-            realises a group only when it is exactly a parent's units, see
-            ``plan.notes``). ``None`` merges nothing. ``"auto"``: the
+            of at most this many parameter elements (FSDP2 groups). FSDP1
+            wraps one module per unit: it builds a group only when one module
+            holds exactly its units, and a plan with any other group is refused
+            under FSDP1. ``None`` merges nothing. ``"auto"``: the
             auto-planner chooses the groups, the prefetch depth and
             ``reshard_after_forward`` per group from ``cost_model``
             (see :func:`execwrap.plan_wrap`; its choices are FSDP2's: use
             the policy with :func:`execwrap.apply_fully_shard` and
-            ``prefetch="auto"``; under FSDP1 only the groups apply). Needs an
+            ``prefetch="auto"``; FSDP1 refuses it). Needs an
             order before wrapping (``order``, ``tracing_config`` or
             ``example_inputs``).
         cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
@@ -146,7 +147,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``world_size`` or ``memory_budget`` without ``"auto"``; a
             ``memory_budget`` or ``world_size`` that is not positive;
             ``groups`` with ``"auto"``. From FSDP1 (``_run_policy``), before
-            anything is wrapped: units mix frozen and trainable parameters and
+            anything is wrapped: ``bucket_numel="auto"``, or bucketed groups no
+            single module holds (the message names them and what to use
+            instead); units mix frozen and trainable parameters and
             ``use_orig_params`` is ``False``.
 
     Example:
@@ -352,16 +355,18 @@ class ParamExecOrderWrapPolicy(_Policy):
                 or parameters.
         """
         group = root_kwargs.get("process_group")
-        plan = self.build_plan(
-            root_module,
-            ignored_modules=ignored_modules,
-            group=group if isinstance(group, dist.ProcessGroup) else None,
-            target="fsdp1",
-        )
-        if not root_kwargs.get("use_orig_params", False):
-            _check_uniform_requires_grad(root_module, plan)
-        ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
-        check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
+        with unwatched_if_refused(self):
+            plan = self.build_plan(
+                root_module,
+                ignored_modules=ignored_modules,
+                group=group if isinstance(group, dist.ProcessGroup) else None,
+                target="fsdp1",
+            )
+            _check_fsdp1_builds(self.bucket_numel, plan)
+            if not root_kwargs.get("use_orig_params", False):
+                _check_uniform_requires_grad(root_module, plan)
+            ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
+            check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
         mark_applied(self)
         targets = _resolve_modules(root_module, _fsdp1_targets(plan))
         result: dict[nn.Module, dict[str, Any]] = {}
@@ -384,6 +389,34 @@ class ParamExecOrderWrapPolicy(_Policy):
 
 
 # ------------------------------------------------------------------ helpers
+def _check_fsdp1_builds(bucket_numel: int | str | None, plan: WrapPlan) -> None:
+    """Refuse a plan FSDP1 would not build as planned: any auto plan (its groups,
+    prefetch, resharding and estimate are FSDP2's), and bucketed groups that no
+    module holds exactly (FSDP1 wraps one module per unit)."""
+    fix = (
+        "For FSDP1 leave bucket_numel out and choose the units with init_policy (e.g. a "
+        "ModuleWrapPolicy of a larger block class, or functools.partial("
+        "size_based_auto_wrap_policy, min_num_params=N)); for this plan use FSDP2: "
+        "execwrap.apply_fully_shard(model, policy, mesh=mesh"
+    )
+    if bucket_numel == "auto":
+        raise ValueError(
+            'ParamExecOrderWrapPolicy(bucket_numel="auto") plans for FSDP2: its groups, prefetch '
+            "depth, reshard_after_forward per group and predicted step are FSDP2's, and FSDP1 "
+            f'builds none of them (it wraps one module per unit). {fix}, prefetch="auto")'
+        )
+    split = [u for u in plan.units if len(u.module_fqns) > 1 and plan.fsdp1_parent(u) is None]
+    if bucket_numel is not None and split:
+        groups = listed(["[" + ", ".join(repr(m) for m in u.module_fqns) + "]" for u in split], 3)
+        raise ValueError(
+            f"ParamExecOrderWrapPolicy(bucket_numel={bucket_numel}) merged units into FSDP2 "
+            f"groups that FSDP1 cannot build: no module holds exactly the units of "
+            f"{len(split)} of {len(plan.units)} groups ({groups}), so FSDP1 "
+            f"would build {len(plan.fsdp1_modules())} units where the plan has "
+            f"{len(plan.units)}. {fix})"
+        )
+
+
 def _check_uniform_requires_grad(root: nn.Module, plan: WrapPlan) -> None:
     """FSDP1 with ``use_orig_params=False``: every unit one ``requires_grad``."""
     trainable = {fqn: p.requires_grad for fqn, p in root.named_parameters()}

@@ -44,7 +44,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from execwrap.apply_watch import mark_applied, warn_if_other_model
+from execwrap.apply_watch import check_same_model, mark_applied, unwatched_if_refused
 from execwrap.first_step import record_first_step
 from execwrap.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.plan import WrapPlan
@@ -99,14 +99,14 @@ def apply_fully_shard(
     Returns:
         The plan applied (for a policy that records during the first step,
         ``policy.plan`` is replaced by the re-ordered plan after that step).
-        A ready plan whose order does not fit ``model`` (planned for another
-        model) is applied with one WARNING naming what differs; so is an auto
-        plan made for another world size than the mesh's.
+        An auto plan made for another world size than the mesh's is applied
+        with one WARNING.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model does not have, or puts
+            applied; a ready plan was planned for another model (named); the
+            plan names a module the model does not have, or puts
             the root in a group with other modules; before anything is wrapped
             (:mod:`execwrap.shardable`): a 0-dim parameter outside
             ``ignored_params``, or a group of mixed trainable dtypes that its
@@ -128,14 +128,15 @@ def apply_fully_shard(
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
     _check_arguments(model, prefetch)
-    plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
-    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
-    prefetch = _resolve_prefetch(prefetch, plan)
-    groups = _plan_groups(model, plan)
-    reshard = _group_reshard(plan, fully_shard_kwargs)
-    check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
-    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
-    _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
+    with unwatched_if_refused(policy_or_plan):
+        plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+        check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
+        prefetch = _resolve_prefetch(prefetch, plan)
+        groups = _plan_groups(model, plan)
+        reshard = _group_reshard(plan, fully_shard_kwargs)
+        check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
+        params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
+        _shard_groups(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, params=params)
     mark_applied(policy_or_plan)
     if prefetch > 0:
         policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
@@ -177,7 +178,7 @@ def _build_plan(
         overlap = first_overlap(policy_or_plan.units)
         if overlap is not None:
             raise overlap_error(overlap, policy_or_plan.units, "apply_fully_shard")
-        warn_if_other_model(policy_or_plan, model, "apply_fully_shard")
+        check_same_model(policy_or_plan, model, "apply_fully_shard")
         return policy_or_plan
     raise TypeError(
         "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "

@@ -108,6 +108,13 @@ class PlanSearch:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(
+                f"PlanSearch.memory_budget must be > 0 bytes per rank or None (no limit), got "
+                f"{self.memory_budget}"
+            )
+        if self.world_size < 1:
+            raise ValueError(f"PlanSearch.world_size must be >= 1 ranks, got {self.world_size}")
         if not 0 <= self.chosen < len(self.candidates):
             raise ValueError(
                 f"PlanSearch.chosen = {self.chosen} is not an index into its "
