@@ -99,8 +99,7 @@ def apply_fully_shard(
     Returns:
         The plan applied (for a policy that records during the first step,
         ``policy.plan`` is replaced by the re-ordered plan after that step).
-        An auto plan made for another world size than the mesh's is applied
-        with one WARNING.
+        An auto plan for another world size than the mesh's WARNs.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
