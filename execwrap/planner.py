@@ -73,7 +73,12 @@ from execwrap.autoplan import (
     search_plan,
 )
 from execwrap.bucketing import bucket_units
-from execwrap.errors import PlanError
+from execwrap.cost.device_memory import (
+    default_memory_budget,
+    overshoot_message,
+    refused_within_default,
+)
+from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.model_view import ModelView, OrderView, check_order_fits
 from execwrap.plan import WrapPlan
 from execwrap.plan_check import check_plan
@@ -320,16 +325,29 @@ def _auto_plan(
     memory_budget: int | None,
     optimizer: str | None,
 ) -> WrapPlan:
-    """Step 5 with ``bucket_numel="auto"``: :func:`execwrap.autoplan.search_plan`."""
+    """Step 5 with ``bucket_numel="auto"``: :func:`execwrap.autoplan.search_plan`, within
+    ``memory_budget`` or, without one, the device's memory minus a reserve
+    (:func:`~execwrap.cost.device_memory.default_memory_budget`; a note says so); a
+    chosen peak over the device's memory is a WARNING and a note."""
     assert cost_model is not None  # check_auto_options
-    return search_plan(
-        plan,
-        cost_model,
-        world_size=world_size,
-        memory_budget=memory_budget,
-        trainable_dtypes=planner.trainable_dtypes,
-        optimizer=optimizer or "adamw",
-    )
+    default = default_memory_budget(cost_model) if memory_budget is None else None
+    try:
+        plan = search_plan(
+            plan,
+            cost_model,
+            world_size=world_size,
+            memory_budget=memory_budget if default is None else default[0],
+            trainable_dtypes=planner.trainable_dtypes,
+            optimizer=optimizer or "adamw",
+        )
+    except MemoryBudgetError as e:
+        raise (e if default is None else refused_within_default(e, default[1])) from None
+    assert plan.estimate is not None
+    over = overshoot_message(int(plan.estimate.peak_memory_bytes), cost_model, "The chosen plan")
+    if over is not None:
+        logger.warning("plan_wrap: %s (memory_budget is above it)", over)
+    plan.notes.extend(n for n in (default and default[1], over) if n)
+    return plan
 
 
 def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | Literal["auto"] | None:

@@ -33,6 +33,8 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
   ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
   size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
+* the device's memory (:func:`~execwrap.cost.device_memory.measure_device_memory`:
+  the CUDA device's total, or the host's memory per rank on CPU);
 * on CPU, the wait at a collective for the slowest rank after compute
   (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
   and without a collective after each), the model's ``sync_jitter``.
@@ -58,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.device_memory import measure_device_memory
 from execwrap.cost.fit import bandwidth_line
 from execwrap.cost.fixed_costs import (
     fsdp_fixed_costs,
@@ -175,6 +178,7 @@ def calibration_fields(
         "optimizer_param_overhead_s": optimizer_param_s,
         "optimizer_curve": optimizer_curve,
         "sync_jitter": jitter,
+        "device_memory_bytes": measure_device_memory(dev, world),
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
         "torch_version": str(torch.__version__),
     }

@@ -90,6 +90,9 @@ class CostModel:
             where collectives block the training thread
             (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
             ``0`` (presets, models saved before it): no wait.
+        device_memory_bytes: memory of one rank's device, bytes (a preset's GPU,
+            or measured: :mod:`execwrap.cost.device_memory`); ``None``: unknown
+            (models saved before it), and nothing is checked against it.
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -116,6 +119,7 @@ class CostModel:
     copy_curve: CollectiveCurve | None = None
     optimizer_curve: CollectiveCurve | None = None
     sync_jitter: float = 0.0
+    device_memory_bytes: int | None = None
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -147,6 +151,11 @@ class CostModel:
                     f"CostModel.{name} must be a finite number >= 0 (seconds"
                     f"{' per square-root second' if name == 'sync_jitter' else ''}), got {value!r}"
                 )
+        if self.device_memory_bytes is not None:
+            memory = check_integral(
+                self.device_memory_bytes, "CostModel.device_memory_bytes", minimum=1, unit="bytes"
+            )
+            object.__setattr__(self, "device_memory_bytes", memory)
         if self.compute.device_type != self.device_type:
             raise ValueError(
                 f"CostModel: compute rates are for {self.compute.device_type!r} but the model is for "
@@ -398,6 +407,7 @@ class CostModel:
             if self.optimizer_curve is None
             else self.optimizer_curve.to_dict(),
             "sync_jitter": self.sync_jitter,
+            "device_memory_bytes": self.device_memory_bytes,
             "source": self.source,
             "created": self.created,
             "torch_version": self.torch_version,

@@ -145,6 +145,7 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
         "source": Field(string(), required=False, default=""),
         "created": Field(string(), required=False, default=""),
         "torch_version": Field(string(), required=False, default=""),

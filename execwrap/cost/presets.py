@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from execwrap.cost.curve import CollectiveCurve
+from execwrap.cost.device_memory import GPU_MEMORY_BYTES
 from tracing.rates import ComputeRates
 
 __all__ = ["PRESETS", "Preset", "preset_fields"]
@@ -49,6 +50,8 @@ _LL128_CAP_GBPS = {"hopper": 16 * 36.7, "ampere": 8 * 20.0}
 _NVLINK_BW_GBPS = {"hopper": 370.0, "ampere": 240.0}
 _IB_NDR_BW_GBPS = 50.0
 
+# --- Device memory per GPU: execwrap.cost.device_memory.GPU_MEMORY_BYTES (NVML's totals of
+# --- the 80GB H100 SXM5 and A100 SXM4, sources there).
 # --- Device compute, NVIDIA datasheets (dense, no sparsity):
 # H100 SXM5: 989.4 TFLOP/s BF16 Tensor Core, 3.35 TB/s HBM3 (NVIDIA H100 Tensor Core GPU datasheet).
 # A100 SXM4 80GB: 312 TFLOP/s BF16 Tensor Core, 2.039 TB/s HBM2e (NVIDIA A100 datasheet).
@@ -146,6 +149,7 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
         "overlap": overlap,
         "compute": ComputeRates("cuda", _EFFICIENCY * flops, _EFFICIENCY * hbm, _OP_OVERHEAD_S),
         "optimizer_param_overhead_s": 0.0,
+        "device_memory_bytes": GPU_MEMORY_BYTES[p.gpu],
         "source": f"preset {name}: {p.description} (NCCL tuning tables via torch/_inductor/"
         "comm_analysis.py; NVIDIA datasheets)",
     }
