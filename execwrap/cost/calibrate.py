@@ -140,8 +140,7 @@ def calibration_fields(
     dev = _device(device, backend)
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
-        raise ValueError(f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}: {max_bytes!r}")
+    _check_max_bytes(max_bytes)
     sizes = sweep_sizes(max_bytes, world)
     with StealMeter() as host:
         ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
@@ -189,6 +188,11 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def _check_max_bytes(max_bytes: Any) -> None:
+    if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
+        raise ValueError(f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}: {max_bytes!r}")
 
 
 def _source(
