@@ -62,15 +62,14 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from execwrap.errors import MemoryBudgetError
 from execwrap.partition import best_partition
 from execwrap.plan import WrapPlan
-from execwrap.plan_search import Candidate, CandidateKind, PlanSearch
+from execwrap.plan_search import Candidate, CandidateKind, PlanSearch, candidate_label
 from execwrap.report.formatting import format_bytes
-from execwrap.text import plural
 from tracing.checks import check_integral, check_size
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ def check_memory_budget(memory_budget: Any, where: str) -> int | None:
     except ValueError as e:
         raise ValueError(
             f"{where}: memory_budget must be > 0 bytes per rank, got {memory_budget!r}; pass "
-            "None for no limit"
+            "None to plan within the device's memory"
         ) from e
 
 
@@ -255,7 +254,7 @@ def search_plan(
     Example:
         >>> best = search_plan(plan, CostModel.preset("h100-nvlink-8"))  # doctest: +SKIP
         >>> best.prefetch, best.search.best.label  # doctest: +SKIP
-        (1, '4 groups of 2 units, prefetch 1')
+        (1, 'root + 4 groups of 2 units, prefetch 1')
     """
     from execwrap.search_space import SearchSpace  # the simulator loads only when planning "auto"
 
@@ -400,7 +399,7 @@ class _Evaluations:
         estimate = self.space.simulate(groups, prefetch, flags)
         peak = int(estimate.peak_memory_bytes)
         candidate = Candidate(
-            label=label or _label(groups, prefetch, flags),
+            label=label or candidate_label([j - i for i, j in groups], prefetch, flags),
             kind=kind,
             group_sizes=tuple(j - i for i, j in groups),
             prefetch=prefetch,
@@ -414,21 +413,6 @@ class _Evaluations:
         self.estimates.append(estimate)
         self.keys.append(key)
         return candidate
-
-
-def _label(groups: Sequence[tuple[int, int]], prefetch: int, flags: Sequence[bool]) -> str:
-    sizes = {j - i for i, j in groups}
-    shape = plural(len(groups), "group")
-    if len(sizes) == 1:  # all of one size: say which
-        shape += f" of {plural(sizes.pop(), 'unit')}"
-    kept = sum(1 for f in flags if not f)
-    if kept == 0:
-        reshard = ""
-    elif kept == len(flags):
-        reshard = ", no reshard"
-    else:
-        reshard = f", no reshard: last {kept}"
-    return f"{shape}, prefetch {prefetch}{reshard}"
 
 
 def _choose(

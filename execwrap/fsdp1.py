@@ -101,7 +101,8 @@ class ParamExecOrderWrapPolicy(_Policy):
         world_size: ranks to plan for, an int or a NumPy integer, kept as an int
             (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
-            bytes, a whole number (``40e9`` is accepted; ``None``: no limit).
+            bytes, a whole number (``40e9`` is accepted; ``None``: the device's
+            memory minus a reserve, :mod:`execwrap.cost.device_memory`).
         optimizer: the optimizer the auto plan is priced with (its state in
             memory, its step in time; :data:`execwrap.simulate.OPTIMIZERS`;
             ``None``: ``"adamw"``).

@@ -11,14 +11,66 @@ round trip through :meth:`PlanSearch.to_dict` / :meth:`PlanSearch.from_dict`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Candidate", "CandidateKind", "PlanSearch"]
+__all__ = ["Candidate", "CandidateKind", "PlanSearch", "candidate_label"]
 
 #: ``"searched"``: made by the search; ``"baseline"``: a fixed plan it was compared with.
 CandidateKind = Literal["searched", "baseline"]
 _KINDS: tuple[str, ...] = ("searched", "baseline")
+
+
+#: Up to this many groups a label lists every group's size.
+_LISTED_SIZES = 6
+
+
+def candidate_label(
+    group_sizes: Sequence[int], prefetch: int, reshard_after_forward: Sequence[bool]
+) -> str:
+    """A searched candidate's label, from its settings alone: the root group (never
+    resharded after forward, FSDP2's default), the groups the search made and their
+    sizes in atomic units (in execution order: each size up to :data:`_LISTED_SIZES`
+    groups, else runs of one size), the
+    prefetch depth, and which of those groups are not resharded after forward.
+    Distinct settings give distinct labels.
+
+    >>> candidate_label((2, 2), 1, (True, True))
+    'root + 2 groups of 2 units, prefetch 1'
+    >>> candidate_label((3, 2, 2, 1), 2, (True, False, True, True))
+    'root + 4 groups of 3, 2, 2, 1 units, prefetch 2, no reshard: group 2'
+    >>> candidate_label((1,) * 8, 0, (True,) * 6 + (False, False))
+    'root + 8 groups of 1 unit, prefetch 0, no reshard: last 2'
+    >>> candidate_label((8,) * 8 + (4, 4), 1, (False,) * 10)
+    'root + 10 groups: 8 of 8 units, then 2 of 4, prefetch 1, no reshard'
+    """
+    n = len(group_sizes)
+    runs: list[list[int]] = []
+    for size in group_sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    if len(runs) == 1:
+        sizes = f" of {runs[0][0]} unit{'' if runs[0][0] == 1 else 's'}"
+    elif n <= _LISTED_SIZES:
+        sizes = " of " + ", ".join(str(s) for s in group_sizes) + " units"
+    else:  # runs of one size, in order: "8 of 8 units, then 2 of 4"
+        first, *rest = runs
+        sizes = f": {first[1]} of {first[0]} unit{'' if first[0] == 1 else 's'}"
+        sizes += "".join(f", then {c} of {s}" for s, c in rest)
+    kept = [i for i, flag in enumerate(reshard_after_forward) if not flag]
+    if not kept:
+        reshard = ""
+    elif len(kept) == n:
+        reshard = ", no reshard"
+    elif kept == list(range(n - len(kept), n)):
+        reshard = f", no reshard: last {len(kept)}"
+    else:
+        which = ", ".join(str(i + 1) for i in kept)
+        reshard = f", no reshard: group{'s' if len(kept) > 1 else ''} {which}"
+    return f"root + {n} group{'' if n == 1 else 's'}{sizes}, prefetch {prefetch}{reshard}"
 
 
 @dataclass(frozen=True)
@@ -26,8 +78,9 @@ class Candidate:
     """One simulated plan: a grouping with a prefetch depth and reshard choice.
 
     Attributes:
-        label: short readable name, e.g. ``"4 groups of 3 units, prefetch 1"`` or
-            ``"per-block"`` for a baseline.
+        label: short readable name: a searched candidate's is
+            :func:`candidate_label` of its settings (``"root + 4 groups of 3
+            units, prefetch 1"``), a baseline's names it (``"per-unit, prefetch 0"``).
         kind: ``"searched"`` or ``"baseline"``.
         group_sizes: atomic units per group, in execution order, over the
             groups the search may merge (the root and units without

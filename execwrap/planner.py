@@ -183,9 +183,9 @@ def plan_wrap(
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
         cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
-            :class:`execwrap.cost.CostModel`, ranks (an int, NumPy's too; default: the
-            cost model's), peak bytes per rank, a whole number (``None``: no limit), the
-            optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+            :class:`execwrap.cost.CostModel`, ranks (int; default: the cost model's), peak
+            bytes per rank, whole (``None``: the device's memory less a reserve,
+            :mod:`execwrap.cost.device_memory`), the optimizer (``None``: ``"adamw"``).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs

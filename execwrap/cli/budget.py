@@ -91,7 +91,7 @@ def memory_budget_option(text: str) -> int:
     >>> memory_budget_option("-5GiB")
     Traceback (most recent call last):
     ...
-    execwrap.cli.errors.CLIError: --memory-budget '-5GiB': must be > 0 bytes per rank, got -5368709120; leave --memory-budget out for no limit
+    execwrap.cli.errors.CLIError: --memory-budget '-5GiB': must be > 0 bytes per rank, got -5368709120; leave --memory-budget out to plan within the device's memory
     """
     try:
         budget = parse_bytes(text)
@@ -100,7 +100,7 @@ def memory_budget_option(text: str) -> int:
     if budget <= 0:
         raise CLIError(
             f"--memory-budget {text!r}: must be > 0 bytes per rank, got {budget}; leave "
-            "--memory-budget out for no limit"
+            "--memory-budget out to plan within the device's memory"
         )
     bare = not re.sub(r"[\d.\seE+-]", "", text)  # no unit: bytes
     if bare and budget < 2**20:  # below 1 MiB: a forgotten unit

@@ -217,7 +217,7 @@ class ReportOptions:
         formats: report formats, in the order given.
         cost_model: ``--cost-model`` (a file path or a preset name), or ``None``.
         world_size: ``--world-size``, or ``None`` (the cost model's).
-        memory_budget: ``--memory-budget`` in bytes, or ``None`` (no limit).
+        memory_budget: ``--memory-budget`` in bytes, or ``None`` (the device's memory).
     """
 
     model_path: str

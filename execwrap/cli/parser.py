@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-budget",
         metavar="BYTES",
         help="for --bucket-size auto: peak memory per rank the plan must fit, e.g. 40GiB, "
-        "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: no limit)",
+        "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: the cost model's device memory minus a reserve)",
     )
     report.add_argument(
         "--tracer",

@@ -127,25 +127,34 @@ def _plan_summary(ctx: ReportContext) -> list[tuple[str, str]]:
     if ctx.plan is None:
         return [("Plan", "none (the report was written from an order alone)")]
     st = ctx.stats()
+    fig = ctx.figures()
     policy = str(getattr(ctx.plan, "policy_name", "") or "-")
     bucket = getattr(ctx.plan, "bucket_numel", None)
     if getattr(ctx.plan, "search", None) is not None:
         bucket_text = "auto (auto-planner)"
     else:
         bucket_text = "-" if bucket is None else f"{format_numel(bucket)} elements"
-    return [
+    chosen = " (the auto plan's choices)" if fig.chosen else ""
+    rows = [
         ("Policy", policy),
         ("Bucket size", bucket_text),
-        ("Units", str(st.num_units)),
-        ("All-gathers per step", str(st.all_gathers_per_step)),
-        (
-            "All-gathers per step (no reshard after forward)",
-            str(st.all_gathers_per_step_no_reshard),
-        ),
+        ("Groups (FSDP units)", str(fig.groups)),
+        ("Prefetch and resharding", fig.settings),
+        (f"All-gathers per step{chosen}", str(fig.all_gathers_per_step)),
+        ("Reduce-scatters per step", str(fig.reduce_scatters_per_step)),
+    ]
+    if not fig.chosen:
+        rows.append(
+            (
+                "All-gathers per step (no reshard after forward)",
+                str(st.all_gathers_per_step_no_reshard),
+            )
+        )
+    return rows + [
         ("Largest unit", format_bytes(st.largest_unit_bytes)),
         (
-            f"Peak unsharded bytes (prefetch {ctx.prefetch})",
-            f"{format_bytes(st.peak_unsharded_bytes)} ({st.peak_unsharded_bytes} B)",
+            f"Peak unsharded bytes (prefetch {fig.prefetch}{', as chosen' if fig.chosen else ''})",
+            f"{format_bytes(fig.peak_unsharded_bytes)} ({fig.peak_unsharded_bytes} B)",
         ),
     ]
 
@@ -164,6 +173,13 @@ def _charts(ctx: ReportContext) -> list[str]:
     named = ctx.named_plans()
     timelines = {name: unsharded_timeline(plan, ctx.prefetch) for name, plan, _ in named}
     peaks = {name: int(st.peak_unsharded_bytes) for name, _, st in named}
+    fig = ctx.figures()  # the plan at the settings it runs with, as the summary says
+    timelines["plan"] = unsharded_timeline(
+        ctx.plan,
+        fig.prefetch,
+        reshard_after_forward=ctx.plan.reshard_after_forward if fig.chosen else True,
+    )
+    peaks["plan"] = fig.peak_unsharded_bytes
     try:
         timeline_svg = charts.units_timeline_svg(ctx.plan)
         memory_svg = charts.memory_svg(timelines, peaks, prefetch=ctx.prefetch)
@@ -178,8 +194,9 @@ def _charts(ctx: ReportContext) -> list[str]:
         "</figure>",
         '<figure class="chart" id="chart-memory">',
         memory_svg,
-        f"<figcaption>Unsharded parameter bytes at each unit step, prefetch {ctx.prefetch}: "
-        "this plan next to the baseline policies (dashed: predicted peak).</figcaption>",
+        f"<figcaption>Unsharded parameter bytes at each unit step: this plan ({fig.settings}) "
+        f"next to the baseline policies (prefetch {ctx.prefetch}, every group but the root "
+        "resharded after forward; dashed: predicted peak).</figcaption>",
         "</figure>",
         "</section>",
     ]
