@@ -11,6 +11,7 @@ and how to fix it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from tracing.symbolic import check_concrete_args
 
 __all__ = ["run_report"]
 
+logger = logging.getLogger(__name__)
+
 #: ``(args, kwargs)`` of one forward, or ``None`` for symbolic capture only.
 _Example = tuple[tuple[Any, ...], dict[str, Any]] | None
 
@@ -45,6 +48,7 @@ def run_report(options: ReportOptions) -> int:
         CLIError: a step failed (the model, the inputs, the tracer or policy,
             capture, planning, or writing the files).
     """
+    logger.info("building the model %s on %s", options.model_path, options.device)
     model = load_model(options.model_path, options.device)
     try:
         check_concrete_args(model, options.concrete_args)
@@ -54,7 +58,19 @@ def run_report(options: ReportOptions) -> int:
     config = tracing_config(options.tracer_path, options.concrete_args)
     init_policy = parse_policy(options.policy.text, model)
     t0 = time.perf_counter()
+    logger.info(
+        "capturing the execution order of %s (%s)",
+        type(model).__name__,
+        "symbolic trace, inputs " + str(options.input_text) if example else "symbolic trace",
+    )
     order = _capture(model, config, example, options)
+    logger.info(
+        "captured %d module calls, %d parameters (%s) in %.2f s",
+        len(order.module_forward_order),
+        len(order.params),
+        order.method,
+        time.perf_counter() - t0,
+    )
     device_memory = None
     if options.bucket_numel == "auto":  # the auto-planner weighs compute too
         from execwrap.cli.auto_plan import load_cost_model, timed_order
@@ -65,8 +81,23 @@ def run_report(options: ReportOptions) -> int:
             model, order, example, cost_model, lambda: load_model(options.model_path, "meta")
         )
     capture_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    logger.info(
+        "planning with policy %s, bucket size %s", options.policy.text, options.bucket_numel
+    )
     plan, baselines = _plan(model, order, init_policy, options)
+    logger.info(
+        "planned %d groups and %d baseline(s) in %.2f s%s",
+        len(plan.units),
+        len(baselines),
+        time.perf_counter() - t1,
+        "" if plan.search is None else f" ({len(plan.search.candidates)} candidates simulated)",
+    )
+    t2 = time.perf_counter()
     paths = _write(model, plan, baselines, options)
+    logger.info(
+        "wrote %s in %.2f s", ", ".join(str(p) for p in paths.values()), time.perf_counter() - t2
+    )
     rows = summary_rows(model, order, capture_s, plan, baselines, options, device_memory)
     print_table(rows + [(key, str(path)) for key, path in paths.items()])
     print_notes(plan, "html" in paths)
