@@ -149,6 +149,48 @@ def calibration_fields(
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     _check_max_bytes(max_bytes)
     sizes = sweep_sizes(max_bytes, world)
+    m, host = _measure(group, dev, sizes, repeat)
+    sweep_ag, sweep_rs, in_step = m["sweep_ag"], m["sweep_rs"], m["in_step"]
+    _warn_of_steal(host, group)
+    ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
+    rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
+    if dev.type == "cpu":
+        ag_curve = bandwidth_line(ag_curve, sizes, *CPU_BANDWIDTH_RANGE)
+        rs_curve = bandwidth_line(rs_curve, sizes, *CPU_BANDWIDTH_RANGE)
+    fields: dict[str, Any] = {
+        "device_type": dev.type,
+        "backend": backend,
+        "world_size": world,
+        "all_gather": ag_curve,
+        "reduce_scatter": rs_curve,
+        "copy_bytes_per_s": m["copy_rate"],
+        "copy_curve": m["copy_curve"],
+        "group_overhead_s": in_step.group_overhead_s,
+        "param_overhead_s": in_step.param_overhead_s,
+        "overlap": m["overlap"],
+        "compute": m["rates"],
+        "optimizer_param_overhead_s": m["optimizer_param_s"],
+        "optimizer_curve": m["optimizer_curve"],
+        "sync_jitter": m["jitter"],
+        "device_memory_bytes": measure_device_memory(dev, world),
+        "source": _source(world, backend, dev, host, repeat, in_step.describe(), m["jitter"]),
+        "torch_version": str(torch.__version__),
+    }
+    box: list[Any] = [fields]
+    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+    dist.broadcast_object_list(
+        box, src=src, group=group, device=dev if dev.type == "cuda" else None
+    )
+    logger.info("calibrate: %s", box[0]["source"])
+    return dict(box[0])
+
+
+def _measure(
+    group: dist.ProcessGroup, dev: torch.device, sizes: list[int], repeat: int
+) -> tuple[dict[str, Any], StealMeter]:
+    """Every measurement of the module docstring, each phase logged with its progress,
+    with the group's ranks on this machine as the own processes: the results by
+    name, and the steal and other processes' time over them."""
     phases = _Phases(6 if dev.type == "cpu" else 5)
     with own_processes(_local_pids(group)), StealMeter() as host:
         phases.next("the sweep of collectives and copies")
@@ -172,38 +214,18 @@ def calibration_fields(
             phases.next("the wait for the slowest rank")
         jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
     phases.done()
-    _warn_of_steal(host, group)
-    ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
-    rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
-    if dev.type == "cpu":
-        ag_curve = bandwidth_line(ag_curve, sizes, *CPU_BANDWIDTH_RANGE)
-        rs_curve = bandwidth_line(rs_curve, sizes, *CPU_BANDWIDTH_RANGE)
-    fields: dict[str, Any] = {
-        "device_type": dev.type,
-        "backend": backend,
-        "world_size": world,
-        "all_gather": ag_curve,
-        "reduce_scatter": rs_curve,
-        "copy_bytes_per_s": copy_rate,
-        "copy_curve": copy_curve,
-        "group_overhead_s": in_step.group_overhead_s,
-        "param_overhead_s": in_step.param_overhead_s,
-        "overlap": overlap,
-        "compute": rates,
-        "optimizer_param_overhead_s": optimizer_param_s,
+    return {
+        "sweep_ag": sweep_ag,
+        "sweep_rs": sweep_rs,
+        "copy_rate": copy_rate,
+        "rates": rates,
         "optimizer_curve": optimizer_curve,
-        "sync_jitter": jitter,
-        "device_memory_bytes": measure_device_memory(dev, world),
-        "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
-        "torch_version": str(torch.__version__),
-    }
-    box: list[Any] = [fields]
-    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
-    dist.broadcast_object_list(
-        box, src=src, group=group, device=dev if dev.type == "cuda" else None
-    )
-    logger.info("calibrate: %s", box[0]["source"])
-    return dict(box[0])
+        "optimizer_param_s": optimizer_param_s,
+        "overlap": overlap,
+        "copy_curve": copy_curve,
+        "in_step": in_step,
+        "jitter": jitter,
+    }, host
 
 
 class _Phases:
