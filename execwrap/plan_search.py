@@ -30,20 +30,20 @@ def candidate_label(
     group_sizes: Sequence[int], prefetch: int, reshard_after_forward: Sequence[bool]
 ) -> str:
     """A searched candidate's label, from its settings alone: the root group (never
-    resharded after forward, FSDP2's default), the groups the search made and their
-    sizes in atomic units (in execution order: each size up to :data:`_LISTED_SIZES`
-    groups, else runs of one size), the
-    prefetch depth, and which of those groups are not resharded after forward.
-    Distinct settings give distinct labels.
+    resharded after forward, FSDP2's default), the groups the search made, the
+    prefetch depth, which of those groups are not resharded after forward, and the
+    groups' sizes in atomic units (in execution order: each size up to
+    :data:`_LISTED_SIZES` groups, else runs of one size). Distinct settings give
+    distinct labels.
 
     >>> candidate_label((2, 2), 1, (True, True))
     'root + 2 groups of 2 units, prefetch 1'
     >>> candidate_label((3, 2, 2, 1), 2, (True, False, True, True))
-    'root + 4 groups of 3, 2, 2, 1 units, prefetch 2, no reshard: group 2'
+    'root + 4 groups, prefetch 2, no reshard: group 2 (units per group: 3, 2, 2, 1)'
     >>> candidate_label((1,) * 8, 0, (True,) * 6 + (False, False))
     'root + 8 groups of 1 unit, prefetch 0, no reshard: last 2'
     >>> candidate_label((8,) * 8 + (4, 4), 1, (False,) * 10)
-    'root + 10 groups: 8 of 8 units, then 2 of 4, prefetch 1, no reshard'
+    'root + 10 groups, prefetch 1, no reshard (units per group: 8 groups of 8, then 2 of 4)'
     """
     n = len(group_sizes)
     runs: list[list[int]] = []
@@ -52,14 +52,6 @@ def candidate_label(
             runs[-1][1] += 1
         else:
             runs.append([size, 1])
-    if len(runs) == 1:
-        sizes = f" of {runs[0][0]} unit{'' if runs[0][0] == 1 else 's'}"
-    elif n <= _LISTED_SIZES:
-        sizes = " of " + ", ".join(str(s) for s in group_sizes) + " units"
-    else:  # runs of one size, in order: "8 of 8 units, then 2 of 4"
-        first, *rest = runs
-        sizes = f": {first[1]} of {first[0]} unit{'' if first[0] == 1 else 's'}"
-        sizes += "".join(f", then {c} of {s}" for s, c in rest)
     kept = [i for i, flag in enumerate(reshard_after_forward) if not flag]
     if not kept:
         reshard = ""
@@ -70,7 +62,17 @@ def candidate_label(
     else:
         which = ", ".join(str(i + 1) for i in kept)
         reshard = f", no reshard: group{'s' if len(kept) > 1 else ''} {which}"
-    return f"root + {n} group{'' if n == 1 else 's'}{sizes}, prefetch {prefetch}{reshard}"
+    groups = f"root + {n} group{'' if n == 1 else 's'}"
+    if len(runs) == 1:
+        size = runs[0][0]
+        return f"{groups} of {size} unit{'' if size == 1 else 's'}, prefetch {prefetch}{reshard}"
+    if n <= _LISTED_SIZES:
+        sizes = ", ".join(str(s) for s in group_sizes)
+    else:
+        (first_size, first_count), *rest = runs
+        sizes = f"{first_count} groups of {first_size}" if first_count > 1 else f"1 of {first_size}"
+        sizes += "".join(f", then {c} of {s}" for s, c in rest)
+    return f"{groups}, prefetch {prefetch}{reshard} (units per group: {sizes})"
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class Candidate:
     Attributes:
         label: short readable name: a searched candidate's is
             :func:`candidate_label` of its settings (``"root + 4 groups of 3
-            units, prefetch 1"``), a baseline's names it (``"per-unit, prefetch 0"``).
+            units, prefetch 1"``, ``"root + 3 groups, prefetch 2, no reshard (units per
+            group: 2, 3, 3)"``), a baseline's names it (``"per-unit, prefetch 0"``).
         kind: ``"searched"`` or ``"baseline"``.
         group_sizes: atomic units per group, in execution order, over the
             groups the search may merge (the root and units without

@@ -106,12 +106,13 @@ def test_every_candidate_label_is_made_from_its_settings(auto_report) -> None:
         if c["kind"] == "searched":
             assert c["label"] == candidate_label(sizes, p, flags)
             assert c["label"].startswith(f"root + {len(sizes)} group")
+            assert f"prefetch {p}" in c["label"]
         elif c["label"].startswith("per-unit"):
             assert (c["label"], set(sizes), set(flags)) == (f"per-unit, prefetch {p}", {1}, {True})
         else:
             assert (c["label"], p, set(flags)) == ("fewest groups, prefetch 1", 1, {True})
     assert search["candidates"][search["chosen"]]["label"] == (
-        "root + 3 groups of 2, 3, 3 units, prefetch 2, no reshard"
+        "root + 3 groups, prefetch 2, no reshard (units per group: 2, 3, 3)"
     )
 
 
@@ -123,10 +124,11 @@ def test_every_candidate_label_is_made_from_its_settings(auto_report) -> None:
         ((1, 1, 1), 1, (True, False, True), "root + 3 groups of 1 unit, prefetch 1, no reshard: group 2"),
         ((1, 1, 1), 1, (False, True, False), "root + 3 groups of 1 unit, prefetch 1, no reshard: groups 1, 3"),
         ((1, 1, 1), 1, (True, False, False), "root + 3 groups of 1 unit, prefetch 1, no reshard: last 2"),
-        ((2, 1), 2, (True, True), "root + 2 groups of 2, 1 units, prefetch 2"),
-        ((1, 2), 2, (True, True), "root + 2 groups of 1, 2 units, prefetch 2"),
+        ((2, 1), 2, (True, True), "root + 2 groups, prefetch 2 (units per group: 2, 1)"),
+        ((1, 2), 2, (True, True), "root + 2 groups, prefetch 2 (units per group: 1, 2)"),
         ((3,) * 7, 1, (True,) * 7, "root + 7 groups of 3 units, prefetch 1"),
-        ((3,) * 6 + (1,), 1, (True,) * 7, "root + 7 groups: 6 of 3 units, then 1 of 1, prefetch 1"),
+        ((3,) * 6 + (1,), 1, (False,) * 7, "root + 7 groups, prefetch 1, no reshard (units per group: 6 groups of 3, then 1 of 1)"),
+        ((1,) + (3,) * 6, 1, (True,) * 7, "root + 7 groups, prefetch 1 (units per group: 1 of 1, then 6 of 3)"),
     ],
 )  # fmt: skip
 def test_candidate_label(sizes, prefetch, flags, label) -> None:
