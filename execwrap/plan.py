@@ -326,7 +326,7 @@ class WrapPlan:
 
         Example:
             >>> print(plan.summary())  # doctest: +SKIP
-            WrapPlan of GPT: 3 groups of 5 units (policy ModuleWrapPolicy({Block}), bucket size 100K)
+            WrapPlan of GPT: 3 FSDP groups from 5 policy units (policy ..., bucket size 100K)
               prefetch 1, every group but the root resharded after forward
               per step: 5 all-gathers, 3 reduce-scatters, peak unsharded parameters 861.50 KiB
               2 notes (0 warnings) in plan.notes; first: Tied parameter 'wte.weight' ...

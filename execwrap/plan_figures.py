@@ -65,8 +65,9 @@ class PlanFigures:
     """The numbers a plan is summarised by (see the module docstring).
 
     Attributes:
-        groups: FSDP groups (``fully_shard`` calls; FSDP1 units), the root's included.
-        units: the init policy's units before merging into groups.
+        groups: FSDP groups (``plan.units``: ``fully_shard`` calls, FSDP1 units), the
+            root's included.
+        policy_units: the init policy's units before merging (``plan.atomic_units``).
         prefetch: the prefetch depth the figures are for.
         chosen: whether they are an auto plan's own choices.
         kept_unsharded: labels of the groups besides the root that are not
@@ -83,7 +84,7 @@ class PlanFigures:
     """
 
     groups: int
-    units: int
+    policy_units: int
     prefetch: int
     chosen: bool
     kept_unsharded: tuple[str, ...]
@@ -140,7 +141,7 @@ def plan_figures(plan: WrapPlan, prefetch: int = 1) -> PlanFigures:
     severities = [note_severity(n) for n in plan.notes]
     return PlanFigures(
         groups=len(plan.units),
-        units=len(plan.atomic_units or plan.units),
+        policy_units=len(plan.atomic_units or plan.units),
         prefetch=prefetch,
         chosen=chosen is not None,
         kept_unsharded=kept,
@@ -167,9 +168,9 @@ def plan_summary(plan: WrapPlan, prefetch: int = 1) -> str:
     else:
         bucket = "none" if plan.bucket_numel is None else format_numel(plan.bucket_numel)
     lines = [
-        f"WrapPlan of {model}: {f.groups} group{'' if f.groups == 1 else 's'} of {f.units} "
-        f"unit{'' if f.units == 1 else 's'} (policy {plan.policy_name or '-'}, bucket size "
-        f"{bucket})",
+        f"WrapPlan of {model}: {f.groups} FSDP group{'' if f.groups == 1 else 's'} from "
+        f"{f.policy_units} policy unit{'' if f.policy_units == 1 else 's'} (policy "
+        f"{plan.policy_name or '-'}, bucket size {bucket})",
         f"  {f.settings}",
         f"  per step: {f.all_gathers_per_step} all-gathers, {f.reduce_scatters_per_step} "
         f"reduce-scatters, peak unsharded parameters {format_bytes(f.peak_unsharded_bytes)}",

@@ -145,7 +145,8 @@ def plan() -> WrapPlan:
 
 def test_summary_and_a_short_repr(plan) -> None:
     assert plan.summary() == (
-        "WrapPlan of GPT: 3 groups of 5 units (policy ModuleWrapPolicy({Block}), bucket size 100K)\n"
+        "WrapPlan of GPT: 3 FSDP groups from 5 policy units (policy ModuleWrapPolicy({Block}), "
+        "bucket size 100K)\n"
         "  prefetch 1, every group but the root resharded after forward\n"
         "  per step: 5 all-gathers, 3 reduce-scatters, peak unsharded parameters 861.50 KiB\n"
         "  2 notes (0 warnings) in plan.notes; first: Tied parameter 'wte.weight' (also "
