@@ -21,6 +21,7 @@ from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.progress import ProgressHandler
 from execwrap.cli.text import print_table
 from execwrap.cost import CostModel
+from execwrap.report.formatting import format_bytes
 
 __all__ = ["run_calibrate", "summary_rows"]
 
@@ -107,6 +108,10 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
         ("matmul rate", f"{model.compute.flops_per_s / 1e9:.1f} GFLOP/s"),
         ("cost per op", f"{model.compute.op_overhead_s * 1e6:.2f} us"),
         ("optimizer cost per parameter tensor", f"{model.optimizer_param_overhead_s * 1e6:.1f} us"),
+        (
+            "device memory per rank",
+            "-" if model.device_memory_bytes is None else format_bytes(model.device_memory_bytes),
+        ),
     ]
     if model.optimizer_curve is not None:
         rows.append(

@@ -197,6 +197,8 @@ def measure_device_memory(device: torch.device, world_size: int) -> int:
 
 
 def _origin(cost_model: CostModel) -> str:
-    """Where the device memory figure comes from, in a few words."""
-    origin = cost_model.source.split(":")[0].split(";")[0].strip() or "the cost model"
+    """Where the device memory figure comes from, in a few words: ``"preset
+    h100-nvlink-8"``, ``"calibrated on 2 gloo ranks"``."""
+    origin = cost_model.source.split(";")[0].split(":")[0].split(" (")[0].strip()
+    origin = origin or "the cost model"
     return origin if len(origin) <= 40 else origin[:39] + "…"

@@ -146,3 +146,10 @@ def test_a_chosen_plan_over_the_devices_memory_warns_with_the_overshoot(demo, ca
         estimate = simulate_step(plan, small, world_size=8)
     assert caplog.messages == [over.replace("The chosen plan", "simulate_step: the plan")]
     assert int(estimate.peak_memory_bytes) == peak
+
+
+def test_the_calibrate_summary_names_the_device_memory() -> None:
+    from execwrap.cli.calibrate import summary_rows
+
+    rows = dict(summary_rows(CostModel.preset("h100-nvlink-8")))
+    assert rows["device memory per rank"] == "79.65 GiB"
