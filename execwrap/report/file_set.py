@@ -76,7 +76,9 @@ def write_file_set(
         writers: file name -> a function that writes the file's bytes.
         known_names: every file name a set may hold (``writers``' names are
             added). Links of known names the new set lacks are removed with
-            the old set, and files (not folders) with known names are adopted.
+            the old set, and plain files with known names that hold an execwrap
+            report file (:func:`~execwrap.report.ownership.is_report_file`) are
+            adopted; other files are never touched.
 
     Raises:
         IsADirectoryError: a file name is a folder in ``folder`` (before
