@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from execwrap.plan_figures import notes_by_severity
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.formatting import blank, format_bytes, format_numel, short_reason
 from execwrap.report.ownership import GENERATOR_META
@@ -347,14 +348,20 @@ def _baselines(ctx: ReportContext) -> list[str]:
 
 
 def _notes(ctx: ReportContext) -> list[str]:
+    """The plan's notes, warnings first (:func:`~execwrap.plan_figures.notes_by_severity`),
+    after why symbolic tracing failed, if it did."""
     out = ['<section id="notes">', "<h2>Notes</h2>"]
-    notes = list(ctx.plan.notes) if ctx.plan is not None else []
+    notes = notes_by_severity(list(ctx.plan.notes)) if ctx.plan is not None else []
     if ctx.order.fallback_reason:
-        notes.insert(0, f"Symbolic tracing failed: {ctx.order.fallback_reason}")
+        notes.insert(0, ("info", f"Symbolic tracing failed: {ctx.order.fallback_reason}"))
     if not notes:
         return out + ["<p>None.</p>", "</section>"]
     out.append('<ul class="notes">')
-    out += [f"<li>{html_text(str(n))}</li>" for n in notes]
+    for severity, note in notes:
+        if severity == "warning":
+            out.append(f'<li class="warning"><strong>Warning:</strong> {html_text(note)}</li>')
+        else:
+            out.append(f"<li>{html_text(note)}</li>")
     out += ["</ul>", "</section>"]
     return out
 

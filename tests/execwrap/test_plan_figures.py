@@ -184,6 +184,13 @@ def test_the_cli_prints_notes_warnings_first_and_caps_them(tmp_path, capsys) -> 
     assert [n[:33] for n in notes[2:6]] == [
         f"  info: Module 'unused{i}' (Linear)" for i in range(4)
     ]
+    page = (out / "report.html").read_text()
+    items = re.findall(r"<li( class=\"warning\")?>(.{0,60})", page)
+    assert items[0] == (
+        ' class="warning"',
+        "<strong>Warning:</strong> Parameter &#x27;scale&#x27; is 0-d",
+    )
+    assert [cls for cls, _ in items] == [' class="warning"'] + [""] * 6
     assert notes[6:] == [
         "  2 more in report.html",
         f"open {out / 'report.html'} in a browser to see the charts and tables",
