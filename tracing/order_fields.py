@@ -134,6 +134,21 @@ _PARAM_USE = Record(
         "op": Field(string(), required=False, default="call_module"),
     }
 )
+
+
+def _optional_dtype(value: Any, path: str) -> str:
+    """``""`` or a dtype name (:func:`_dtype_name`)."""
+    return "" if value == "" else _dtype_name(value, path)
+
+
+_COMPUTE_OP = Record(
+    {
+        "call_index": Field(integer(what="a call index")),
+        "op": Field(string()),
+        "output_bytes": Field(integer(what="bytes")),
+        "seconds": Field(number(), required=False, default=0.0),
+    }
+)
 _PARAM_INFO = Record(
     {
         "numel": Field(integer(what="elements")),
@@ -170,6 +185,15 @@ ORDER_FIELDS = Record(
         "saved_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
         "timing_device": Field(string(), required=False, default=""),
         "timing_method": Field(one_of(*TIMING_METHODS), required=False, default=""),
+        "input_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
+        "compute_ops": Field(list_of(_COMPUTE_OP), required=False, default=[]),
+        "forward_transient_bytes": Field(
+            list_of(integer(what="bytes")), required=False, default=[]
+        ),
+        "backward_transient_bytes": Field(
+            list_of(integer(what="bytes")), required=False, default=[]
+        ),
+        "param_dtype": Field(_optional_dtype, required=False, default=""),
         "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
     }
 )
@@ -184,6 +208,11 @@ TIMING_FIELDS = (
     "saved_activation_bytes",
     "timing_device",
     "timing_method",
+    "input_activation_bytes",
+    "compute_ops",
+    "forward_transient_bytes",
+    "backward_transient_bytes",
+    "param_dtype",
 )
 
 

@@ -24,18 +24,18 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-import execwrap.planner as planning
-import execwrap.search_space as search_space
+import execwrap.planning.auto.space as search_space
+import execwrap.planning.planner as planning
 from execwrap.cli.errors import CLIError
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
 from execwrap.errors import MemoryBudgetError, PlanError
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
 from execwrap.simulate.step import step_estimate
-from execwrap.text import plural
+from execwrap.util.text import plural
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 
@@ -56,6 +56,7 @@ _BUDGET_REMEDIES = {
     "all_gather_buffers": _FINER,
     "reduce_scatter_buffers": _FINER,
     "activations": "use a smaller batch or sequence in --input, or activation checkpointing",
+    "temporaries": "use a smaller batch or sequence in --input",
 }
 #: The auto-planner's WARNING for an order without compute times, in CLI terms.
 _NO_COMPUTE_TIMES = (

@@ -21,7 +21,7 @@ from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.progress import ProgressHandler
 from execwrap.cli.text import print_table
 from execwrap.cost import CostModel
-from execwrap.report.formatting import format_bytes
+from execwrap.util.formatting import format_bytes
 
 __all__ = ["run_calibrate", "summary_rows"]
 

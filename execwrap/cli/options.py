@@ -218,6 +218,7 @@ class ReportOptions:
         cost_model: ``--cost-model`` (a file path or a preset name), or ``None``.
         world_size: ``--world-size``, or ``None`` (the cost model's).
         memory_budget: ``--memory-budget`` in bytes, or ``None`` (the device's memory).
+        plan_file: ``--plan``: a plan file reported instead of planning, or ``None``.
     """
 
     model_path: str
@@ -235,6 +236,7 @@ class ReportOptions:
     cost_model: str | None = None
     world_size: int | None = None
     memory_budget: int | None = None
+    plan_file: Path | None = None
 
 
 def report_options(args: argparse.Namespace) -> ReportOptions:
@@ -255,6 +257,14 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
             "baselines are then predicted at prefetch 1)"
         )
     cost_model, world_size, memory_budget = _auto_options(args, bucket_numel)
+    plan_file = getattr(args, "plan", None)
+    if plan_file is not None:
+        if args.bucket_size is not None:
+            raise CLIError(
+                f"--plan {plan_file!r} with --bucket-size {args.bucket_size}: the plan file "
+                "holds the groups; leave --bucket-size out"
+            )
+        bucket_numel = None
     input_text = DEFAULT_DEMO_INPUT if args.input is None and is_demo else args.input
     items = _input_items(input_text) if input_text is not None else None
     concrete_args = parse_concrete_args(args.concrete_arg or [])
@@ -286,6 +296,7 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
         cost_model=cost_model,
         world_size=world_size,
         memory_budget=memory_budget,
+        plan_file=None if plan_file is None else Path(plan_file),
     )
 
 

@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
         "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: the cost model's device memory minus a reserve)",
     )
     report.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="report the plan in FILE (a plan file: groups by module FQN, written by "
+        "execwrap.planning.plan_file.save_plan_file) instead of planning; exit 2 when it "
+        "is for another model",
+    )
+    report.add_argument(
         "--tracer",
         metavar="PKG.MODULE:CLASS",
         help="torch.fx.Tracer subclass for symbolic capture (default: torch.fx.Tracer)",

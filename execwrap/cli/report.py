@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.nn as nn
 
-import execwrap.planner as planning  # plan_wrap is looked up at call time (tests replace it)
+import execwrap.planning.planner as planning  # plan_wrap is looked up at call time (tests replace it)
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
@@ -26,7 +26,7 @@ from execwrap.cli.options import ReportOptions, foreign_files_message
 from execwrap.cli.summary import print_notes, summary_rows
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.ownership import ForeignFilesError
 from execwrap.report.writer import write_report
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
@@ -54,6 +54,8 @@ def run_report(options: ReportOptions) -> int:
         check_concrete_args(model, options.concrete_args)
     except ValueError as exc:
         raise CLIError(f"--concrete-arg: {str(exc).removeprefix('concrete_args: ')}") from None
+    if options.plan_file is not None:
+        _load_plan_file(model, None, options)  # a file for another model: before any capture
     example = _example_inputs(options, model)
     config = tracing_config(options.tracer_path, options.concrete_args)
     init_policy = parse_policy(options.policy.text, model)
@@ -150,12 +152,29 @@ def _plan(
         except (TypeError, ValueError, ExecwrapError) as exc:
             raise CLIError(f"planning the baselines failed: {shorten(exc, 240)}") from exc
         return plan, baselines
+    if options.plan_file is not None:
+        return _load_plan_file(model, order, options), _baselines(
+            model, order, init_policy, options
+        )
     try:
         plan = planning.plan_wrap(model, order, init_policy, bucket_numel=options.bucket_numel)
         baselines = _baselines(model, order, init_policy, options)
     except (TypeError, ValueError, ExecwrapError) as exc:
         raise CLIError(f"planning failed: {shorten(exc, 240)}") from exc
     return plan, baselines
+
+
+def _load_plan_file(
+    model: nn.Module, order: ExecutionOrder | None, options: ReportOptions
+) -> WrapPlan:
+    """The ``--plan`` file's plan for ``model`` (on ``order``; ``None``: the model's tables)."""
+    from execwrap.planning.plan_file import load_plan_file
+
+    assert options.plan_file is not None
+    try:
+        return load_plan_file(options.plan_file, model, order=order)
+    except ValueError as exc:  # the file's own message names it, and the rule
+        raise CLIError(f"--plan: {shorten(exc, 400)}") from exc
 
 
 def _baselines(

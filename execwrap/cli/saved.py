@@ -4,7 +4,7 @@ A saved file is a ``report.json`` (``schema_version`` of the report, an
 ``"order"`` and a ``"plan"``, see :mod:`execwrap.report`) or a bare order
 (:meth:`tracing.ExecutionOrder.save`). The order is rebuilt with
 :meth:`~tracing.ExecutionOrder.from_dict`, the plan with
-:meth:`~execwrap.plan.WrapPlan.from_dict`; every problem is a
+:meth:`~execwrap.plan.wrap_plan.WrapPlan.from_dict`; every problem is a
 :class:`~execwrap.cli.errors.CLIError` naming the file.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from execwrap.cli.errors import CLIError
 from execwrap.cli.text import shorten, terminal_safe
-from execwrap.plan import WrapPlan
-from execwrap.plan_figures import plan_figures
+from execwrap.plan.figures import plan_figures
+from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
 from tracing.checks import is_int
@@ -160,7 +160,7 @@ def _check_report(fields: dict[str, Any], order: ExecutionOrder, source: str) ->
 
 def _check_figures(fields: dict[str, Any], plan: WrapPlan, source: str) -> None:
     """The report's ``figures``, when saved, are what the plan gives
-    (:func:`~execwrap.plan_figures.plan_figures`: derived, not read).
+    (:func:`~execwrap.plan.figures.plan_figures`: derived, not read).
 
     Raises:
         SchemaError: naming ``source``, the field and both values.

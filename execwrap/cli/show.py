@@ -8,9 +8,9 @@ from execwrap.cli.errors import EXIT_OK
 from execwrap.cli.options import ShowOptions
 from execwrap.cli.saved import SavedReport, call_label, load_saved
 from execwrap.cli.text import echo, one_line
-from execwrap.plan import WrapPlan
-from execwrap.plan_figures import notes_by_severity, plan_figures
-from execwrap.report.formatting import format_bytes
+from execwrap.plan.figures import notes_by_severity, plan_figures
+from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.util.formatting import format_bytes
 
 __all__ = ["run_show"]
 

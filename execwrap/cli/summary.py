@@ -1,6 +1,6 @@
 """The terminal summary of ``execwrap report``: :func:`summary_rows` and :func:`print_notes`.
 
-The plan's numbers come from :func:`execwrap.plan_figures.plan_figures`, the
+The plan's numbers come from :func:`execwrap.plan.figures.plan_figures`, the
 one computation the HTML page, ``report.json`` and ``execwrap show`` read too.
 The notes that matter are printed after the table, warnings before the rest,
 at most :data:`MAX_NOTES` of them; the others are counted and left to
@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from execwrap.cli.text import echo, shorten
-from execwrap.plan_figures import PlanFigures, notes_by_severity, plan_figures
-from execwrap.report.formatting import format_bytes, format_numel, short_reason
+from execwrap.plan.figures import PlanFigures, notes_by_severity, plan_figures
+from execwrap.util.formatting import format_bytes, format_numel, short_reason
 
 if TYPE_CHECKING:
     import torch.nn as nn
 
     from execwrap.cli.options import ReportOptions
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
     from tracing import ExecutionOrder
 
 __all__ = ["MAX_NOTES", "print_notes", "summary_rows"]
@@ -61,7 +61,9 @@ def summary_rows(
             else []
         ),
         ("fallback reason", _fallback_text(order)),
-        ("policy", options.policy.text),
+        ("policy", options.policy.text)
+        if options.plan_file is None
+        else ("plan file", str(options.plan_file)),
         ("bucket size", bucket_text),
         ("units", str(fig.groups)),
         *_collective_rows(fig),

@@ -33,7 +33,7 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
   ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
   size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
-* the device's memory (:func:`~execwrap.cost.device_memory.measure_device_memory`:
+* the device's memory (:func:`measure_device_memory`:
   the CUDA device's total, or the host's memory per rank on CPU);
 * on CPU, the wait at a collective for the slowest rank after compute
   (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
@@ -66,7 +66,6 @@ import torch
 import torch.distributed as dist
 
 from execwrap.cost.curve import CollectiveCurve
-from execwrap.cost.device_memory import measure_device_memory
 from execwrap.cost.fit import bandwidth_line
 from execwrap.cost.fixed_costs import (
     fsdp_fixed_costs,
@@ -86,6 +85,7 @@ __all__ = [
     "STEAL_WARN_SHARE",
     "calibration_fields",
     "measure_compute_rates",
+    "measure_device_memory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -346,6 +346,19 @@ def measure_compute_rates(
     dev = torch.device(device)
     copy_rate = _copy_rate(dev) if copy_bytes_per_s is None else copy_bytes_per_s
     return ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
+
+
+def measure_device_memory(device: torch.device, world_size: int) -> int:
+    """The memory of one rank's device, bytes: on CUDA the device's total
+    (``torch.cuda.mem_get_info``); on CPU the host's memory divided among its ranks
+    (``LOCAL_WORLD_SIZE``, which torchrun sets; without it every one of the
+    ``world_size`` ranks is taken to run on this host)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    import psutil
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world_size
+    return int(psutil.virtual_memory().total) // max(1, local)
 
 
 # ------------------------------------------------------------------ measurements

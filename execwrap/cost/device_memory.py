@@ -2,7 +2,7 @@
 
 A :class:`~execwrap.cost.CostModel` knows its device's memory
 (``device_memory_bytes``): the presets from the GPU's published capacity, a
-calibrated model from the device it ran on (:func:`measure_device_memory`).
+calibrated model from the device it ran on (:func:`execwrap.cost.calibrate.measure_device_memory`).
 Without a ``memory_budget`` the auto-planner plans within
 :func:`default_memory_budget`: the device's memory minus a reserve for what
 the simulator does not count (:func:`memory_reserve`), and says so in the
@@ -11,11 +11,12 @@ overshoot (:func:`overshoot_message`) wherever a plan is predicted.
 
 Figures and their sources:
 
-* GPU memory as the CUDA driver reports it (NVML's total, ``nvidia-smi``;
-  ``torch.cuda.mem_get_info`` gives the same total): H100 SXM5 80GB 81,559 MiB,
-  A100 SXM4 80GB 81,920 MiB (NVIDIA's datasheets say "80GB"; the MiB figures
-  are the NVML totals tabled in "Why does an NVIDIA H100 80GB card offer
-  85.52 GB?", Modal, https://thundergolfer.com/blog/nvidia-gpu-memory-capacity).
+* A preset's GPU memory is its GPU model's (:data:`execwrap.cost.gpus.GPUS`,
+  each from the NVIDIA datasheet: "80 GB" for the H100 SXM5 and the A100 SXM4
+  80GB, read as 80e9 bytes). That is the conservative reading: the CUDA driver
+  reports more (NVML's total: 81,559 MiB, 85.5e9 bytes, on an H100 SXM5 80GB;
+  81,920 MiB on an A100 80GB; "Why does an NVIDIA H100 80GB card offer 85.52
+  GB?", Modal, https://thundergolfer.com/blog/nvidia-gpu-memory-capacity).
 * The reserve on CUDA: the CUDA context, kernel images and library workspaces
   (cuBLAS, cuDNN): :data:`CUDA_RUNTIME_BYTES`, 1 GiB (assumed, not measured
   here: a PyTorch process with CUDA's lazy module loading holds several
@@ -41,15 +42,12 @@ Importing this module loads no torch.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from execwrap.errors import MemoryBudgetError
-from execwrap.report.formatting import format_bytes
+from execwrap.util.formatting import format_bytes
 
 if TYPE_CHECKING:
-    import torch
-
     from execwrap.cost.model import CostModel
 
 __all__ = [
@@ -57,17 +55,13 @@ __all__ = [
     "CPU_RUNTIME_BYTES",
     "CUDA_RUNTIME_BYTES",
     "FRAGMENTATION_SHARE",
-    "GPU_MEMORY_BYTES",
     "MemoryReserve",
     "default_memory_budget",
-    "measure_device_memory",
     "memory_reserve",
     "overshoot_message",
     "refused_within_default",
 ]
 
-#: Device memory per GPU of the presets' tables, bytes (NVML totals, see the module docstring).
-GPU_MEMORY_BYTES = {"hopper": 81_559 * 2**20, "ampere": 81_920 * 2**20}
 #: CUDA context, kernel images and library workspaces per process, bytes (assumed).
 CUDA_RUNTIME_BYTES = 2**30
 #: The Python runtime of a CPU rank, bytes (about twice the 223 MiB measured here).
@@ -135,7 +129,7 @@ def default_memory_budget(cost_model: CostModel) -> tuple[int, str] | None:
     >>> from execwrap.cost import CostModel
     >>> budget, why = default_memory_budget(CostModel.preset("h100-nvlink-8"))
     >>> budget, why.split(":")[0]
-    (75492333978, 'No memory_budget given')
+    (70523604992, 'No memory_budget given')
     """
     reserve = memory_reserve(cost_model)
     total = cost_model.device_memory_bytes
@@ -179,21 +173,6 @@ def overshoot_message(peak_bytes: int, cost_model: CostModel, what: str) -> str 
         f"memory of {format_bytes(total)} ({_origin(cost_model)}) by "
         f"{format_bytes(peak_bytes - total)}: this step would run out of memory"
     )
-
-
-def measure_device_memory(device: torch.device, world_size: int) -> int:
-    """The memory of one rank's device, bytes: on CUDA the device's total
-    (``torch.cuda.mem_get_info``); on CPU the host's memory divided among its ranks
-    (``LOCAL_WORLD_SIZE``, which torchrun sets; without it every one of the
-    ``world_size`` ranks is taken to run on this host)."""
-    import torch
-
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[1])
-    import psutil
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world_size
-    return int(psutil.virtual_memory().total) // max(1, local)
 
 
 def _origin(cost_model: CostModel) -> str:

@@ -9,7 +9,7 @@ and the call and parameter tables (folded). matplotlib is optional
 One escaping rule, applied to every text (:func:`html_text`): characters a
 reader cannot see or that a browser would act on (controls, bidirectional
 overrides, lone surrogates) are shown as Python escapes
-(:func:`execwrap.text.printable`, the rule of the terminal and the charts),
+(:func:`execwrap.util.text.printable`, the rule of the terminal and the charts),
 then the text is HTML-escaped (``&``, ``<``, ``>`` and quotes).
 """
 
@@ -23,13 +23,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from execwrap.plan_figures import notes_by_severity
+from execwrap.plan.figures import notes_by_severity
+from execwrap.report import tables
 from execwrap.report.files import REPORT_SCHEMA_VERSION
-from execwrap.report.formatting import blank, format_bytes, format_numel, short_reason
 from execwrap.report.ownership import GENERATOR_META
 from execwrap.report.plans import unsharded_timeline
 from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
-from execwrap.text import printable
+from execwrap.util.formatting import blank, format_bytes, format_numel, short_reason
+from execwrap.util.text import printable
 from tracing.fqn import display
 from tracing.order import ExecutionOrder
 
@@ -45,7 +46,7 @@ NO_CHARTS_LINE = "Charts need matplotlib: pip install 'execwrap[report]'"
 
 
 def html_text(text: str) -> str:
-    """Any text as the page shows it: :func:`~execwrap.text.printable`, then
+    """Any text as the page shows it: :func:`~execwrap.util.text.printable`, then
     ``html.escape`` (quotes included, so it is safe in attribute values too)."""
     return html.escape(printable(text))
 
@@ -77,8 +78,10 @@ def render_html(ctx: ReportContext) -> str:
     parts += _units(ctx)
     parts += _baselines(ctx)
     parts += _notes(ctx)
-    parts += _folded_table("calls", "Module calls", "calls", CALLS_COLUMNS, ctx.calls_rows())
-    parts += _folded_table("params", "Parameters", "parameters", PARAMS_COLUMNS, ctx.params_rows())
+    parts += _folded_table("calls", "Module calls", "calls", CALLS_COLUMNS, tables.calls_rows(ctx))
+    parts += _folded_table(
+        "params", "Parameters", "parameters", PARAMS_COLUMNS, tables.params_rows(ctx)
+    )
     parts += [
         "<footer>",
         f"<p>execwrap report schema {REPORT_SCHEMA_VERSION}; order captured with torch "
@@ -191,7 +194,7 @@ def _charts(ctx: ReportContext) -> list[str]:
     return out + [
         '<figure class="chart" id="chart-timeline">',
         timeline_svg,
-        f"<figcaption>{html_text(ctx.timeline_caption())}</figcaption>",
+        f"<figcaption>{html_text(timeline_caption(ctx.order))}</figcaption>",
         "</figure>",
         '<figure class="chart" id="chart-memory">',
         memory_svg,
@@ -348,7 +351,7 @@ def _baselines(ctx: ReportContext) -> list[str]:
 
 
 def _notes(ctx: ReportContext) -> list[str]:
-    """The plan's notes, warnings first (:func:`~execwrap.plan_figures.notes_by_severity`),
+    """The plan's notes, warnings first (:func:`~execwrap.plan.figures.notes_by_severity`),
     after why symbolic tracing failed, if it did."""
     out = ['<section id="notes">', "<h2>Notes</h2>"]
     notes = notes_by_severity(list(ctx.plan.notes)) if ctx.plan is not None else []

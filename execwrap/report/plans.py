@@ -15,7 +15,7 @@ __all__ = ["is_plan", "plan_to_dict", "stats_to_dict", "unsharded_timeline"]
 
 
 def is_plan(obj: Any) -> bool:
-    """Whether ``obj`` is a :class:`~execwrap.plan.WrapPlan` (has units and an order)."""
+    """Whether ``obj`` is a :class:`~execwrap.plan.wrap_plan.WrapPlan` (has units and an order)."""
     return hasattr(obj, "units") and isinstance(getattr(obj, "order", None), ExecutionOrder)
 
 
@@ -28,7 +28,7 @@ def plan_to_dict(plan: Any, prefetch: int = 1) -> dict[str, Any]:
 
 
 def stats_to_dict(stats: Any) -> dict[str, Any]:
-    """A :class:`~execwrap.plan.PlanStats` as a JSON-ready dict (tuples as lists)."""
+    """A :class:`~execwrap.plan.stats.PlanStats` as a JSON-ready dict (tuples as lists)."""
     return dict(stats.to_dict())
 
 

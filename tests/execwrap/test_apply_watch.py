@@ -11,8 +11,8 @@ import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.demo_models import Block, build_demo_model, demo_inputs
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.planner import plan_wrap
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.planning.planner import plan_wrap
 from tests._dist import run_ranks
 from tracing import trace_execution_order
 
@@ -30,7 +30,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "execwrap.apply_watch" and f"(created at {HERE}:" in r.getMessage()
+        if r.name == "execwrap.watch.registry" and f"(created at {HERE}:" in r.getMessage()
     ]
 
 

@@ -19,11 +19,11 @@ import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap import MemoryBudgetError, PlanError, WrapPlan, plan_wrap
-from execwrap.autoplan import search_plan
-from execwrap.partition import best_partition
-from execwrap.plan_search import PlanSearch
-from execwrap.report.formatting import format_bytes
-from execwrap.search_space import SearchSpace
+from execwrap.plan.search_record import PlanSearch
+from execwrap.planning.auto.partition import best_partition
+from execwrap.planning.auto.search import search_plan
+from execwrap.planning.auto.space import SearchSpace
+from execwrap.util.formatting import format_bytes
 from tests.execwrap.autoplan_cases import (
     atomic_plan,
     brute_force,
@@ -202,7 +202,7 @@ def test_cost_model_for_another_world_size_or_device_is_refused() -> None:
 
 def test_plan_wrap_auto_without_timing_plans_communication_only(caplog) -> None:
     model, order = _model_and_order()
-    with caplog.at_level("WARNING", logger="execwrap.search_space"):
+    with caplog.at_level("WARNING", logger="execwrap.planning.auto.space"):
         plan = plan_wrap(
             model,
             order,
@@ -272,7 +272,7 @@ def test_search_is_deterministic_across_hash_seeds() -> None:
     code = (
         "import json\n"
         "from tests.execwrap.autoplan_cases import atomic_plan, cost_model, unit_compute\n"
-        "from execwrap.autoplan import search_plan\n"
+        "from execwrap.planning.auto.search import search_plan\n"
         "plan = atomic_plan([16, 32, 16, 32, 16, 8])\n"
         "c = unit_compute([0.01, 0.02, 0.01, 0.03, 0.01], [0.02] * 5, [100, 200, 300, 400, 500])\n"
         "for cm in (cost_model(), cost_model(device='cuda', overlap=0.6)):\n"

@@ -390,7 +390,7 @@ def test_report_input_larger_than_memory(tmp_path, capsys, monkeypatch):
 
 
 def test_report_plan_error_is_one_line(tmp_path, capsys, monkeypatch):
-    import execwrap.planner as plan_mod
+    import execwrap.planning.planner as plan_mod
     from execwrap.errors import PlanError
 
     def fail(*args, **kwargs):
@@ -417,12 +417,12 @@ def test_report_folder_in_the_way_writes_nothing(tmp_path, capsys):
 
 
 def test_report_interrupted_while_writing_leaves_no_folder(tmp_path, capsys, monkeypatch):
-    import execwrap.report.context as report_mod
+    from execwrap.report.writer import FILE_WRITERS
 
-    def interrupt(self, f):
+    def interrupt(ctx, f):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod.ReportContext, "write_html", interrupt)
+    monkeypatch.setitem(FILE_WRITERS, "html", interrupt)
     assert main(["report", "--out", str(tmp_path / "a" / "b")]) == 130
     assert capsys.readouterr().err == "execwrap: interrupted\n"
     assert list(tmp_path.iterdir()) == []

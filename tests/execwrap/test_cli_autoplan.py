@@ -285,7 +285,7 @@ def test_no_compute_times_warning_names_the_input_option(
     assert main(args) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
     assert warnings == [
-        "WARNING execwrap.search_space: the auto-planner has no compute times, so it weighs "
+        "WARNING execwrap.planning.auto.space: the auto-planner has no compute times, so it weighs "
         "communication and parameter memory only (no compute to overlap, no activations): pass "
         "--input SPEC (one forward and backward on those inputs times the compute, or estimates "
         "it with a GPU cost model's rates)"

@@ -13,11 +13,8 @@ import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap import CostModel, MemoryBudgetError, plan_wrap, simulate_step
-from execwrap.cost.device_memory import (
-    default_memory_budget,
-    measure_device_memory,
-    memory_reserve,
-)
+from execwrap.cost.calibrate import measure_device_memory
+from execwrap.cost.device_memory import default_memory_budget, memory_reserve
 from execwrap.demo_models import Block, Llama, LlamaBlock, LlamaConfig, build_demo_model
 from tracing import record_execution_order
 
@@ -27,9 +24,9 @@ GIB = 2**30
 @pytest.mark.parametrize(
     ("preset", "nbytes"),
     [
-        ("h100-nvlink-8", 81_559 * 2**20),  # NVML's total of an H100 SXM5 80GB
-        ("h100-ib-400g", 81_559 * 2**20),
-        ("a100-nvlink-8", 81_920 * 2**20),  # of an A100 SXM4 80GB
+        ("h100-nvlink-8", 80 * 10**9),  # the datasheet's "80 GB" of an H100 SXM5
+        ("h100-ib-400g", 80 * 10**9),
+        ("a100-nvlink-8", 80 * 10**9),  # of an A100 SXM4 80GB
     ],
 )
 def test_every_preset_knows_its_gpus_memory(preset: str, nbytes: int) -> None:
@@ -40,16 +37,16 @@ def test_every_preset_knows_its_gpus_memory(preset: str, nbytes: int) -> None:
 
 def test_the_reserve_and_the_default_budget() -> None:
     h100 = CostModel.preset("h100-nvlink-8")
-    assert memory_reserve(h100) == (GIB, 384 * 2**20, 8_552_080_998)
+    assert memory_reserve(h100) == (GIB, 384 * 2**20, 8 * 10**9)
     assert default_memory_budget(h100) == (
-        75_492_333_978,
-        "No memory_budget given: planned within 70.31 GiB per rank, the device's 79.65 GiB "
-        "(preset h100-nvlink-8) minus a reserve of 9.34 GiB (CUDA runtime 1.00 GiB, NCCL "
-        "buffers 384.00 MiB, allocator fragmentation 10% (7.96 GiB)); pass memory_budget= "
+        70_523_604_992,
+        "No memory_budget given: planned within 65.68 GiB per rank, the device's 74.51 GiB "
+        "(preset h100-nvlink-8) minus a reserve of 8.83 GiB (CUDA runtime 1.00 GiB, NCCL "
+        "buffers 384.00 MiB, allocator fragmentation 10% (7.45 GiB)); pass memory_budget= "
         "(--memory-budget) to plan within another figure.",
     )
     a100 = CostModel.preset("a100-nvlink-8")
-    assert memory_reserve(a100) == (GIB, 192 * 2**20, 8_589_934_592)
+    assert memory_reserve(a100) == (GIB, 192 * 2**20, 8 * 10**9)
     cpu = h100.replace(device_type="cpu", compute=h100.compute.__class__("cpu", 1e9, 1e9))
     cpu = cpu.replace(device_memory_bytes=8 * GIB, source="calibrated on 2 gloo ranks")
     assert memory_reserve(cpu) == (512 * 2**20, 0, 858_993_459)
@@ -88,15 +85,15 @@ def test_the_70b_auto_plan_without_a_budget_is_refused_on_80gb_h100s() -> None:
     with pytest.raises(MemoryBudgetError) as info:
         plan_wrap(model, order, ModuleWrapPolicy({LlamaBlock}), bucket_numel="auto", cost_model=cm)
     assert info.value.finding == (
-        "no plan fits the memory budget of 70.31 GiB (75492333978 bytes) per rank: the smallest "
-        "peak any candidate reaches is 88.83 GiB (95383229440 bytes) (per-unit, prefetch 1; 79 "
+        "no plan fits the memory budget of 65.68 GiB (70523604992 bytes) per rank: the smallest "
+        "peak any candidate reaches is 89.31 GiB (95890740228 bytes) (per-unit, prefetch 1; 79 "
         "candidate(s) simulated for 8 rank(s)), dominated by optimizer state (37.23 GiB "
         "(39974473728 bytes)) (no memory_budget given: the device's memory minus a reserve)"
     )
     assert str(info.value).endswith(
-        "No memory_budget given: planned within 70.31 GiB per rank, the device's 79.65 GiB "
-        "(preset h100-nvlink-8) minus a reserve of 9.34 GiB (CUDA runtime 1.00 GiB, NCCL "
-        "buffers 384.00 MiB, allocator fragmentation 10% (7.96 GiB)); pass memory_budget= "
+        "No memory_budget given: planned within 65.68 GiB per rank, the device's 74.51 GiB "
+        "(preset h100-nvlink-8) minus a reserve of 8.83 GiB (CUDA runtime 1.00 GiB, NCCL "
+        "buffers 384.00 MiB, allocator fragmentation 10% (7.45 GiB)); pass memory_budget= "
         "(--memory-budget) to plan within another figure."
     )
 
@@ -115,9 +112,9 @@ def demo():
 def test_without_a_budget_the_plan_says_what_it_was_planned_within(demo) -> None:
     model, order, cm = demo
     plan = plan_wrap(model, order, ModuleWrapPolicy({Block}), bucket_numel="auto", cost_model=cm)
-    assert plan.search is not None and plan.search.memory_budget == 75_492_333_978
+    assert plan.search is not None and plan.search.memory_budget == 70_523_604_992
     (note,) = [n for n in plan.notes if n.startswith("No memory_budget given")]
-    assert note.startswith("No memory_budget given: planned within 70.31 GiB per rank, the")
+    assert note.startswith("No memory_budget given: planned within 65.68 GiB per rank, the")
 
 
 def test_a_chosen_plan_over_the_devices_memory_warns_with_the_overshoot(demo, caplog) -> None:
@@ -134,10 +131,10 @@ def test_a_chosen_plan_over_the_devices_memory_warns_with_the_overshoot(demo, ca
         )
     assert plan.estimate is not None
     peak = int(plan.estimate.peak_memory_bytes)
-    assert peak - 2**20 == 377_984
+    assert peak - 2**20 == 559_240
     over = (
-        "The chosen plan's predicted peak of 1.36 MiB per rank is over the device's memory of "
-        "1.00 MiB (preset h100-nvlink-8) by 369.12 KiB: this step would run out of memory"
+        "The chosen plan's predicted peak of 1.53 MiB per rank is over the device's memory of "
+        "1.00 MiB (preset h100-nvlink-8) by 546.13 KiB: this step would run out of memory"
     )
     assert caplog.messages == [f"plan_wrap: {over} (memory_budget is above it)"]
     assert [n for n in plan.notes if "over the device's memory" in n] == [over]
@@ -152,4 +149,4 @@ def test_the_calibrate_summary_names_the_device_memory() -> None:
     from execwrap.cli.calibrate import summary_rows
 
     rows = dict(summary_rows(CostModel.preset("h100-nvlink-8")))
-    assert rows["device memory per rank"] == "79.65 GiB"
+    assert rows["device memory per rank"] == "74.51 GiB"

@@ -1,4 +1,4 @@
-"""One computation of a plan's figures (:mod:`execwrap.plan_figures`): the terminal,
+"""One computation of a plan's figures (:mod:`execwrap.plan.figures`): the terminal,
 the HTML page, ``report.json`` and ``execwrap show`` give the same all-gathers and
 peak for the same auto plan; every candidate's label is made from its settings;
 ``WrapPlan.summary()`` and a short ``repr``; notes sorted warnings first."""
@@ -15,10 +15,10 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.cli import main
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.plan import WrapPlan
-from execwrap.plan_figures import note_severity, notes_by_severity
-from execwrap.plan_search import candidate_label
-from execwrap.planner import plan_wrap, root_only_note
+from execwrap.plan.figures import note_severity, notes_by_severity
+from execwrap.plan.search_record import candidate_label
+from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.planner import plan_wrap, root_only_note
 from tracing import trace_execution_order
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def _repo_on_path(monkeypatch):
 
 @pytest.fixture(scope="module")
 def auto_report(tmp_path_factory) -> tuple[Path, str]:
-    """An auto plan that chose prefetch 2 and no reshard while the report's prefetch is 1."""
+    """An auto plan that chose prefetch 0 and no reshard while the report's prefetch is 1."""
     out = tmp_path_factory.mktemp("figures") / "r"
     args = ["--model", "tests.execwrap.factories:llama8", "--device", "meta"]
     args += ["--input", "long:1x256", "--policy", "transformer:LlamaBlock"]
@@ -59,19 +59,20 @@ def test_terminal_html_json_and_show_agree(auto_report, capsys) -> None:
     out, terminal = auto_report
     data = json.loads((out / "report.json").read_text())
     figures = data["figures"]
-    assert (data["plan"]["prefetch"], data["prefetch"]) == (2, 1)  # chosen 2, report 1
+    assert (data["plan"]["prefetch"], data["prefetch"]) == (0, 1)  # chosen 0, report 1
     assert data["plan"]["reshard_after_forward"] == [False] * 4
-    assert figures["chosen"] is True and figures["prefetch"] == 2
+    assert figures["chosen"] is True and figures["prefetch"] == 0
     gathers, peak = figures["all_gathers_per_step"], figures["peak_unsharded_bytes"]
     assert (gathers, peak) == (data["plan"]["estimate"]["all_gathers"], 673_255_424)
-    assert data["plan"]["stats"]["all_gathers_per_step"] == 7  # reshard everywhere: not shown
+    stats = data["plan"]["stats"]  # resharding everywhere: not what runs, not shown
+    assert (stats["all_gathers_per_step"], stats["peak_unsharded_bytes"]) == (7, 416_313_344)
     rows = _rows(terminal)
     assert rows["all-gathers/step"] == f"{gathers} (the auto plan's choices)"
-    assert rows["peak unsharded (prefetch 2, as chosen)"] == "642.07 MiB"
+    assert rows["peak unsharded (prefetch 0, as chosen)"] == "642.07 MiB"
     page = (out / "report.html").read_text()
     cells = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", page))
     assert cells["All-gathers per step (the auto plan&#x27;s choices)"] == str(gathers)
-    assert html.unescape(cells["Peak unsharded bytes (prefetch 2, as chosen)"]) == (
+    assert html.unescape(cells["Peak unsharded bytes (prefetch 0, as chosen)"]) == (
         f"642.07 MiB ({peak} B)"
     )
     assert "All-gathers per step (no reshard after forward)" not in cells
@@ -79,7 +80,7 @@ def test_terminal_html_json_and_show_agree(auto_report, capsys) -> None:
     assert main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert (
-        "figures (prefetch 2 (chosen), 3 groups besides the root not resharded after forward): "
+        "figures (prefetch 0 (chosen), 3 groups besides the root not resharded after forward): "
         f"4 groups, {gathers} all-gathers/step, 4 reduce-scatters/step, peak unsharded 642.07 MiB"
     ) in shown
 
@@ -112,7 +113,7 @@ def test_every_candidate_label_is_made_from_its_settings(auto_report) -> None:
         else:
             assert (c["label"], p, set(flags)) == ("fewest groups, prefetch 1", 1, {True})
     assert search["candidates"][search["chosen"]]["label"] == (
-        "root + 3 groups, prefetch 2, no reshard (units per group: 2, 3, 3)"
+        "root + 3 groups, prefetch 0, no reshard (units per group: 2, 3, 3)"
     )
 
 

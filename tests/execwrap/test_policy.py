@@ -24,8 +24,8 @@ from execwrap import (
     size_based_auto_wrap_policy,
 )
 from execwrap.demo_models import GPT, Block, GPTConfig
-from execwrap.first_step import FirstStepRecording, record_first_step
-from execwrap.fsdp2 import _post_order
+from execwrap.fsdp.first_step import FirstStepRecording, record_first_step
+from execwrap.fsdp.fsdp2 import _post_order
 from tests.distributed._policy_cases import L0L2L1, BranchModel, hook_census
 from tracing import ParamInfo, ParamUse, trace_execution_order
 

@@ -14,7 +14,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.cli import main
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from execwrap.report import write_report
 from execwrap.report.ownership import (
     SET_FOLDER,

@@ -20,9 +20,10 @@ import pytest
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from execwrap.report import file_set, write_report
 from execwrap.report.file_set import SET_FOLDER
+from execwrap.report.writer import FILE_WRITERS
 from tracing import trace_execution_order
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +134,7 @@ def test_a_failed_write_keeps_the_old_set_and_leaves_nothing(plan, tmp_path, mon
         f.write(b"<!DOCTYPE html>")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("execwrap.report.context.ReportContext.write_html", boom)
+    monkeypatch.setitem(FILE_WRITERS, "html", boom)
     with pytest.raises(OSError, match="No space left on device"):
         write_report(plan, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [SET_FOLDER, "report.json"]

@@ -25,7 +25,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from execwrap import ParamExecOrderWrapPolicy, apply_fully_shard
 from execwrap.cli import main
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from tracing import trace_execution_order
 
 REPO = Path(__file__).resolve().parents[2]

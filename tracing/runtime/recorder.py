@@ -27,6 +27,7 @@ from tracing.runtime.backward import GradReadyOrder, module_backward_order
 from tracing.runtime.call_stack import CallKind, CallStack
 from tracing.runtime.estimate import FusedAttentionMode, RooflineMode
 from tracing.runtime.hooks import HookSet
+from tracing.runtime.op_record import OpRecordMode
 from tracing.runtime.param_map import ParamMap
 from tracing.runtime.timing import CallTimer, Clock, CudaClock, PerfClock, VirtualClock
 from tracing.runtime.use_mode import ParamUseMode
@@ -88,7 +89,9 @@ class RuntimeRecorder:
     costs extra: :func:`record_execution_order` times a second, clean step);
     a :class:`~tracing.rates.ComputeRates` estimates them with a roofline per
     op (:mod:`tracing.runtime.estimate`), the way to time a model on the meta
-    device or under fake tensors.
+    device or under fake tensors; the estimate also records, per call, the
+    matmul and attention outputs and the transient memory
+    (:mod:`tracing.runtime.op_record`).
 
     Args:
         model: the model (wrapped or not); any ``nn.Module``.
@@ -132,9 +135,10 @@ class RuntimeRecorder:
         self.timer: CallTimer | None = None
         self._roofline: RooflineMode | None = None
         self._fused_attention: FusedAttentionMode | None = None
+        self._op_record: OpRecordMode | None = None
         try:
             for fqn, t in self._params.tensors.items():
-                self._hooks.add_grad_ready_hook(t, fqn, self._backward.on_ready)
+                self._hooks.add_grad_ready_hook(t, fqn, self._on_grad_ready)
             self._hooks.add_forward_hooks(
                 self._params.modules,
                 pre_forward=self._pre_forward,
@@ -149,11 +153,20 @@ class RuntimeRecorder:
                 if isinstance(clock, VirtualClock) and isinstance(timing, ComputeRates):
                     self._roofline = RooflineMode(timing, clock)
                     self._roofline.__enter__()
+                    self._op_record = OpRecordMode(self.timer, clock)
+                    self._op_record.__enter__()
         except BaseException:
+            if self._roofline is not None:
+                self._roofline.__exit__(None, None, None)
             if self._fused_attention is not None:
                 self._fused_attention.__exit__(None, None, None)
             self._hooks.remove()
             raise
+
+    def _on_grad_ready(self, fqn: str, t: torch.Tensor) -> None:
+        self._backward.on_ready(fqn, t)
+        if self._op_record is not None:
+            self._op_record.gradient_ready(t)
 
     # ----------------------------------------------------------------- hooks
     def _pre_wrapper(self, fqn: str, module: nn.Module, args: Any) -> None:
@@ -163,7 +176,7 @@ class RuntimeRecorder:
         calls = self._calls
         calls.suspend()  # the recorder's own tensor calls below are no uses
         for t, pfqn in self._params.swapped_in(module):
-            self._hooks.add_grad_ready_hook(t, pfqn, self._backward.on_ready)
+            self._hooks.add_grad_ready_hook(t, pfqn, self._on_grad_ready)
         if torch._C._current_graph_task_id() != -1:
             self._recompute_order.append(fqn)
             calls.push(module, CallKind.RECOMPUTE, None)
@@ -217,6 +230,9 @@ class RuntimeRecorder:
             return
         try:
             self._calls.clear()
+            if self._op_record is not None:
+                self._op_record.__exit__(None, None, None)
+                self._op_record.close()
             if self._roofline is not None:
                 self._roofline.__exit__(None, None, None)
             if self._fused_attention is not None:
@@ -279,7 +295,10 @@ class RuntimeRecorder:
                 len(self._module_forward_order),
             )
             return {}
-        return timer.fields("estimated" if self._roofline is not None else "measured")
+        fields = timer.fields("estimated" if self._roofline is not None else "measured")
+        if self._op_record is not None:
+            fields.update(self._op_record.fields(timer.num_calls))
+        return fields
 
     def _build_order(self) -> ExecutionOrder:
         params = self._params
