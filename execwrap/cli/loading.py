@@ -1,7 +1,9 @@
 """What ``execwrap report`` imports by name: the model factory, the tracer, the policy.
 
 ``--model PKG.MODULE:FACTORY`` and ``--tracer PKG.MODULE:CLASS`` are imported
-(modules in the current folder are found, as with ``python -m``);
+(a module the user names that is not installed is found in the current folder,
+whose path is then added to ``sys.path``; the folder is never added otherwise,
+so a file there named like a module torch imports lazily is not imported);
 ``--policy`` becomes an FSDP init policy, its class names looked up among the
 model's modules. The syntax of each was checked already
 (:mod:`execwrap.cli.options`); here the imports and the model can fail, and
@@ -45,10 +47,8 @@ def import_object(path: str, what: str) -> Any:
         CLIError: malformed path, module not importable, or no such name.
     """
     module_name, attr = split_object_path(path, what)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # as `python -m` would: modules in the current folder
     try:
-        module = importlib.import_module(module_name)
+        module = _import_named(module_name)
     except ImportError as exc:
         raise CLIError(f"{what} {path!r}: cannot import module {module_name!r}: {exc}") from exc
     except Exception as exc:
@@ -64,6 +64,27 @@ def import_object(path: str, what: str) -> Any:
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
     return obj
+
+
+def _import_named(module_name: str) -> Any:
+    """Import ``module_name`` as installed; failing that, from the current folder when
+    the module the user named is a file or package there (``./NAME.py``, ``./NAME/``):
+    then, and only then, that folder goes on ``sys.path`` (at its end, so installed
+    modules still come first). A run that names no module of the current folder never
+    puts it on ``sys.path``, so a stray file there named like a module torch imports
+    lazily (``tabulate.py``) is not imported in place of the real one."""
+    top = module_name.split(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        folder = os.getcwd()
+        named_here = os.path.isfile(os.path.join(folder, f"{top}.py")) or os.path.isdir(
+            os.path.join(folder, top)
+        )
+        if exc.name != top or not named_here or folder in sys.path:
+            raise
+    sys.path.append(folder)
+    return importlib.import_module(module_name)
 
 
 def load_model(path: str, device: str) -> nn.Module:
