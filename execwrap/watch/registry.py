@@ -43,6 +43,7 @@ from torch.utils.hooks import RemovableHandle
 
 from execwrap.plan.model_view import ModelView, check_order_fits
 from execwrap.watch.hints import ignored_by
+from tracing.fqn import clean_fqn
 
 __all__ = ["check_same_model", "mark_applied", "unwatched_if_refused", "watch"]
 
@@ -147,12 +148,29 @@ def check_same_model(plan: Any, model: nn.Module, where: str) -> None:
             ModelView.build(model, plan.ignored_modules), plan.order, type(model).__name__
         )
     except (ValueError, KeyError) as e:
+        if _fits_without_wrappers(model, plan.order):
+            return  # the same model, torch's wrappers (checkpoint_wrapper, compile) inside it
         detail = str(e).removeprefix("plan_wrap: ")
         raise ValueError(
             f"{where}: the plan (policy {plan.policy_name}, {len(plan.units)} groups) was "
             f"planned for another model than the {type(model).__name__} it is applied to, so "
             f"nothing was wrapped: {detail}, then plan_wrap(model, order, ...)"
         ) from None
+
+
+def _fits_without_wrappers(model: nn.Module, order: Any) -> bool:
+    """Whether ``model`` is the order's model once the names torch's wrappers insert
+    (``_checkpoint_wrapped_module``, ``_fsdp_wrapped_module``, ``_orig_mod``) are
+    removed: the same parameters and shapes, every module the order calls."""
+    names = [fqn for fqn, _ in model.named_modules()] + [n for n, _ in model.named_parameters()]
+    if all(clean_fqn(n) == n for n in names) or not order.params:
+        return False
+    params = {clean_fqn(n): tuple(p.shape) for n, p in model.named_parameters()}
+    modules = {clean_fqn(fqn) for fqn, _ in model.named_modules()}
+    return (
+        params == {f: tuple(i.shape) for f, i in order.params.items()}
+        and set(order.module_forward_order) <= modules
+    )
 
 
 def _first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
