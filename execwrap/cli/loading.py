@@ -139,11 +139,6 @@ def tracing_config(tracer_path: str | None, concrete_args: dict[str, Any]) -> Tr
     return TracingConfig(tracer=tracer, concrete_args=concrete_args or None)
 
 
-def _root_only_policy(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
-    """Wrap nothing below the root (every parameter in the root unit)."""
-    return recurse
-
-
 def parse_policy(text: str, model: Any) -> Any:
     """Turn a ``--policy`` value into an FSDP init policy (see
     :data:`~execwrap.cli.options.POLICY_HELP`).
@@ -154,8 +149,8 @@ def parse_policy(text: str, model: Any) -> Any:
     spec = parse_policy_spec(text)
     if spec.kind == "always":
         return always_wrap_policy
-    if spec.kind == "none":
-        return _root_only_policy
+    if spec.kind == "none":  # no policy: the root alone, as asked (plan_wrap does not warn)
+        return None
     if spec.kind == "size":
         return functools.partial(size_based_auto_wrap_policy, min_num_params=spec.min_num_params)
     classes = _resolve_classes(spec.class_names, model, spec.what)
@@ -174,7 +169,7 @@ def baseline_policies(
     if bucket_numel is not None:
         policies[f"{policy_text} (no buckets)"] = init_policy
     if policy_text == "always" and bucket_numel is None:
-        policies["none (root only)"] = _root_only_policy
+        policies["none (root only)"] = None  # plan_wrap's root alone, without a warning
     else:
         policies["always"] = always_wrap_policy
     return policies

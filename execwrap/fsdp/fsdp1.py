@@ -48,6 +48,7 @@ from execwrap.fsdp.checkpointing import (
     checkpoint_targets,
 )
 from execwrap.fsdp.first_step import is_recording, record_first_step
+from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
 from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
@@ -58,7 +59,7 @@ from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import check_auto_options
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
-from execwrap.watch.registry import mark_applied, watch
+from execwrap.watch.registry import mark_applied, unwatched_if_refused, watch
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import check_size
 from tracing.order import ExecutionOrder
@@ -98,14 +99,15 @@ class ParamExecOrderWrapPolicy(_Policy):
             capture with ``example_inputs``; without them the
             :class:`tracing.TracingError` is raised.
         bucket_numel: merge consecutive units (in execution order) into groups
-            of at most this many parameter elements (FSDP2 groups; FSDP1
-            realises a group only when it is exactly a parent's units, see
-            ``plan.notes``). ``None`` merges nothing. ``"auto"``: the
+            of at most this many parameter elements (FSDP2 groups). FSDP1
+            wraps one module per unit: it builds a group only when one module
+            holds exactly its units, and a plan with any other group is refused
+            under FSDP1. ``None`` merges nothing. ``"auto"``: the
             auto-planner chooses the groups, the prefetch depth and
             ``reshard_after_forward`` per group from ``cost_model``
             (see :func:`execwrap.plan_wrap`; its choices are FSDP2's: use
             the policy with :func:`execwrap.apply_fully_shard` and
-            ``prefetch="auto"``; under FSDP1 only the groups apply). Needs an
+            ``prefetch="auto"``; FSDP1 refuses it). Needs an
             order before wrapping (``order``, ``tracing_config`` or
             ``example_inputs``).
         cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
@@ -113,7 +115,8 @@ class ParamExecOrderWrapPolicy(_Policy):
         world_size: ranks to plan for, an int or a NumPy integer, kept as an int
             (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
-            bytes, a whole number (``40e9`` is accepted; ``None``: no limit).
+            bytes, a whole number (``40e9`` is accepted; ``None``: the device's
+            memory minus a reserve, :mod:`execwrap.cost.device_memory`).
         optimizer: the optimizer the auto plan is priced with (its state in
             memory, its step in time; :data:`execwrap.simulate.OPTIMIZERS`;
             ``None``: ``"adamw"``).
@@ -175,10 +178,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``memory_budget`` or ``world_size`` that is not positive;
             ``groups`` with ``"auto"``; an unknown ``checkpointing`` mode (naming
             the module FQN) or ``checkpoint_every`` < 1. From FSDP1
-            (``_run_policy``), before anything is checkpointed or wrapped: units
-            mix frozen and trainable parameters and ``use_orig_params`` is
-            ``False``; a ``mixed_precision`` FSDP would refuse; CPU offload on a
-            CPU device; a ``checkpointing`` FQN the model lacks.
+            (``_run_policy``), before anything is checkpointed or wrapped:
+            ``bucket_numel="auto"``, or bucketed groups no single module holds (the
+            message names them and what to use instead); units mix frozen and
+            trainable parameters and ``use_orig_params`` is ``False``; a
+            ``mixed_precision`` FSDP would refuse; CPU offload on a CPU device; a
+            ``checkpointing`` FQN the model lacks.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -401,6 +406,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             )
         return order
 
+    @unwatched_if_refused("self")
     def _run_policy(
         self,
         root_module: nn.Module,
@@ -434,6 +440,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         )
         # a rank whose local checks fail is named on the others, before FSDP1 wraps
         with fail_together("FSDP1's checks of the plan", group=pg) if self.check_ranks else _NO_OP:
+            check_fsdp1_builds(self.bucket_numel, plan)
             if not root_kwargs.get("use_orig_params", False):
                 check_uniform_requires_grad(root_module, plan)
             ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set

@@ -59,7 +59,7 @@ from execwrap.fsdp.shardable import check_shardable
 from execwrap.plan.consistency import first_overlap, overlap_error
 from execwrap.plan.prefetch import prefetch_schedule
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.watch.registry import mark_applied, warn_if_other_model
+from execwrap.watch.registry import check_same_model, mark_applied, unwatched_if_refused
 from tracing.checks import check_int
 from tracing.order import ExecutionOrder
 
@@ -68,6 +68,7 @@ __all__ = ["apply_fully_shard"]
 logger = logging.getLogger(__name__)
 
 
+@unwatched_if_refused("policy_or_plan")
 def apply_fully_shard(
     model: nn.Module,
     policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
@@ -104,13 +105,13 @@ def apply_fully_shard(
     Returns:
         The plan applied (a policy recording during the first step replaces
         ``policy.plan`` by the re-ordered plan after it). A plan made for another
-        model or world size is applied with one WARNING saying what differs.
+        world size is applied with one WARNING saying what differs.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model lacks, or puts the root
-            in a group with others. Before anything is checkpointed or wrapped:
+            applied; a plan made for another model (named), or naming a module the
+            model lacks, or putting the root in a group. Before anything is wrapped:
             a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
             not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
             refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
@@ -205,12 +206,12 @@ def _build_plan(
 
 
 def _check_ready_plan(plan: WrapPlan, model: nn.Module) -> None:
-    """A ready plan: no module or parameter in two units; one WARNING if it was
-    planned for another model."""
+    """A ready plan: no module or parameter in two units, and planned for this model
+    (:func:`~execwrap.watch.registry.check_same_model`: refused, naming what differs)."""
     overlap = first_overlap(plan.units)
     if overlap is not None:
         raise overlap_error(overlap, plan.units, "apply_fully_shard")
-    warn_if_other_model(plan, model, "apply_fully_shard")
+    check_same_model(plan, model, "apply_fully_shard")
 
 
 def _together(phase: str, mesh: DeviceMesh | None) -> contextlib.AbstractContextManager[None]:

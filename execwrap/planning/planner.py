@@ -59,6 +59,7 @@ rank that fails to plan is named on the others (:mod:`execwrap.distributed.statu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
@@ -66,16 +67,21 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch.distributed as dist
 import torch.nn as nn
 
+from execwrap.cost.device_memory import (
+    default_memory_budget,
+    overshoot_message,
+    refused_within_default,
+)
 from execwrap.distributed.status import fail_together, is_distributed
 from execwrap.distributed.timing import agree_timing
-from execwrap.errors import PlanError
+from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.plan.check import check_plan
 from execwrap.plan.model_view import ModelView, OrderView, check_order_fits
 from execwrap.plan.notes import (
     fsdp1_split_note,
 )
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import check_auto_options
+from execwrap.planning.auto.options import AutoOptions, check_auto_options
 from execwrap.planning.auto.search import search_checked
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
@@ -185,7 +191,7 @@ def plan_wrap(
             (``None``: of both where they differ).
         cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
         world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank, a whole number (``None``: no limit).
+        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
         optimizer: ``"auto"`` only: the optimizer priced
             (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
         group, across_ranks: with a process group initialised, planning is a collective
@@ -309,7 +315,7 @@ def _plan_here(
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
-        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+        plan = _auto_plan(plan, auto, planner)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
@@ -348,6 +354,27 @@ def _bucketed_plan(
         policy_fqns=tuple(planner.policy_fqns),
         ignored_modules=ignored_top,
     )
+
+
+def _auto_plan(plan: WrapPlan, auto: AutoOptions, planner: Planner) -> WrapPlan:
+    """Step 5 with ``bucket_numel="auto"``: :func:`~execwrap.planning.auto.search.search_checked`
+    within ``memory_budget`` or, without one, the device's memory minus a reserve
+    (:func:`~execwrap.cost.device_memory.default_memory_budget`; a note says so); a
+    chosen peak over the device's memory is a WARNING and a note."""
+    cost_model = auto.cost_model
+    default = default_memory_budget(cost_model) if auto.memory_budget is None else None
+    if default is not None:
+        auto = dataclasses.replace(auto, memory_budget=default[0])
+    try:
+        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+    except MemoryBudgetError as e:
+        raise (e if default is None else refused_within_default(e, default[1])) from None
+    assert plan.estimate is not None
+    over = overshoot_message(int(plan.estimate.peak_memory_bytes), cost_model, "The chosen plan")
+    if over is not None:
+        logger.warning("plan_wrap: %s (memory_budget is above it)", over)
+    plan.notes.extend(n for n in (default and default[1], over) if n)
+    return plan
 
 
 def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | Literal["auto"] | None:

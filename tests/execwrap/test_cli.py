@@ -528,7 +528,10 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
     assert out.splitlines()[0].endswith("GPT, captured symbolic (torch " + torch.__version__ + ")")
     assert "  11  blocks.1  (Block)  [unit 1]" in out
     assert "  unit 2: blocks.2, blocks.3  (24 parameters, 99968 elements" in out
-    assert "stats (prefetch 1, reshard after forward): 3 units, 5 all-gathers/step" in out
+    assert (
+        "figures (prefetch 1, every group but the root resharded after forward): 3 groups, 5 "
+        "all-gathers/step, 3 reduce-scatters/step, peak unsharded 861.50 KiB"
+    ) in out
     assert "tied parameters:\n  wte.weight = lm_head.weight" in out
 
     bare = tmp_path / "order.json"
