@@ -146,7 +146,8 @@ def _curve(
         f"{stride} apart of mesh {shape.label} (replicate x shard); calibrate on that mesh "
         "(CostModel.calibrate(mesh=init_device_mesh(device, "
         f"({shape.replicate}, {shape.shard}), mesh_dim_names=('dp_replicate', 'dp_shard')))) "
-        "or use a preset that knows the cluster's topology (CostModel.preset('h100-ib-400g', "
+        "or use a preset that knows the cluster's topology (CostModel.preset("
+        f"{'h100-nvlink-8' if cm.world_size <= 8 else 'h100-ib-400g'!r}, "
         f"world_size={cm.world_size}))"
     )
 

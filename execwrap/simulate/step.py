@@ -95,14 +95,28 @@ streams' allocator pools (all-gather buffers on the all-gather stream,
 reduce-scatter buffers and sharded gradients on the reduce-scatter stream, the
 rest on the compute stream), which is what a CUDA process reserves.
 
+HSDP (``mesh=(replicate, shard)``, FSDP2's 2-D mesh: ``_fsdp_collectives.py``'s
+``foreach_reduce``): parameters are padded and sharded over the shard group
+(memory from its size), all-gathers and reduce-scatters run over it, and after
+each reduce-scatter its output (the gradient shard, in ``reduce_dtype``) is
+all-reduced in place across the replicate group: on CUDA on an all-reduce stream
+of its own (on the network's link when the shard group is inside a node, so it
+does not share the NVLink's bandwidth), on CPU on the training thread; the
+root's final callback waits for the last all-reduce. The cost model prices each
+group (:meth:`~execwrap.cost.CostModel.for_mesh`). With tensor parallelism
+(``mesh=(replicate, shard, tp)``) the plan's order must hold the local shards'
+sizes; TP's own collectives and sequence parallelism are not modelled.
+
 Not modelled: model buffers and inputs, allocator fragmentation inside a
-pool, FSDP2's ``output_dtype`` cast, HSDP, a unit called several times per
-forward (simulated as one call with the total compute; FSDP2 gathers it per
-call), the CPU-bound regime on GPUs.
+pool, FSDP2's ``output_dtype`` cast, HSDP's reduce-dtype all-reduce buffer held
+until the group's next post-backward (when ``reduce_dtype`` differs from the
+parameters'), a unit called several times per forward (simulated as one call
+with the total compute; FSDP2 gathers it per call), the CPU-bound regime on GPUs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -120,6 +134,7 @@ from execwrap.simulate.training import (
     resolve_training,
 )
 from execwrap.simulate.unit_work import UnitWork, unit_work
+from execwrap.util.mesh import MeshShape
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
@@ -158,6 +173,7 @@ def simulate_step(
     offload: str | None = None,
     micro_batches: int | None = None,
     gradient_sync: str | None = None,
+    mesh: Any = None,
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
@@ -193,6 +209,10 @@ def simulate_step(
             default: float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
+        mesh: HSDP / tensor parallelism over the ``world_size`` ranks: a
+            ``(replicate, shard)`` or ``(replicate, shard, tp)`` tuple, a
+            :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (``None``: FSDP over
+            every rank); ``cost_model`` prices its groups (``for_mesh``).
 
     Returns:
         A :class:`StepEstimate`.
@@ -203,7 +223,9 @@ def simulate_step(
             ``reshard_after_forward`` or ``compute`` has a wrong length, an
             unknown optimizer, the plan's order has no timing and no
             ``compute`` is given, or ``facts`` are of another order or world size;
-            an invalid training step, or one the cost model or capture cannot price.
+            an invalid training step, or one the cost model or capture cannot price; a
+            mesh that does not hold ``world_size`` ranks, or whose groups the cost model
+            cannot price (a flat calibration with replicas: the message says what to pass).
         TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
@@ -214,6 +236,10 @@ def simulate_step(
     prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
+    if mesh is not None:  # the model one shard group sees: its ranks, its collectives
+        shape = MeshShape.of(mesh, world_size=world_size, where="simulate_step")
+        cost_model = cost_model.for_mesh(shape)
+        world_size = cost_model.world_size
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
     step = resolve_training(training, **given)
@@ -276,12 +302,19 @@ def _simulate(
     }
     pools = None if cost_model.synchronous_collectives else _POOLS
     result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base, pools=pools)
-    return _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+    estimate = _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+    if cost_model.mesh is None:
+        return estimate
+    mesh = cost_model.mesh
+    return dataclasses.replace(
+        estimate, world_size=mesh.world_size, mesh=mesh, all_reduces=program.all_reduces
+    )
 
 
 #: Memory category -> the stream whose CUDA allocator pool holds it (FSDP2 allocates the
 #: all-gather input and output on the all-gather copy-in stream, the reduce-scatter input
-#: and output, whose views are the sharded gradients, on the reduce-scatter stream).
+#: and output, whose views are the sharded gradients, on the reduce-scatter stream; HSDP's
+#: all-reduce works in place on the latter).
 _POOLS = {
     "all_gather_buffers": "all_gather",
     "reduce_scatter_buffers": "reduce_scatter",
