@@ -57,5 +57,8 @@ def incompatibility(cost_model: Any, world_size: int, device_type: str) -> str:
             f"with timing=cost_model.compute), or use a cost model for {device_type!r}"
         )
     return (
-        f"cost model ({origin}) does not fit " + " and ".join(problems) + ": " + "; and ".join(remedies)
+        f"cost model ({origin}) does not fit "
+        + " and ".join(problems)
+        + ": "
+        + "; and ".join(remedies)
     )

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from execwrap.cost.compatibility import incompatibility
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.host_link import HostLink
-from execwrap.cost.compatibility import incompatibility
 from execwrap.cost.mesh import GroupCurves, mesh_fields
 from execwrap.cost.model_fields import COST_MODEL_FIELDS, cost_model_dict, cost_model_kwargs
 from execwrap.cost.topology import Topology

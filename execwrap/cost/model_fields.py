@@ -262,8 +262,14 @@ def cost_model_kwargs(f: dict[str, Any]) -> dict[str, Any]:
         "host": None if f["host"] is None else HostLink(**f["host"]),
         "topology": None if f["topology"] is None else Topology(**f["topology"]),
         "mesh_groups": tuple(
-            GroupCurves(g["dim"], g["size"], g["stride"], g["all_gather"], g["reduce_scatter"],
-                        g["all_reduce"])
+            GroupCurves(
+                g["dim"],
+                g["size"],
+                g["stride"],
+                g["all_gather"],
+                g["reduce_scatter"],
+                g["all_reduce"],
+            )
             for g in f["mesh_groups"]
         ),
         "mesh": None if f["mesh"] is None else MeshShape(**f["mesh"]),

@@ -137,8 +137,7 @@ PRESETS: dict[str, Preset] = {
             _NIC_400G,
             "infiniband",
             "H200 nodes of 8 over 400 Gb/s NDR InfiniBand",
-            "NVIDIA DGX H200 datasheet: 8x H200 SXM, NVLink 4 via NVSwitch, "
-            "8x ConnectX-7 400 Gb/s",
+            "NVIDIA DGX H200 datasheet: 8x H200 SXM, NVLink 4 via NVSwitch, 8x ConnectX-7 400 Gb/s",
         ),
         _nodes(
             "a100-ib-200g",

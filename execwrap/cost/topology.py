@@ -181,8 +181,7 @@ class Topology:
         """
         if collective not in COLLECTIVES:
             raise ValueError(
-                f"Topology.curve: collective must be one of {list(COLLECTIVES)}, got "
-                f"{collective!r}"
+                f"Topology.curve: collective must be one of {list(COLLECTIVES)}, got {collective!r}"
             )
         nodes, _ = self.span(size, stride)
         if nodes > 1 and self.inter_node_bytes_per_s is None:
@@ -206,9 +205,7 @@ class Topology:
         }
 
 
-def nccl_curve(
-    collective: str, ranks: int, nodes: int, topology: Topology
-) -> CollectiveCurve:
+def nccl_curve(collective: str, ranks: int, nodes: int, topology: Topology) -> CollectiveCurve:
     """The best (algorithm, protocol) time of ``collective`` over ``ranks`` ranks on
     ``nodes`` nodes (module docstring); all-gather and reduce-scatter as the lower
     envelope of the ring's lines, all-reduce (ring and tree, whose correction factor

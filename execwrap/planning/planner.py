@@ -66,8 +66,8 @@ from execwrap.plan.notes import (
     fsdp1_split_note,
 )
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.auto.mesh import search_mesh
 from execwrap.planning.auto.options import check_auto_options
-from execwrap.planning.auto.search import search_checked
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
     expand_ignored_modules,
@@ -83,6 +83,7 @@ from execwrap.planning.stated_groups import (
     stated_group_units,
 )
 from execwrap.planning.steps import FSDPTarget, Planner
+from execwrap.util.mesh import MeshShape
 from execwrap.watch.registry import watch
 from tracing.checks import check_size
 from tracing.fqn import is_within
@@ -152,6 +153,7 @@ def plan_wrap(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    mesh: Any = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -162,36 +164,32 @@ def plan_wrap(
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
-            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the
-            groups, the prefetch depth and ``reshard_after_forward`` per group
-            (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,
-            ``plan.search``).
-        ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
-            objects or module FQN strings); their parameters are in no unit.
-        groups: stated groups, each a list of module FQNs made one FSDP group
-            (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
-        target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
-            (``None``: of both where they differ).
+            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the groups,
+            prefetch and ``reshard_after_forward`` (``plan.estimate``, ``plan.search``).
+        ignored_modules: modules (or FQNs) FSDP ignores; their parameters are in no unit.
+        groups: stated groups of module FQNs, each one FSDP group (``[["norm", "lm_head"]]``).
+        target: ``"fsdp1"``/``"fsdp2"``: notes of that target only (``None``: both).
         cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
         world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
         memory_budget: ``"auto"`` only: peak bytes per rank, a whole number (``None``: no limit).
         optimizer: ``"auto"`` only: the optimizer priced
             (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        mesh: the mesh (``plan.mesh``): a ``(replicate, shard)`` shape, a
+            :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (HSDP; a ``tp``
+            dimension: plans the local shards, :mod:`execwrap.planning.tensor_parallel`),
+            or with ``"auto"``: ``"auto"``, the shard group size chosen too
+            (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
         a WARNING naming it (:mod:`execwrap.watch.registry`).
 
     Raises:
-        TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
-            ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (:func:`execwrap.planning.auto.search.check_auto_options`: a cost model
-            for another world size or device type, ``groups`` with ``"auto"``);
-            an ignored module is not part of ``model``; a stated group cannot
-            be formed (naming the member and why); or the order does not fit
-            ``model`` (other modules, parameters, numels or shapes than
-            ``model``'s: a stale order, capture it again).
+        TypeError: an argument of the wrong type.
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner keywords
+            (:func:`~execwrap.planning.auto.options.check_auto_options`); a mesh not of
+            ``world_size`` ranks; an ignored module not in ``model``; a stated group that
+            cannot be formed; an order that does not fit ``model`` (capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
             reached and what dominates it); the plan failed its own check.
 
@@ -216,6 +214,7 @@ def plan_wrap(
         world_size=world_size,
         memory_budget=memory_budget,
         optimizer=optimizer,
+        mesh=mesh,
     )
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -234,6 +233,7 @@ def plan_wrap_unwatched(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    mesh: Any = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
@@ -241,7 +241,13 @@ def plan_wrap_unwatched(
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     auto = check_auto_options(
-        "plan_wrap", bucket_numel, cost_model, world_size, memory_budget, optimizer=optimizer
+        "plan_wrap",
+        bucket_numel,
+        cost_model,
+        world_size,
+        memory_budget,
+        optimizer=optimizer,
+        mesh=mesh,
     )
     if groups is not None and bucket_numel == "auto":
         raise ValueError(
@@ -265,7 +271,9 @@ def plan_wrap_unwatched(
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
-        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+        plan = search_mesh(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+    elif mesh is not None:
+        plan.mesh = MeshShape.parse(mesh, "plan_wrap")
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)

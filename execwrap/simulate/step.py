@@ -177,18 +177,10 @@ def simulate_step(
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
-    A discrete-event model of FSDP2's compute, all-gather and reduce-scatter
-    streams running torch 2.13's hooks for the plan's groups, explicit
-    prefetch lists and ``reshard_after_forward`` (pre-forward all-gather,
-    copy-in/copy-out, post-forward reshard; pre-backward re-gather and
-    implicit prefetch; post-backward reshard and reduce-scatter with one
-    buffer in flight; the root's final wait; the optimizer step). On CPU the
-    collectives run synchronously on the training thread (gloo); on CUDA
-    compute runs at ``cost_model.overlap`` of its speed beside a collective
-    and the host is assumed to run ahead. Memory per rank follows FSDP2's
-    allocations (all-gather outputs, unsharded parameters and gradients,
-    reduce-scatter inputs, activations, shards, optimizer state); the model
-    and what it leaves out: :mod:`execwrap.simulate.step`.
+    A discrete-event model of FSDP2's compute, all-gather, reduce-scatter (and
+    HSDP's all-reduce) streams running torch 2.13's hooks for the plan's groups,
+    explicit prefetch lists and ``reshard_after_forward``; memory per rank follows
+    FSDP2's allocations. The model and what it leaves out: :mod:`execwrap.simulate.step`.
 
     Args:
         plan: the plan (units in execution order); its order's timing gives
@@ -209,23 +201,19 @@ def simulate_step(
             default: float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
-        mesh: HSDP / tensor parallelism over the ``world_size`` ranks: a
-            ``(replicate, shard)`` or ``(replicate, shard, tp)`` tuple, a
-            :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (``None``: FSDP over
-            every rank); ``cost_model`` prices its groups (``for_mesh``).
+        mesh: HSDP / tensor parallelism over the ``world_size`` ranks: a ``(replicate,
+            shard[, tp])`` tuple, a :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh``
+            (default: ``plan.mesh``; ``None``: FSDP over every rank), priced by ``for_mesh``.
 
     Returns:
         A :class:`StepEstimate`.
 
     Raises:
-        ValueError: the cost model is for another world size or device (the
-            message says which), the compute was measured on another device,
-            ``reshard_after_forward`` or ``compute`` has a wrong length, an
-            unknown optimizer, the plan's order has no timing and no
-            ``compute`` is given, or ``facts`` are of another order or world size;
-            an invalid training step, or one the cost model or capture cannot price; a
-            mesh that does not hold ``world_size`` ranks, or whose groups the cost model
-            cannot price (a flat calibration with replicas: the message says what to pass).
+        ValueError: the cost model is for another world size or device, the compute
+            for another device, ``reshard_after_forward`` or ``compute`` of a wrong length,
+            an unknown optimizer, no timing and no ``compute``, ``facts`` of another order
+            or world size; a training step invalid or not priceable; a mesh not of
+            ``world_size`` ranks, or not priceable (a flat calibration with replicas).
         TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
@@ -236,10 +224,7 @@ def simulate_step(
     prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
-    if mesh is not None:  # the model one shard group sees: its ranks, its collectives
-        shape = MeshShape.of(mesh, world_size=world_size, where="simulate_step")
-        cost_model = cost_model.for_mesh(shape)
-        world_size = cost_model.world_size
+    cost_model, world_size = _for_mesh(plan, cost_model, world_size, mesh)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
     step = resolve_training(training, **given)
@@ -248,6 +233,18 @@ def simulate_step(
     facts = _checked_facts(plan, world_size, facts)
     reshard = _reshard_flags(plan, reshard_after_forward)
     return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step)
+
+
+def _for_mesh(
+    plan: WrapPlan, cost_model: CostModel, world_size: int, mesh: Any
+) -> tuple[CostModel, int]:
+    """The cost model one shard group of ``mesh`` sees (default: ``plan.mesh``, unless
+    the model is already for a mesh), and its ranks."""
+    mesh = plan.mesh if mesh is None and cost_model.mesh is None else mesh
+    if mesh is None:
+        return cost_model, world_size
+    resolved = cost_model.for_mesh(MeshShape.of(mesh, world_size=world_size, where="simulate_step"))
+    return resolved, resolved.world_size
 
 
 def _check_optimizer(optimizer: str) -> None:

@@ -154,7 +154,7 @@ class MeshShape:
             TypeError: not one of those.
             ValueError: its ranks are not ``world_size`` (the message says which shapes are).
         """
-        shape = cls._coerce(value, where)
+        shape = cls.parse(value, where)
         if shape.world_size != world_size:
             dims = "(replicate, shard)" if shape.tp == 1 else "(replicate, shard, tp)"
             size = (shape.replicate, shape.shard) if shape.tp == 1 else shape.sizes
@@ -172,7 +172,13 @@ class MeshShape:
         return shape
 
     @classmethod
-    def _coerce(cls, value: Any, where: str) -> MeshShape:
+    def parse(cls, value: Any, where: str) -> MeshShape:
+        """``value`` (a :class:`MeshShape`, a tuple of 2 or 3 ints, a ``DeviceMesh``) as a
+        :class:`MeshShape`, of any size (:meth:`of` checks its ranks too).
+
+        Raises:
+            TypeError: not one of those.
+        """
         if isinstance(value, MeshShape):
             return value
         if isinstance(value, Sequence) and not isinstance(value, str) and len(value) in (2, 3):
