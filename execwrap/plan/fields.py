@@ -101,7 +101,7 @@ def _mesh(value: Any, path: str) -> MeshShape:
     except (TypeError, ValueError) as e:
         raise SchemaError(
             path, f"expected {{replicate, shard, tp}} ranks >= 1, got {value!r} ({e})"
-        )
+        ) from None
 
 
 def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) -> dict[str, Any]:

@@ -123,8 +123,7 @@ def test_cost_model_folder_is_named_as_one(
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "no-such-preset"],
-            "--cost-model 'no-such-preset': no such file and no such preset; presets: "
-            + _PRESETS,
+            "--cost-model 'no-such-preset': no such file and no such preset; presets: " + _PRESETS,
         ),
     ],
 )
