@@ -46,6 +46,7 @@ from execwrap.fsdp.checkpointing import (
     checkpoint_targets,
 )
 from execwrap.fsdp.first_step import is_recording, record_first_step
+from execwrap.fsdp.mesh import check_fsdp1_hybrid
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_order_across_ranks
@@ -131,6 +132,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
+        mesh: the mesh to plan for (``plan_wrap``'s ``mesh``: a ``(replicate, shard)``
+            shape, or ``"auto"`` with ``bucket_numel="auto"``); under FSDP1 with
+            ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` its process groups must match it.
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -192,6 +196,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
+    mesh: Any = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -223,6 +228,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.world_size,
             self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
         )
         if auto is not None:  # keep the checked values (an int budget for 40e9)
             self.world_size, self.memory_budget = auto.world_size, auto.memory_budget
@@ -332,6 +338,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
         )
         return self.plan
 
@@ -392,6 +399,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
         check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
         _check_step_kwargs(root_kwargs)
+        check_fsdp1_hybrid(plan.mesh, root_kwargs)
         targets = checkpoint_targets(
             root_module,
             plan.groups,

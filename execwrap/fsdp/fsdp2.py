@@ -51,6 +51,7 @@ from execwrap.fsdp.checkpointing import (
     checkpoint_targets,
 )
 from execwrap.fsdp.first_step import record_first_step
+from execwrap.fsdp.mesh import fsdp_mesh
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
@@ -87,8 +88,10 @@ def apply_fully_shard(
         model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
-        mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
-            group), whose group the cross-rank checks use.
+        mesh: FSDP2's mesh: 1-D, ``(replicate, shard)`` for HSDP, or with a ``"tp"``
+            dimension (its data-parallel part is used). Default: the plan's
+            (``plan.mesh``: built with ``init_device_mesh``), else a 1-D mesh over
+            the default group. Checked against ``plan.mesh`` (:mod:`execwrap.fsdp.mesh`).
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
             FSDP2's implicit prefetching; ``"auto"``: the depth the
             auto-planner chose (``plan.prefetch``).
@@ -117,7 +120,9 @@ def apply_fully_shard(
             a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
             not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
             refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
-            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
+            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN; a mesh
+            with another shard group than ``plan.mesh``, or a ``"tp"`` dimension while no
+            parameter is a DTensor (:mod:`~execwrap.fsdp.mesh`).
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
         TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,
@@ -136,6 +141,7 @@ def apply_fully_shard(
     checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
     _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    mesh = fsdp_mesh(model, plan, mesh)  # the plan's HSDP mesh, or the caller's checked
     check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
     prefetch = _resolve_prefetch(prefetch, plan)
     groups = _plan_groups(model, plan)
