@@ -64,6 +64,7 @@ from execwrap.cost.fixed_costs import (
     in_step_curve,
 )
 from execwrap.cost.host import StealMeter, clean_median
+from execwrap.cost.mesh_sweep import measure_mesh_groups
 from execwrap.cost.optimizer import measure_optimizer
 from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
 from execwrap.cost.sync_wait import measure_sync_wait
@@ -111,8 +112,11 @@ def calibration_fields(
     device: torch.device | str | None = None,
     max_bytes: int | None = None,
     repeat: int = 1,
+    mesh: Any = None,
 ) -> dict[str, Any]:
-    """Measure (see the module docstring) and return the CostModel's arguments.
+    """Measure (see the module docstring) and return the CostModel's arguments; with a
+    2-D ``mesh``, over all its ranks and then each of its dimensions' groups
+    (:mod:`execwrap.cost.mesh_sweep`).
 
     ``repeat`` multiplies the runs of the sweep, the optimizer loop, the
     overlap measurement and the FSDP2 stacks (their medians then come from
@@ -154,6 +158,11 @@ def calibration_fields(
         )
         # only where collectives block the training thread does the simulator use it
         jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
+        groups = (
+            ()
+            if mesh is None
+            else measure_mesh_groups(mesh, dev, sizes[-1], factors=in_step.factors, repeat=repeat)
+        )
     _warn_of_steal(host, group)
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
@@ -175,6 +184,7 @@ def calibration_fields(
         "optimizer_param_overhead_s": optimizer_param_s,
         "optimizer_curve": optimizer_curve,
         "sync_jitter": jitter,
+        "mesh_groups": groups,
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
         "torch_version": str(torch.__version__),
     }

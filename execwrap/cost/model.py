@@ -335,6 +335,7 @@ class CostModel:
         device: torch.device | str | None = None,
         max_bytes: int | None = None,
         repeat: int = 1,
+        mesh: Any = None,
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
@@ -367,6 +368,9 @@ class CostModel:
                 15.1-19.6 ms. It narrows the noise of the samples, not that of a
                 machine whose speed drifts while it is measured (README,
                 *Auto-planning: predicted vs measured*).
+            mesh: a 2-D ``(replicate, shard)`` ``DeviceMesh`` over the world: each of its
+                dimensions' groups is measured too (``mesh_groups``,
+                :mod:`execwrap.cost.mesh_sweep`), so :meth:`for_mesh` prices HSDP on it.
 
         Returns:
             The measured :class:`CostModel`.
@@ -383,7 +387,10 @@ class CostModel:
         """
         from execwrap.cost.calibrate import calibration_fields
 
-        return cls(**calibration_fields(group, device=device, max_bytes=max_bytes, repeat=repeat))
+        fields = calibration_fields(
+            group, device=device, max_bytes=max_bytes, repeat=repeat, mesh=mesh
+        )
+        return cls(**fields)
 
     @classmethod
     def preset(

@@ -106,7 +106,7 @@ def fsdp_mesh(model: nn.Module, plan: WrapPlan, mesh: DeviceMesh | None) -> Any:
         logger.warning(
             "apply_fully_shard: the plan was made for FSDP over all %d ranks, but fully_shard "
             "takes this %s mesh as HSDP (%d replicas of %d-rank shard groups): its memory and "
-            "step time differ from plan.estimate; plan with mesh=%s (or mesh=\"auto\")",
+            'step time differ from plan.estimate; plan with mesh=%s (or mesh="auto")',
             plan.estimate.world_size,
             shape.label,
             shape.replicate,

@@ -128,6 +128,25 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     out["fsdp1 read back"] = applied_mesh(wrapped)
     out["fsdp1"] = _train(wrapped, idx, tgt)
 
+    # each mesh dimension's group measured (what CostModel.calibrate(mesh=...) adds)
+    from execwrap.cost.mesh_sweep import measure_mesh_groups
+
+    groups = measure_mesh_groups(mesh, torch.device("cpu"), 64 * 1024)
+    out["measured"] = [
+        (g.dim, g.size, g.stride, g.all_gather is not None, g.all_reduce is not None)
+        for g in groups
+    ]
+    flat_cm = CostModel.preset("h100-nvlink-8", world_size=4).replace(
+        device_type="cpu", compute=ComputeRates("cpu", 1e11, 1e10), topology=None
+    )
+    hsdp_cm = flat_cm.replace(mesh_groups=groups).for_mesh((2, 2))
+    out["priced"] = (hsdp_cm.all_reduce == groups[1].all_reduce, hsdp_cm.world_size)
+    tp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    try:
+        apply_fully_shard(build(), plan, mesh=tp_mesh)
+    except ValueError as e:
+        out["tp error"] = str(e)
+
     # predicted peak memory against the tracker, HSDP and flat
     cm = CostModel.preset("h100-nvlink-8", world_size=4).replace(
         device_type="cpu", compute=ComputeRates("cpu", 1e11, 1e10)
@@ -174,6 +193,14 @@ def test_hsdp_trains_like_fsdp2_and_fsdp1_and_is_predicted() -> None:
     assert r["read back"] == [MeshShape(2, 2)] * 4
     assert r["fsdp1 read back"] == MeshShape(2, 2)
     assert r["drift"] == 0
+    assert r["measured"] == [("shard", 2, 1, True, False), ("replicate", 2, 2, False, True)]
+    assert r["priced"] == (True, 2)
+    assert r["tp error"] == (
+        "apply_fully_shard: the mesh (2, 2) ('dp', 'tp') has a tensor-parallel dimension "
+        "('tp', 2 ranks) but no parameter of GPT is a DTensor: apply the tensor-parallel plan "
+        "first (torch.distributed.tensor.parallel.parallelize_module(model, mesh['tp'], plan)), "
+        "or pass FSDP's part of the mesh alone (mesh['dp']) to shard without tensor parallelism"
+    )
     ratio, simulated, real, mesh = r["hsdp"]
     assert 0.9 <= ratio <= 1.1 and mesh == MeshShape(2, 2)
     assert simulated == real == 4  # one per group: the root and three blocks
