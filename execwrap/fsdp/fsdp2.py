@@ -51,8 +51,8 @@ from execwrap.fsdp.checkpointing import (
     checkpoint_targets,
 )
 from execwrap.fsdp.first_step import record_first_step
-from execwrap.fsdp.mesh import fsdp_mesh
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.mesh import fsdp_mesh
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_plan_before_sharding

@@ -172,7 +172,7 @@ def _fsdp1_shape(root_kwargs: Mapping[str, Any], hybrid: bool) -> MeshShape | No
     mesh = root_kwargs.get("device_mesh")
     if mesh is not None:
         return MeshShape.from_device_mesh(mesh) if hybrid else MeshShape(1, mesh.size())
-    group = root_kwargs.get("process_group")
+    group: Any = root_kwargs.get("process_group")
     if isinstance(group, tuple) and len(group) == 2:
         return MeshShape(group[1].size(), group[0].size())
     if not (dist.is_available() and dist.is_initialized()):
@@ -196,7 +196,8 @@ def applied_mesh(module: nn.Module) -> MeshShape | None:
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     if isinstance(module, FullyShardedDataParallel):
-        shard = module.process_group.size()
+        pg: Any = module.process_group
+        shard = pg.size()
         inter = getattr(module, "_inter_node_pg", None)
         hybrid = module.sharding_strategy.name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         return MeshShape(inter.size() if hybrid and inter is not None else 1, shard)
@@ -204,7 +205,7 @@ def applied_mesh(module: nn.Module) -> MeshShape | None:
         group = module._get_fsdp_state()._fsdp_param_group
         if group is None:
             return None
-        info = group.mesh_info
+        info: Any = group.mesh_info
         replicate = getattr(info, "replicate_mesh_size", 1)
         return MeshShape(replicate, info.shard_mesh_size)
     return None
