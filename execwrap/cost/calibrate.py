@@ -128,12 +128,7 @@ def calibration_fields(
         ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1;
             ``device`` is neither a CPU nor an available CUDA device.
     """
-    if not (is_int(repeat) and repeat >= 1):
-        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
-    if device is not None:
-        _checked_device(device)
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(NO_PROCESS_GROUP_HINT)
+    _check_arguments(repeat, device)
     group = dist.group.WORLD if group is None else group
     assert group is not None
     backend = str(dist.get_backend(group))
@@ -188,6 +183,13 @@ def calibration_fields(
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
         "torch_version": str(torch.__version__),
     }
+    return _broadcast(fields, group, dev)
+
+
+def _broadcast(
+    fields: dict[str, Any], group: dist.ProcessGroup, dev: torch.device
+) -> dict[str, Any]:
+    """Rank 0's fields, on every rank of ``group``."""
     box: list[Any] = [fields]
     src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
     dist.broadcast_object_list(
@@ -195,6 +197,15 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def _check_arguments(repeat: Any, device: Any) -> None:
+    if not (is_int(repeat) and repeat >= 1):
+        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
+    if device is not None:
+        _checked_device(device)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(NO_PROCESS_GROUP_HINT)
 
 
 def _source(

@@ -88,10 +88,8 @@ def apply_fully_shard(
         model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
-        mesh: FSDP2's mesh: 1-D, ``(replicate, shard)`` for HSDP, or with a ``"tp"``
-            dimension (its data-parallel part is used). Default: the plan's
-            (``plan.mesh``: built with ``init_device_mesh``), else a 1-D mesh over
-            the default group. Checked against ``plan.mesh`` (:mod:`execwrap.fsdp.mesh`).
+        mesh: 1-D, ``(replicate, shard)`` (HSDP) or with a ``"tp"`` dimension (its dp part
+            is used), checked against ``plan.mesh``; default: ``plan.mesh`` built, else 1-D.
         prefetch: groups to prefetch ahead in each direction; ``0`` keeps
             FSDP2's implicit prefetching; ``"auto"``: the depth the
             auto-planner chose (``plan.prefetch``).
@@ -113,16 +111,13 @@ def apply_fully_shard(
         model or world size is applied with one WARNING saying what differs.
 
     Raises:
-        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
-            did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model lacks, or puts the root
-            in a group with others. Before anything is checkpointed or wrapped:
-            a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
-            not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
-            refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
-            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN; a mesh
-            with another shard group than ``plan.mesh``, or a ``"tp"`` dimension while no
-            parameter is a DTensor (:mod:`~execwrap.fsdp.mesh`).
+        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that did not
+            choose one; the model already has ``fully_shard`` applied; the plan names a
+            module the model lacks, or puts the root in a group with others. Before
+            anything is wrapped: a 0-dim parameter, a group of mixed dtypes its
+            ``mp_policy`` does not cast, an ``mp_policy`` FSDP would refuse, CPU offload on
+            a CPU mesh, an unknown checkpointing mode or FQN; a mesh with another shard
+            group than ``plan.mesh``, or a ``"tp"`` dimension and no DTensor parameter.
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
         TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,

@@ -54,7 +54,7 @@ Planning with a policy callable (the default included) does not import
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch.nn as nn
@@ -154,6 +154,7 @@ def plan_wrap(
     memory_budget: int | None = None,
     optimizer: str | None = None,
     mesh: Any = None,
+    tp_plan: Mapping[str, Any] | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -179,6 +180,7 @@ def plan_wrap(
             dimension: plans the local shards, :mod:`execwrap.planning.tensor_parallel`),
             or with ``"auto"``: ``"auto"``, the shard group size chosen too
             (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
+        tp_plan: with a ``tp`` mesh dimension and a model without DTensors: the TP plan.
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -194,12 +196,10 @@ def plan_wrap(
             reached and what dominates it); the plan failed its own check.
 
     Example:
-        >>> from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         >>> from execwrap.demo_models import GPT, GPTConfig, Block
-        >>> from tracing import trace_execution_order
         >>> model = GPT(GPTConfig(n_blocks=2))
-        >>> plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block}))
-        >>> plan.groups
+        >>> from tracing import trace_execution_order
+        >>> plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block})).groups
         [[''], ['blocks.0'], ['blocks.1']]
     """
     plan = plan_wrap_unwatched(
@@ -215,6 +215,7 @@ def plan_wrap(
         memory_budget=memory_budget,
         optimizer=optimizer,
         mesh=mesh,
+        tp_plan=tp_plan,
     )
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -234,6 +235,7 @@ def plan_wrap_unwatched(
     memory_budget: int | None = None,
     optimizer: str | None = None,
     mesh: Any = None,
+    tp_plan: Mapping[str, Any] | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
@@ -267,6 +269,7 @@ def plan_wrap_unwatched(
     candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
     planner = Planner(view, OrderView.build(view, order), candidates, target, stated)
     plan = _bucketed_plan(planner, bucket_numel, stated, policy_name(init_policy), ignored_top)
+    plan.order = _fsdp_sizes(model, order, mesh, tp_plan)  # a TP shard's local sizes
     if init_policy is not None and policy_fqns == [""] and not stated and len(view.modules) > 1:
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
@@ -279,6 +282,24 @@ def plan_wrap_unwatched(
     _check_own_plan(plan, view, type(model).__name__)
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
     return plan
+
+
+def _fsdp_sizes(
+    model: nn.Module, order: ExecutionOrder, mesh: Any, tp_plan: Mapping[str, Any] | None
+) -> ExecutionOrder:
+    """``order``, with the local sizes FSDP shards under a mesh's ``tp`` dimension
+    (:func:`~execwrap.planning.tensor_parallel.local_order`)."""
+    tp = 1 if mesh is None or isinstance(mesh, str) else MeshShape.parse(mesh, "plan_wrap").tp
+    if tp_plan is not None and tp == 1:
+        raise ValueError(
+            "plan_wrap: tp_plan= sizes tensor-parallel shards, but the mesh has no tp "
+            "dimension: pass mesh=(replicate, shard, tp) (or a DeviceMesh with a 'tp' dimension)"
+        )
+    if tp == 1:
+        return order
+    from execwrap.planning.tensor_parallel import local_order
+
+    return local_order(order, model, tp=tp, tp_plan=tp_plan)
 
 
 def _bucketed_plan(

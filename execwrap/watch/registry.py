@@ -25,6 +25,7 @@ nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import weakref
@@ -106,10 +107,12 @@ def warn_if_other_model(plan: Any, model: nn.Module, where: str) -> bool:
     Returns:
         Whether a warning was logged.
     """
+    order = plan.order
+    mesh = getattr(plan, "mesh", None)
+    if mesh is not None and mesh.tp > 1:  # its sizes are tensor-parallel local shards
+        order = dataclasses.replace(order, params={})
     try:
-        check_order_fits(
-            ModelView.build(model, plan.ignored_modules), plan.order, type(model).__name__
-        )
+        check_order_fits(ModelView.build(model, plan.ignored_modules), order, type(model).__name__)
     except (ValueError, KeyError) as e:
         detail = str(e).removeprefix("plan_wrap: ")
         logger.warning(
