@@ -23,6 +23,7 @@ from execwrap.report.charts import to_inline_svg
 from execwrap.util.formatting import byte_unit, format_bytes
 
 __all__ = [
+    "HSDP_LANE",
     "LANES",
     "candidates_figure",
     "candidates_svg",
@@ -36,8 +37,9 @@ LANES = (
     ("compute", "compute", "#4c72b0"),
     ("all_gather", "all-gather", "#55a868"),
     ("reduce_scatter", "reduce-scatter", "#dd8452"),
-    ("all_reduce", "all-reduce (HSDP)", "#937860"),
 )
+#: The lane of HSDP's all-reduces across replicas, below :data:`LANES` when a step has one.
+HSDP_LANE = ("all_reduce", "all-reduce (HSDP)", "#937860")
 _CHOSEN = "#c44e52"
 _BASELINE = "#8172b3"
 _SEARCHED = "#9aa5b1"
@@ -74,8 +76,8 @@ def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
     unit, scale = time_unit(end)
     fig = Figure(figsize=(11, 2.8), layout="constrained")
     ax = fig.subplots()
-    streams = {e.stream for e in events}
-    lanes = [lane for lane in LANES if lane[0] != "all_reduce" or "all_reduce" in streams]
+    hsdp = any(e.stream == HSDP_LANE[0] for e in events)
+    lanes = [*LANES, HSDP_LANE] if hsdp else list(LANES)
     for row, (stream, _, color) in enumerate(lanes):
         lane = [e for e in events if e.stream == stream]
         bars = [(e.start_s / scale, max((e.end_s - e.start_s) / scale, 0.0)) for e in lane]
