@@ -50,8 +50,10 @@ from torch.distributed.fsdp.wrap import _Policy
 from execwrap.fsdp.checkpointing import Checkpointing
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.integrations.mesh import plan_for_mesh
 from execwrap.integrations.prefix import lift_order, lift_plan, submodule_prefix
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.util.mesh import MeshShape
 from tracing import capture_execution_order
 
 __all__ = ["lightning_wrap_policy", "shard_lightning_module"]
@@ -85,7 +87,8 @@ def shard_lightning_module(
         module: the held model: the submodule itself or its FQN in
             ``pl_module``; default: the one direct child holding parameters.
         mesh: the data-parallel mesh; default ``pl_module.device_mesh["data_parallel"]``
-            (``ModelParallelStrategy``'s), else FSDP2's default mesh.
+            (``ModelParallelStrategy``'s, whose ``tensor_parallel`` size a policy without
+            a ``mesh`` plans the local shards for), else FSDP2's default mesh.
         prefetch: groups prefetched ahead, as in :func:`execwrap.apply_fully_shard`.
         checkpointing: activation checkpointing of the held model's units, applied
             before sharding (module FQNs of the held model: ``"layers.0"``), as in
@@ -122,7 +125,9 @@ def shard_lightning_module(
         return _APPLIED[held]
     _check_nothing_outside(pl_module, prefix)
     if mesh is None:
-        mesh = _strategy_mesh(pl_module)
+        mesh, tp = _strategy_mesh(pl_module)
+        if mesh is not None:  # the strategy's data-parallel and tensor-parallel sizes
+            plan_for_mesh(policy_or_plan, MeshShape(1, mesh.size(), tp))
     plan = apply_fully_shard(
         held,
         policy_or_plan,
@@ -243,13 +248,15 @@ def _check_nothing_outside(pl_module: nn.Module, prefix: str) -> None:
         )
 
 
-def _strategy_mesh(pl_module: nn.Module) -> DeviceMesh | None:
-    """``ModelParallelStrategy``'s data-parallel mesh, if the module has one."""
+def _strategy_mesh(pl_module: nn.Module) -> tuple[DeviceMesh | None, int]:
+    """``ModelParallelStrategy``'s data-parallel mesh, if the module has one, and its
+    tensor-parallel size."""
     try:
         mesh = getattr(pl_module, "device_mesh", None)  # LightningModule.device_mesh
     except RuntimeError:  # no strategy mesh set up yet
-        return None
+        return None, 1
     if not isinstance(mesh, DeviceMesh):
-        return None
+        return None, 1
     names = mesh.mesh_dim_names or ()
-    return mesh["data_parallel"] if "data_parallel" in names else mesh
+    tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    return (mesh["data_parallel"] if "data_parallel" in names else mesh), tp

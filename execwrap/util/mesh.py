@@ -242,6 +242,7 @@ _HSDP_NAMES = (
     ("dp_replicate", "dp_shard"),
     ("replicate", "shard"),
     ("dp_replicate", "dp_shard_cp"),
+    ("dp_replicate", "fsdp"),
     ("ddp", "fsdp"),
 )
 

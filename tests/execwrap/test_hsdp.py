@@ -312,3 +312,47 @@ def test_gpt_blocks_plan_on_a_fixed_mesh() -> None:
     assert plan.mesh == MeshShape(2, 8) and plan.estimate is not None
     assert plan.estimate.mesh == MeshShape(2, 8) and plan.estimate.world_size == 16
     assert plan.estimate.all_reduces == plan.estimate.reduce_scatters
+
+
+# --------------------------------------------------------------- frameworks
+class _Mesh:
+    """What MeshShape.from_device_mesh reads of a DeviceMesh."""
+
+    def __init__(self, shape: tuple[int, ...], names: tuple[str, ...] | None) -> None:
+        self.shape, self.mesh_dim_names = shape, names
+
+
+@pytest.mark.parametrize(
+    ("shape", "names", "expected"),
+    [
+        ((16,), ("dp_shard_cp",), MeshShape(1, 16)),  # accelerate, FSDP alone
+        ((2, 8), ("dp_replicate", "dp_shard_cp"), MeshShape(2, 8)),  # accelerate HSDP
+        ((2, 8), ("dp_replicate", "fsdp"), MeshShape(2, 8)),  # torchtitan dp_replicate
+        ((2, 4), ("data_parallel", "tensor_parallel"), MeshShape(1, 2, 4)),  # Lightning
+        ((2, 2, 4), ("dp_replicate", "dp_shard", "tp"), MeshShape(2, 2, 4)),
+        ((2, 8), None, MeshShape(2, 8)),  # unnamed 2-D: HSDP, as FSDP2 takes it
+    ],
+)
+def test_framework_meshes_are_read(
+    shape: tuple[int, ...], names: tuple[str, ...] | None, expected: MeshShape
+) -> None:
+    assert MeshShape.from_device_mesh(_Mesh(shape, names)) == expected
+
+
+def test_a_policy_plans_for_the_framework_mesh() -> None:
+    from execwrap import ParamExecOrderWrapPolicy
+    from execwrap.integrations import plan_for_mesh
+
+    policy = ParamExecOrderWrapPolicy()
+    plan_for_mesh(policy, MeshShape(1, 16))  # plain FSDP: nothing to say
+    assert policy.mesh is None
+    plan_for_mesh(policy, MeshShape(2, 8))
+    assert policy.mesh == MeshShape(2, 8)
+    plan_for_mesh(policy, MeshShape(4, 4))  # its own mesh is kept (and checked when applied)
+    assert policy.mesh == MeshShape(2, 8)
+    with pytest.raises(ValueError) as info:
+        MeshShape.from_device_mesh(_Mesh((2, 2, 2, 2), ("a", "b", "c", "d")))
+    assert str(info.value).startswith(
+        "MeshShape.from_device_mesh: cannot read a mesh of shape (2, 2, 2, 2) with dimension "
+        "names ('a', 'b', 'c', 'd'): name its dimensions"
+    )
