@@ -75,17 +75,17 @@ class MeshShape:
     # ------------------------------------------------------------------ sizes
     @property
     def world_size(self) -> int:
-        """Every rank of the mesh: ``replicate * shard * tp``."""
+        """All ranks of the mesh, ``replicate * shard * tp``."""
         return self.replicate * self.shard * self.tp
 
     @property
     def data_parallel(self) -> int:
-        """The data-parallel ranks: ``replicate * shard``."""
+        """The data-parallel ranks, ``replicate * shard``."""
         return self.replicate * self.shard
 
     @property
     def hybrid(self) -> bool:
-        """Whether gradients are all-reduced across replicas (HSDP: ``replicate > 1``)."""
+        """Whether gradients are all-reduced across replicas (HSDP, ``replicate > 1``)."""
         return self.replicate > 1
 
     def group(self, dim: MeshDim) -> tuple[int, int]:
