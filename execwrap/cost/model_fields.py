@@ -25,6 +25,7 @@ from execwrap.cost.host_link import HostLink
 from execwrap.cost.mesh import GroupCurves
 from execwrap.cost.topology import FAMILIES, NETWORKS, Topology
 from execwrap.util.mesh import MeshShape
+from tracing.checks import check_integral
 from tracing.rates import ComputeRates
 from tracing.schema import (
     Check,
@@ -47,6 +48,7 @@ __all__ = [
     "BACKENDS",
     "COST_MODEL_FIELDS",
     "DEVICE_TYPES",
+    "checked_device_memory",
     "cost_model_dict",
     "cost_model_kwargs",
 ]
@@ -200,6 +202,7 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
         "host": Field(optional(_HOST), required=False),
         "topology": Field(optional(_TOPOLOGY), required=False),
         "mesh_groups": Field(list_of(_GROUP), required=False, default=[]),
@@ -235,6 +238,7 @@ def cost_model_dict(cm: Any) -> dict[str, Any]:
         "optimizer_param_overhead_s": cm.optimizer_param_overhead_s,
         "optimizer_curve": curve(cm.optimizer_curve),
         "sync_jitter": cm.sync_jitter,
+        "device_memory_bytes": cm.device_memory_bytes,
     }
     if cm.host is not None:
         out["host"] = cm.host.to_dict()
@@ -274,3 +278,14 @@ def cost_model_kwargs(f: dict[str, Any]) -> dict[str, Any]:
         ),
         "mesh": None if f["mesh"] is None else MeshShape(**f["mesh"]),
     }
+
+
+def checked_device_memory(value: Any, name: str) -> int | None:
+    """``value`` (bytes, or ``None``: unknown) as an ``int >= 1`` (a NumPy integer too).
+
+    Raises:
+        TypeError, ValueError: not a whole number of bytes >= 1 (naming ``name``).
+    """
+    if value is None:
+        return None
+    return check_integral(value, name, minimum=1, unit="bytes")

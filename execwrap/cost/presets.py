@@ -226,6 +226,7 @@ def preset_fields(
         "optimizer_param_overhead_s": 0.0,
         "host": _host_link(device),
         "topology": topology,
+        "device_memory_bytes": GPUS[device].memory_bytes,
         "source": f"preset {name}: {p.description}"
         + ("" if device == p.device else f", GPU {device}")
         + " (NCCL tuning tables via torch/_inductor/comm_analysis.py; NVIDIA datasheets)",

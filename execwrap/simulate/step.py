@@ -121,12 +121,20 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from execwrap.cost.device_memory import overshoot_message
 from execwrap.cost.model import CostModel
 from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
-from execwrap.simulate.compute import UnitCompute, unit_compute
+from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
+from execwrap.simulate.step_inputs import (
+    checked_compute,
+    checked_facts,
+    cost_model_for_mesh,
+    own_choices,
+    reshard_flags,
+)
 from execwrap.simulate.training import (
     Precision,
     TrainingStep,
@@ -134,7 +142,6 @@ from execwrap.simulate.training import (
     resolve_training,
 )
 from execwrap.simulate.unit_work import UnitWork, unit_work
-from execwrap.util.mesh import MeshShape
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
@@ -206,7 +213,8 @@ def simulate_step(
             (default: ``plan.mesh``; ``None``: FSDP over every rank), priced by ``for_mesh``.
 
     Returns:
-        A :class:`StepEstimate`.
+        A :class:`StepEstimate`; a peak over ``cost_model.device_memory_bytes``
+        logs one WARNING naming the overshoot.
 
     Raises:
         ValueError: the cost model is for another world size or device, the compute
@@ -220,31 +228,48 @@ def simulate_step(
         >>> est = simulate_step(plan, CostModel.preset("h100-nvlink-8"), world_size=8)  # doctest: +SKIP
         >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
     """
+    keywords = {k: v for k, v in locals().items() if k not in ("plan", "cost_model")}
+    estimate = step_estimate(plan, cost_model, **keywords)  # every keyword, as given
+    over = overshoot_message(int(estimate.peak_memory_bytes), cost_model, "simulate_step: the plan")
+    if over is not None:
+        logger.warning("%s", over)
+    return estimate
+
+
+def step_estimate(
+    plan: WrapPlan,
+    cost_model: CostModel,
+    *,
+    world_size: int,
+    prefetch: int | None = None,
+    reshard_after_forward: bool | Sequence[bool] | None = None,
+    optimizer: str = "adamw",
+    compute: UnitCompute | None = None,
+    facts: SimulationFacts | None = None,
+    training: TrainingStep | None = None,
+    precision: Precision | None = None,
+    checkpointing: str | None = None,
+    offload: str | None = None,
+    micro_batches: int | None = None,
+    gradient_sync: str | None = None,
+    mesh: Any = None,
+) -> StepEstimate:
+    """:func:`simulate_step` without the WARNING of a peak over the device's memory:
+    for the auto-planner's candidates, most of which may not fit, and for callers
+    that say so in their own words."""
     world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
-    prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
+    prefetch, reshard_after_forward = own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
-    cost_model, world_size = _for_mesh(plan, cost_model, world_size, mesh)
+    cost_model, world_size = cost_model_for_mesh(plan, cost_model, world_size, mesh)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
     step = resolve_training(training, **given)
     check_priceable(plan, cost_model, step, given_compute=compute is not None)
-    compute = _checked_compute(plan, cost_model, compute)
-    facts = _checked_facts(plan, world_size, facts)
-    reshard = _reshard_flags(plan, reshard_after_forward)
+    compute = checked_compute(plan, cost_model, compute)
+    facts = checked_facts(plan, world_size, facts)
+    reshard = reshard_flags(plan, reshard_after_forward)
     return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step)
-
-
-def _for_mesh(
-    plan: WrapPlan, cost_model: CostModel, world_size: int, mesh: Any
-) -> tuple[CostModel, int]:
-    """The cost model one shard group of ``mesh`` sees (default: ``plan.mesh``, unless
-    the model is already for a mesh), and its ranks."""
-    mesh = plan.mesh if mesh is None and cost_model.mesh is None else mesh
-    if mesh is None:
-        return cost_model, world_size
-    resolved = cost_model.for_mesh(MeshShape.of(mesh, world_size=world_size, where="simulate_step"))
-    return resolved, resolved.world_size
 
 
 def _check_optimizer(optimizer: str) -> None:
@@ -319,24 +344,6 @@ _POOLS = {
 }
 
 
-def _checked_compute(
-    plan: WrapPlan, cost_model: CostModel, compute: UnitCompute | None
-) -> UnitCompute:
-    """``compute`` (default: from the plan's order), checked against the plan and the device."""
-    n = len(plan.units)
-    compute = unit_compute(plan) if compute is None else compute
-    if len(compute) != n:
-        raise ValueError(f"simulate_step: compute has {len(compute)} units, the plan has {n}")
-    if compute.device_type and compute.device_type != cost_model.device_type:
-        raise ValueError(
-            f"simulate_step: the compute times are for device type {compute.device_type!r} but the "
-            f"cost model is for {cost_model.device_type!r}; capture the timing on the target device "
-            "or estimate it (record_execution_order on the meta device with "
-            "timing=cost_model.compute)"
-        )
-    return compute
-
-
 def _add_optimizer(
     program: StepProgram,
     compute: UnitCompute,
@@ -356,20 +363,6 @@ def _add_optimizer(
         optimizer_s = cost_model.optimizer_time(passes, shards)
     program.optimizer(optimizer_s)
     return optimizer_s
-
-
-def _checked_facts(
-    plan: WrapPlan, world_size: int, facts: SimulationFacts | None
-) -> SimulationFacts:
-    """``facts`` (default: built for the plan's order), checked against it and ``world_size``."""
-    if facts is None:
-        return SimulationFacts(plan.order, world_size)
-    if facts.order is not plan.order or facts.world_size != world_size:
-        raise ValueError(
-            f"simulate_step: facts are for another order or world size ({facts.world_size} "
-            f"rank(s)) than the plan's order at {world_size} rank(s)"
-        )
-    return facts
 
 
 def _program(
@@ -405,34 +398,6 @@ def _program(
         program.forward()
         program.backward()
     return program
-
-
-def _own_choices(
-    plan: WrapPlan, prefetch: int | None, reshard: bool | Sequence[bool] | None
-) -> tuple[int, bool | Sequence[bool] | None]:
-    """``prefetch`` and ``reshard``, each ``None`` replaced by the plan's own choice
-    (an auto plan's), else by 1 and ``None`` (FSDP2's default)."""
-    if prefetch is None:
-        prefetch = 1 if plan.prefetch is None else plan.prefetch
-    if reshard is None and plan.reshard_after_forward is not None:
-        reshard = list(plan.reshard_after_forward)
-    return prefetch, reshard
-
-
-def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool] | None) -> list[bool]:
-    n = len(plan.units)
-    if value is None:  # FSDP2's default: the root keeps its parameters after forward
-        root = plan.root_index
-        return [i != root for i in range(n)]
-    if isinstance(value, bool):
-        return [value] * n
-    flags = list(value)
-    if len(flags) != n or not all(isinstance(f, bool) for f in flags):
-        raise ValueError(
-            f"simulate_step: reshard_after_forward must be None, a bool or one bool per plan unit "
-            f"({n}), got {value!r}"
-        )
-    return flags
 
 
 def _estimate(

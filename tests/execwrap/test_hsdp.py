@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from execwrap import CostModel, ModuleWrapPolicy, WrapPlan, plan_wrap
 from execwrap.cost import CollectiveCurve, ComputeRates, CurveSegment
+from execwrap.cost.device_memory import default_memory_budget
 from execwrap.cost.mesh import GroupCurves
 from execwrap.cost.topology import Topology
 from execwrap.demo_models import Block, Llama, LlamaBlock, LlamaConfig
@@ -269,10 +270,14 @@ def test_the_planner_chooses_the_shard_group_size_and_says_why() -> None:
     more = chosen.peak_memory_bytes - flat.peak_memory_bytes
     from execwrap.util.formatting import format_bytes
 
+    default = default_memory_budget(cm)  # no memory_budget: the device's, less a reserve
+    assert default is not None and default[1] in plan.notes
+
     assert search.mesh_reason == (
         f"sharding over {plan.mesh.shard} ranks: {flat.step_time_s / chosen.step_time_s:.2g}x "
         f"faster per step than over 32 ({flat.status}), {format_bytes(abs(more))} "
-        f"{'more' if more >= 0 else 'less'} per rank, no memory budget given"
+        f"{'more' if more >= 0 else 'less'} per rank, within the budget of "
+        f"{format_bytes(default[0])}"
     )
     assert search.mesh_reason in plan.notes
     # a budget below the replicated state skips the small shard groups by the bound
@@ -283,7 +288,7 @@ def test_the_planner_chooses_the_shard_group_size_and_says_why() -> None:
     assert tight.search is not None
     skipped = [m.shard for m in tight.search.meshes if m.status == "skipped"]
     assert skipped and max(skipped) < 8 and tight.estimate.peak_memory_bytes <= budget
-    assert tight.search.mesh_reason.endswith("within the budget")
+    assert tight.search.mesh_reason.endswith(f"within the budget of {format_bytes(budget)}")
 
 
 def test_plans_with_meshes_round_trip() -> None:

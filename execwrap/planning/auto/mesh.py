@@ -29,7 +29,9 @@ The choice is the least predicted step time within the budget (ties: the lower
 peak, then the larger shard group). ``plan.search.meshes`` lists every shape with
 what was done for it, and ``plan.search.mesh_reason`` (also a plan note) says
 why the chosen size won against sharding over all ranks ("sharding over 8 ranks:
-1.9x faster per step than over 128, 23.0 GiB more per rank, within the budget").
+1.9x faster per step than over 128, 23.0 GiB more per rank, within the budget of
+70.0 GiB"; without a ``memory_budget`` ``plan_wrap`` plans within the device's memory
+less a reserve, :func:`~execwrap.cost.device_memory.default_memory_budget`).
 With a fixed ``mesh`` the inner search runs for that shape alone.
 """
 
@@ -272,7 +274,11 @@ class _MeshSearch:
         """Why ``shard`` won, against sharding over every rank."""
         chosen = self.records[shard]
         flat = self.records.get(self.world)
-        budget = "within the budget" if self.budget is not None else "no memory budget given"
+        budget = (
+            "no memory budget given"
+            if self.budget is None
+            else f"within the budget of {format_bytes(self.budget)}"
+        )
         if shard == self.world:
             others = [r for r in self.records.values() if r.shard != shard and r.fits]
             if not others:
