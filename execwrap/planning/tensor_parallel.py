@@ -48,6 +48,13 @@ TP_STYLES: dict[str, tuple[int | None, bool, int | None]] = {
     "rowwise_rep": (1, False, 0),
     "local_rowwise": (1, False, 0),
     "packed_rowwise": (1, False, 0),
+    # transformers 5's names (transformers/distributed/tensor_parallel.py)
+    "colwise_gather_output": (0, True, 1),
+    "unit_colwise": (0, True, 1),
+    "unit_rowwise": (1, False, 0),
+    "rowwise_split_input": (1, False, 0),
+    "embedding_rowwise": (None, False, 0),
+    "embedding_colwise": (None, False, 1),
 }
 
 

@@ -9,7 +9,8 @@ the same plan (``plan_wrap(..., mesh=(2, 2))``, one group per block):
   from every group (:func:`execwrap.fsdp.mesh.applied_mesh`) is the plan's, and the
   drift monitor sees no drift on the HSDP model;
 * FSDP1 with ``HYBRID_SHARD`` over the same 2-D mesh, through
-  ``ParamExecOrderWrapPolicy(mesh=(2, 2))``: the same losses, the groups read back;
+  ``ParamExecOrderWrapPolicy(mesh=(2, 2))``: the same losses, the mesh read back; the
+  FSDP groups of both (:func:`execwrap.integrations.fsdp_groups`) are the plan's;
 * the simulator's peak memory within 10% of ``FSDPMemTracker``'s (AdamW, its state
   made by a first step) for the HSDP plan and for the flat plan over all 4 ranks, and
   as many all-reduces as FSDP2 issues (one per group).
@@ -65,6 +66,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     )
     from execwrap.demo_models import GPT, Block, GPTConfig
     from execwrap.fsdp.mesh import applied_mesh
+    from execwrap.integrations import fsdp_groups
     from tracing import record_execution_order
     from tracing.rates import ComputeRates
 
@@ -110,6 +112,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     model = build()
     applied = apply_fully_shard(model, plan, prefetch=1)
     out["read back"] = [applied_mesh(model.get_submodule(g[0])) for g in applied.groups]
+    out["groups"] = (sorted(fsdp_groups(model)), sorted(plan.groups))
     with OrderMonitor(model, order) as monitor:
         out["apply"] = _train(model, idx, tgt)
     out["drift"] = len(monitor.events)
@@ -126,6 +129,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         device_id=torch.device("cpu"),
     )
     out["fsdp1 read back"] = applied_mesh(wrapped)
+    out["fsdp1 groups"] = sorted(fsdp_groups(wrapped))
     out["fsdp1"] = _train(wrapped, idx, tgt)
 
     # each mesh dimension's group measured (what CostModel.calibrate(mesh=...) adds)
@@ -192,6 +196,13 @@ def test_hsdp_trains_like_fsdp2_and_fsdp1_and_is_predicted() -> None:
         assert [round(x, 4) for x in r[key]] == [round(x, 4) for x in ref], key
     assert r["read back"] == [MeshShape(2, 2)] * 4
     assert r["fsdp1 read back"] == MeshShape(2, 2)
+    fsdp2_groups, planned = r["groups"]
+    assert (
+        fsdp2_groups
+        == r["fsdp1 groups"]
+        == planned
+        == [[""], ["blocks.0"], ["blocks.1"], ["blocks.2"]]
+    )
     assert r["drift"] == 0
     assert r["measured"] == [("shard", 2, 1, True, False), ("replicate", 2, 2, False, True)]
     assert r["priced"] == (True, 2)
