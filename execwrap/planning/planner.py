@@ -198,10 +198,11 @@ def plan_wrap(
             or with ``"auto"``: ``"auto"``, the shard group size chosen too
             (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
         tp_plan: with a ``tp`` mesh dimension and a model without DTensors: the TP plan.
-        group, across_ranks: with a process group initialised, planning is a collective
-            of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
-            compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
-            the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
+        group: with a process group initialised, planning is a collective of ``group``
+            (default ``WORLD``): every rank plans from the slowest rank's compute times
+            (:mod:`execwrap.distributed.timing`) and a failing rank is named on the others
+            (:mod:`execwrap.distributed.status`).
+        across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
     Returns:

@@ -119,7 +119,7 @@ def _checks_before_sharding(rank: int) -> tuple[str, str, list[str]]:
     model = Net()
     order = record_execution_order(model, torch.ones(2, 8))
     plan = plan_wrap(model, order, ModuleWrapPolicy({Block}))
-    if rank == 1:  # another model on rank 1: the plan is refused as another model's
+    if rank == 1:  # another model on rank 1: the plan names a module it lacks
         model.blocks[2] = nn.Linear(8, 8)
         del model.blocks[2]
     return _outcome(lambda: apply_fully_shard(model, plan))
