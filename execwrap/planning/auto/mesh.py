@@ -224,7 +224,8 @@ class _MeshSearch:
     def _simulate(
         self, plan: WrapPlan, shape: MeshShape, prefetch: int, reshard: Any
     ) -> StepEstimate:
-        from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+        from execwrap.simulate import UnitCompute, unit_compute
+        from execwrap.simulate.step import step_estimate  # a probe over memory: no WARNING
 
         compute = self.kwargs.get("compute") if plan is self.plan else None
         if compute is None:  # as the search prices it (SearchSpace: the order's, or none)
@@ -233,7 +234,7 @@ class _MeshSearch:
             has = plan.order.has_timing
             compute = unit_compute(plan) if has else UnitCompute.zeros(len(plan.units))
             self.computes[id(plan)] = compute
-        return simulate_step(
+        return step_estimate(
             plan,
             self.cm,
             world_size=self.world,
