@@ -420,7 +420,7 @@ class TrainingStep:
             {'1': 'full'}
         """
         modes = self.checkpoint_modes(plan)
-        per_unit = {
+        per_unit: dict[int | str, str] = {
             u.module_fqns[0]: m for u, m in zip(plan.units, modes, strict=True) if m != "none"
         }
         return dataclasses.replace(
