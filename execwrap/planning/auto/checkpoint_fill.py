@@ -162,7 +162,8 @@ def downgrade_steps(
         hull = _hull([(m, cp.kept(i, j, m), cp.recompute_s(i, j, m)) for m in cp.group_modes(i, j)])
         for k, ((before, b0, t0), (after, b1, t1)) in enumerate(zip(hull, hull[1:], strict=False)):
             step = DowngradeStep(g, before, after, b0 - b1, t1 - t0)
-            steps.append(((g == last, (t1 - t0) / (b0 - b1), g, k), step))
+            price = float(f"{(t1 - t0) / (b0 - b1):.9g}")  # alike groups tie, float noise aside
+            steps.append(((g == last, price, g, k), step))
     steps.sort(key=lambda s: s[0])
     return [s for _, s in steps]
 

@@ -1,18 +1,22 @@
 """The auto-planner's simulated candidates, each once, with checkpointing filled in to fit.
 
 :class:`Evaluations` simulates a configuration (a grouping, a prefetch depth, the
-groups' ``reshard_after_forward`` flags) under the current variant of the training
-step (offload, gradient sync and resharding after backward: :attr:`Evaluations.step`)
-and records it as a :class:`~execwrap.plan.search_record.Candidate`. Unless the
-caller fixes the groups' checkpointing modes, it chooses them (:meth:`Evaluations.add`):
+groups' ``reshard_after_forward`` flags and checkpointing modes) under the current
+variant of the training step (offload, gradient sync and resharding after backward:
+:attr:`Evaluations.step`) and records it as a
+:class:`~execwrap.plan.search_record.Candidate`. The search simulates configurations
+without checkpointing (the fastest: checkpointing only adds recomputation); then
+:meth:`Evaluations.fill` gives checkpointing to those over the budget, fastest first:
 
-1. the configuration without checkpointing (the fastest: checkpointing only adds
-   recomputation); if it fits the budget, or nothing may be checkpointed, done;
-2. else, when it is not already slower than the fastest fitting candidate found
-   (checkpointing could only make it slower still), the cheapest steps of
+1. a configuration no faster than the fastest fitting candidate found is left alone
+   (checkpointing could only make it slower still), and so is every one after it;
+   so is one over the budget by more than checkpointing all of it would free (the
+   peak drops by at most the bytes no longer kept);
+2. else the cheapest steps of
    :func:`~execwrap.planning.auto.checkpoint_fill.downgrade_steps` that free the
-   bytes it is over by, simulated; again with more steps while over, at most
-   :data:`FILL_ROUNDS` times: the simulator has the last word on the peak.
+   bytes it is over by are simulated; again with more steps while over, at most
+   :data:`FILL_ROUNDS` times: the simulator has the last word on the peak. The
+   result is a candidate of its own.
 """
 
 from __future__ import annotations
@@ -30,19 +34,19 @@ if TYPE_CHECKING:
     from execwrap.planning.auto.space import Grouping, SearchSpace
     from execwrap.simulate import StepEstimate
 
-__all__ = ["FILL_ROUNDS", "Evaluations", "Key"]
+__all__ = ["FILL_ROUNDS", "Evaluations", "Key", "candidate_label", "rank_key", "step_suffix"]
 
 #: Simulations spent at most on choosing one configuration's checkpointing.
 FILL_ROUNDS = 3
 
-#: A candidate's identity: the step variant, grouping, prefetch, flags and the fixed
-#: checkpointing modes (``None``: chosen to fit).
+#: A candidate's identity: the step variant, grouping, prefetch, flags and the groups'
+#: checkpointing modes.
 Key = tuple[
     tuple[str, str, bool],
     tuple[tuple[int, int], ...],
     int,
     tuple[bool, ...],
-    tuple[str, ...] | None,
+    tuple[str, ...],
 ]
 
 
@@ -53,7 +57,6 @@ class Evaluations:
         step: the training step variant candidates are simulated under (set by the
             search before each variant).
         candidates, estimates, keys: per candidate, its record, its estimate and its key.
-        modes: per candidate, each group's checkpointing mode.
         steps: per candidate, the training step it was simulated with.
     """
 
@@ -64,9 +67,10 @@ class Evaluations:
         self.candidates: list[Candidate] = []
         self.estimates: list[StepEstimate] = []
         self.keys: list[Key] = []
-        self.modes: list[tuple[str, ...]] = []
         self.steps: list[TrainingStep] = []
         self._index: dict[Key, int] = {}
+        self._filled: set[int] = set()
+        self._filled_from: dict[int, list[int]] = {}
         self._fastest_fit = float("inf")
 
     def variant(self) -> tuple[str, str, bool]:
@@ -74,9 +78,13 @@ class Evaluations:
         s = self.step
         return (s.offload, s.gradient_sync, s.reshard_after_backward)
 
-    def get(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> Candidate:
-        """The candidate already simulated for these choices (checkpointing chosen)."""
-        return self.candidates[self._index[(self.variant(), groups, prefetch, flags, None)]]
+    def best_of(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> Candidate:
+        """Of the candidates simulated for this configuration under the current variant
+        (without checkpointing, and with what :meth:`fill` gave it), the best: fitting
+        ones by time, then the others by peak."""
+        plain = self._index[(self.variant(), groups, prefetch, flags, ("none",) * len(groups))]
+        found = [plain, *(i for i in self._filled_from.get(plain, ()))]
+        return min((self.candidates[i] for i in found), key=rank_key)
 
     def add(
         self,
@@ -88,20 +96,26 @@ class Evaluations:
         label: str | None = None,
         modes: tuple[str, ...] | None = None,
     ) -> Candidate:
-        """Simulate (once) and record; ``modes`` fixes each group's checkpointing, else it
-        is chosen to fit (module docstring). A baseline's label and kind win over a
-        searched duplicate's."""
+        """Simulate (once) and record ``groups`` checkpointed as ``modes`` (default: none).
+        A baseline's label and kind win over a searched duplicate's."""
+        modes = modes or ("none",) * len(groups)
         key: Key = (self.variant(), groups, prefetch, flags, modes)
         if key in self._index:
             i = self._index[key]
             if kind == "baseline" and label is not None:
                 self.candidates[i] = dataclasses.replace(self.candidates[i], kind=kind, label=label)
             return self.candidates[i]
-        estimate, chosen = self._evaluate(groups, prefetch, flags, modes)
+        estimate = self.space.simulate(groups, prefetch, flags, modes, self.step)
+        return self._record(key, estimate, kind, label)
+
+    def _record(
+        self, key: Key, estimate: StepEstimate, kind: CandidateKind, label: str | None
+    ) -> Candidate:
+        _, groups, prefetch, flags, modes = key
         peak = int(estimate.peak_memory_bytes)
         s = self.step
         candidate = Candidate(
-            label=label or candidate_label(groups, prefetch, flags, chosen, s),
+            label=label or candidate_label(groups, prefetch, flags, modes, s),
             kind=kind,
             group_sizes=tuple(j - i for i, j in groups),
             prefetch=prefetch,
@@ -109,7 +123,7 @@ class Evaluations:
             step_time_s=float(estimate.step_time_s),
             peak_memory_bytes=peak,
             fits=self.budget is None or peak <= self.budget,
-            checkpointing=chosen if any(m != "none" for m in chosen) else (),
+            checkpointing=modes if any(m != "none" for m in modes) else (),
             offload=s.offload,
             gradient_sync=s.gradient_sync,
             reshard_after_backward=s.reshard_after_backward,
@@ -120,43 +134,59 @@ class Evaluations:
         self.candidates.append(candidate)
         self.estimates.append(estimate)
         self.keys.append(key)
-        self.modes.append(chosen)
         self.steps.append(s)
         return candidate
 
-    def _evaluate(
-        self,
-        groups: Grouping,
-        prefetch: int,
-        flags: tuple[bool, ...],
-        modes: tuple[str, ...] | None,
-    ) -> tuple[StepEstimate, tuple[str, ...]]:
-        """The estimate and the groups' modes (fixed, or chosen to fit)."""
-        space, budget = self.space, self.budget
-        if modes is not None:
-            return space.simulate(groups, prefetch, flags, modes, self.step), modes
-        chosen: tuple[str, ...] = ("none",) * len(groups)
-        estimate = space.simulate(groups, prefetch, flags, None, self.step)
-        cp = space.checkpointing
-        if (
-            budget is None
-            or estimate.peak_memory_bytes <= budget
-            or cp is None
-            or not cp.searched
-            or estimate.step_time_s >= self._fastest_fit
-        ):
-            return estimate, chosen
-        steps = downgrade_steps(cp, groups)
+    def fill(self) -> None:
+        """Checkpointing for the candidates without it that are over the budget, fastest
+        first, under the current variant (module docstring)."""
+        cp = self.space.checkpointing
+        if self.budget is None or cp is None or not cp.searched:
+            return
+        variant = self.variant()
+        waiting = sorted(
+            (
+                i
+                for i, (c, k) in enumerate(zip(self.candidates, self.keys, strict=True))
+                if not c.fits
+                and i not in self._filled
+                and k[0] == variant
+                and all(m == "none" for m in k[4])
+            ),
+            key=lambda i: (self.candidates[i].step_time_s, i),
+        )
+        for i in waiting:
+            if self.candidates[i].step_time_s >= self._fastest_fit:
+                break
+            self._filled.add(i)
+            self._filled_from.setdefault(i, []).extend(self._fill_one(i))
+
+    def _fill_one(self, i: int) -> list[int]:
+        """Candidates of configuration ``i`` with checkpointing, until one fits."""
+        _, groups, prefetch, flags, _ = self.keys[i]
+        assert self.space.checkpointing is not None and self.budget is not None
+        steps = downgrade_steps(self.space.checkpointing, groups)
+        peak = self.candidates[i].peak_memory_bytes
+        if peak - sum(s.freed_bytes for s in steps) > self.budget:
+            return []  # the peak cannot drop by more than the bytes checkpointing frees
         taken = 0
+        made: list[int] = []
         for _ in range(FILL_ROUNDS):
             if not steps or taken >= len(steps):
                 break
-            taken = steps_to_free(steps, taken, estimate.peak_memory_bytes - budget)
-            chosen = apply_steps(steps, taken, len(groups))
-            estimate = space.simulate(groups, prefetch, flags, chosen, self.step)
-            if estimate.peak_memory_bytes <= budget:
+            taken = steps_to_free(steps, taken, peak - self.budget)
+            modes = apply_steps(steps, taken, len(groups))
+            c = self.add(groups, prefetch, flags, "searched", modes=modes)
+            made.append(self._index[(self.variant(), groups, prefetch, flags, modes)])
+            peak = c.peak_memory_bytes
+            if c.fits:
                 break
-        return estimate, chosen
+        return made
+
+
+def rank_key(c: Candidate) -> tuple[int, float]:
+    """Fitting candidates by step time, before the others by peak."""
+    return (0, c.step_time_s) if c.fits else (1, float(c.peak_memory_bytes))
 
 
 def candidate_label(

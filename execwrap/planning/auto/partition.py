@@ -138,10 +138,13 @@ def best_labelled_partition(
     chosen: dict[tuple[int, int], Hashable] = {}
 
     def best(i: int, j: int) -> float:
-        values = [cost(i, j, label) for label in labels]
-        k = min(range(len(values)), key=lambda m: (values[m], m))
-        chosen[(i, j)] = labels[k]
-        return values[k]
+        least, pick = math.inf, labels[0]
+        for label in labels:
+            value = cost(i, j, label)
+            if value < least:
+                least, pick = value, label
+        chosen[(i, j)] = pick
+        return least
 
     total, groups = best_partition(reach, best)
     return total, groups, [chosen[g] for g in groups]

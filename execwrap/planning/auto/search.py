@@ -48,19 +48,22 @@ Search:
    :data:`execwrap.planning.auto.space.WINDOW_SIZES` and all of them; a cap allowing
    more than :data:`DP_MAX_GROUP` units per group uses the greedy
    fewest-groups cut under it instead. The DP runs for each prefetch depth,
-   resharding after forward and not; resharding, it also runs with each group's
-   checkpointing mode as a label priced at ``time + price * bytes kept``, for the
-   price per byte at which the median unit switches to selective and to full
-   checkpointing (a Lagrangian relaxation of the budget: exact for that price).
+   resharding after forward and not; on GPUs (where a recomputation hides
+   communication, so checkpointing changes which grouping is best) also at prefetch
+   1, resharding, with each group's checkpointing mode as a label priced at
+   ``time + price * bytes kept``, for the price per byte at which the median unit
+   switches to selective and to full checkpointing (a Lagrangian relaxation of the
+   budget: exact for that price).
    Every distinct grouping is simulated at prefetch 1, resharding everywhere and
    nowhere; the :data:`REFINE_TOP` best then at every prefetch depth, and with
    ``reshard_after_forward=False`` on the last ``k`` groups only (``k`` = 1, 2,
    4, ...): the last group's backward all-gather is the one no compute hides, and
    at the start of backward (the usual peak) every group kept unsharded counts,
    wherever it sits.
-3. Checkpointing: each configuration is simulated without checkpointing and, if
-   over the budget, with the cheapest checkpointing that frees the excess, refined
-   by the simulator (:mod:`execwrap.planning.auto.evaluations`).
+3. Checkpointing: each configuration is simulated without checkpointing; those over
+   the budget, fastest first, with the cheapest checkpointing that frees the excess,
+   refined by the simulator (:meth:`execwrap.planning.auto.evaluations.Evaluations.fill`),
+   until one without checkpointing is no faster than the fastest that fits.
 4. Step variants: the search above runs for FSDP2's default step (no offload, a
    reduce-scatter per micro-batch); the :data:`VARIANT_TOP` best configurations are
    then simulated under each other accumulation mode, and, where offload may be
@@ -91,7 +94,7 @@ from typing import TYPE_CHECKING
 from execwrap.plan.search_record import Candidate, PlanSearch
 from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.evaluations import Evaluations, step_suffix
+from execwrap.planning.auto.evaluations import Evaluations, rank_key, step_suffix
 from execwrap.planning.auto.messages import cost_model_line, nothing_fits
 from execwrap.planning.auto.options import AutoOptions, check_auto_options
 from execwrap.planning.auto.partition import best_labelled_partition
@@ -252,6 +255,7 @@ def search_checked(
     else:
         _heuristic_search(space, evaluated)
     _add_baselines(space, evaluated)
+    evaluated.fill()
     _other_variants(space, evaluated, options)
     return _choose(space, evaluated, budget, time.perf_counter() - started)
 
@@ -261,13 +265,15 @@ def _heuristic_search(space: SearchSpace, evaluated: Evaluations) -> None:
     """Step 2 of the module docstring: DP groupings, then prefetch and reshard."""
     groupings = _dp_groupings(space)
     logger.debug("auto-plan: %d distinct grouping(s) from the DP", len(groupings))
+    for groups in groupings:
+        n = len(groups)
+        for flags in ((True,) * n, (False,) * n):
+            evaluated.add(groups, 1, flags, "searched")
+    evaluated.fill()
     ranked: list[tuple[tuple[int, float], int]] = []
     for g, groups in enumerate(groupings):
         n = len(groups)
-        keys = []
-        for flags in ((True,) * n, (False,) * n):
-            c = evaluated.add(groups, 1, flags, "searched")
-            keys.append(_rank_key(c))
+        keys = [rank_key(evaluated.best_of(groups, 1, f)) for f in ((True,) * n, (False,) * n)]
         ranked.append((min(keys), g))
     ranked.sort()
     for _, g in ranked[:REFINE_TOP]:
@@ -276,17 +282,13 @@ def _heuristic_search(space: SearchSpace, evaluated: Evaluations) -> None:
         for p in PREFETCH_DEPTHS:
             for flags in ((True,) * n, (False,) * n):
                 evaluated.add(groups, p, flags, "searched")
+        evaluated.fill()
         best_p = min(
             PREFETCH_DEPTHS,
-            key=lambda p: _rank_key(evaluated.get(groups, p, (True,) * n)),
+            key=lambda p: rank_key(evaluated.best_of(groups, p, (True,) * n)),
         )
         for k in _last_k_values(n)[:-1]:  # k = n (no reshard at all) was simulated above
             evaluated.add(groups, best_p, tuple(i < n - k for i in range(n)), "searched")
-
-
-def _rank_key(c: Candidate) -> tuple[int, float]:
-    """Fitting candidates by step time, before the others by peak."""
-    return (0, c.step_time_s) if c.fits else (1, float(c.peak_memory_bytes))
 
 
 def _dp_groupings(space: SearchSpace) -> list[Grouping]:
@@ -296,7 +298,9 @@ def _dp_groupings(space: SearchSpace) -> list[Grouping]:
     found: dict[Grouping, None] = {}
     cp = space.checkpointing
     prices = [0.0]
-    if cp is not None and cp.searched:
+    if cp is not None and cp.searched and not space.cost_model.synchronous_collectives:
+        # on CPU nothing overlaps: a group's recomputation adds to its time whatever the
+        # grouping, and the priced DP finds the unpriced one's groupings again
         prices += [1.0001 * cp.median_price(m) for m in cp.modes[1:]]
     for k, cap in space.window_caps():
         found.setdefault(space.greedy_groups(cap), None)
@@ -305,8 +309,9 @@ def _dp_groupings(space: SearchSpace) -> list[Grouping]:
         reach = space.capped_reach(cap)
         for reshard in (True, False):
             for p in space.distinct_prefetch_costs():
-                for price in prices if reshard else prices[:1]:
-                    found.setdefault(_dp(space, reach, p, reshard, price), None)
+                found.setdefault(_dp(space, reach, p, reshard, 0.0), None)
+        for price in prices[1:]:  # checkpointing priced in, resharding, explicit prefetch
+            found.setdefault(_dp(space, reach, 1, True, price), None)
         logger.debug("auto-plan: cap of %d unit(s) (%d bytes) searched", k, cap)
     return list(found)
 
@@ -385,12 +390,12 @@ def _other_variants(space: SearchSpace, evaluated: Evaluations, options: AutoOpt
     under each other accumulation mode, then with CPU offload where it may help."""
     base = evaluated.step
     order = sorted(
-        range(len(evaluated.candidates)), key=lambda i: _rank_key(evaluated.candidates[i])
+        range(len(evaluated.candidates)), key=lambda i: rank_key(evaluated.candidates[i])
     )
     top: list[tuple[Grouping, int, tuple[bool, ...]]] = []
     for i in order:
-        _, groups, p, flags, modes = evaluated.keys[i]
-        if modes is None and (groups, p, flags) not in top:
+        _, groups, p, flags, _ = evaluated.keys[i]
+        if (groups, p, flags) not in top:
             top.append((groups, p, flags))
         if len(top) == VARIANT_TOP:
             break
@@ -422,6 +427,7 @@ def _try_variant(
         return
     for groups, p, flags in top:
         evaluated.add(groups, p, flags, "searched")
+    evaluated.fill()
 
 
 def _may_offload(space: SearchSpace) -> bool:
@@ -464,17 +470,17 @@ def _choose(
     if best is None:
         smallest = min(range(len(cands)), key=lambda i: (cands[i].peak_memory_bytes, i))
         cp = space.checkpointing
-        _, groups, _, _, _ = evaluated.keys[smallest]
+        _, groups, _, _, modes = evaluated.keys[smallest]
         all_full = (
             cp is not None
             and cp.searched
             and all(
                 m == "full" or not cp.may_checkpoint(i, j)
-                for (i, j), m in zip(groups, evaluated.modes[smallest], strict=True)
+                for (i, j), m in zip(groups, modes, strict=True)
             )
         )
         raise nothing_fits(cands, evaluated.estimates, budget, space.world_size, all_full)
-    _, groups, prefetch, flags, _ = evaluated.keys[best]
+    _, groups, prefetch, flags, modes = evaluated.keys[best]
     plan = space.plan_for(groups)
     search = PlanSearch(
         candidates=tuple(cands),
@@ -492,7 +498,7 @@ def _choose(
         len(cands),
         seconds,
     )
-    training = space.step_for(groups, evaluated.modes[best], evaluated.steps[best])
+    training = space.step_for(groups, modes, evaluated.steps[best])
     return dataclasses.replace(
         plan,
         prefetch=prefetch,
