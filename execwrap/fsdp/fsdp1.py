@@ -47,17 +47,29 @@ from execwrap.fsdp.checkpointing import (
 )
 from execwrap.fsdp.first_step import is_recording, record_first_step
 from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.plan_step import fsdp1_step
+from execwrap.fsdp.policy_helpers import (
+    empty_order,
+    fsdp1_targets,
+    resolve_modules,
+    short_repr,
+)
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_order_across_ranks
 from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import check_auto_options
+from execwrap.planning.auto.options import (
+    STEP_CHOICES,
+    check_auto_options,
+    check_training,
+)
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.watch.registry import mark_applied, watch
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import check_size
-from tracing.order import ExecutionOrder, param_infos, shared_param_map
+from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -131,6 +143,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
+        training: the :class:`execwrap.TrainingStep` to plan for (``plan.training``):
+            with ``"auto"``, its precision and micro-batch count are planned for and the
+            planner chooses the rest (``choose``); ``checkpointing`` above is part of it.
+            Its checkpointing is applied; FSDP1 must be given its precision and offload.
+        choose: ``"auto"`` only: what of the step the planner chooses (see
+            :func:`execwrap.plan_wrap`).
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -192,6 +210,8 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
+    training: TrainingStep | None = None
+    choose: Sequence[str] | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +236,9 @@ class ParamExecOrderWrapPolicy(_Policy):
                     "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
                     f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
                 ) from e
+        check_checkpointing(
+            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
+        )
         auto = check_auto_options(
             "ParamExecOrderWrapPolicy",
             self.bucket_numel,
@@ -223,6 +246,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.world_size,
             self.memory_budget,
             optimizer=self.optimizer,
+            training=self.planned_step(),
+            choose=self._choices(),
         )
         if auto is not None:  # keep the checked values (an int budget for 40e9)
             self.world_size, self.memory_budget = auto.world_size, auto.memory_budget
@@ -236,9 +261,6 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.example_kwargs must be a dict of forward keyword "
                 f"arguments or None; got {type(self.example_kwargs).__name__}"
             )
-        check_checkpointing(
-            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
-        )
         if isinstance(self.example_inputs, torch.Tensor):
             self.example_inputs = (self.example_inputs,)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
@@ -258,10 +280,40 @@ class ParamExecOrderWrapPolicy(_Policy):
         for f in dataclasses.fields(self)[1:]:
             value = getattr(self, f.name)
             if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
-                parts.append(f"{f.name}={_short_repr(value)}")
+                parts.append(f"{f.name}={short_repr(value)}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
     # ---------------------------------------------------------------- planning
+    def planned_step(self) -> TrainingStep | None:
+        """The training step planned for: :attr:`training` with :attr:`checkpointing`
+        in it (``None`` when neither is set, or only ``checkpointing`` without "auto").
+
+        Raises:
+            ValueError: both set the checkpointing.
+        """
+        mode, every = self.checkpointing, self.checkpoint_every
+        if self.training is None and (mode is None or self.bucket_numel != "auto"):
+            return self.training
+        step = check_training(self.training, "ParamExecOrderWrapPolicy")
+        if mode is None:
+            return step
+        if step.checkpointing != "none" or step.unit_checkpointing or step.checkpoint_every != 1:
+            raise ValueError(
+                "ParamExecOrderWrapPolicy: checkpointing= and training= both set the "
+                "activation checkpointing; set it in one place"
+            )
+        if isinstance(mode, str):
+            return dataclasses.replace(step, checkpointing=mode, checkpoint_every=every)
+        per_module: dict[int | str, str] = {k: v for k, v in mode.items()}
+        return dataclasses.replace(step, unit_checkpointing=per_module)
+
+    def _choices(self) -> tuple[str, ...] | None:
+        """:attr:`choose`, without ``"checkpointing"`` when :attr:`checkpointing` fixes it."""
+        if self.checkpointing is None or self.bucket_numel != "auto":
+            return None if self.choose is None else tuple(self.choose)
+        chosen = STEP_CHOICES if self.choose is None else tuple(self.choose)
+        return tuple(c for c in chosen if c != "checkpointing")
+
     @property
     def recording(self) -> bool:
         """Whether the order is still to be recorded during the first step."""
@@ -314,7 +366,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
-        planned = order if order is not None else _empty_order(model)
+        planned = order if order is not None else empty_order(model)
         if self.check_ranks and dist.is_available() and dist.is_initialized():
             # the order, and this rank's parameters (shapes, dtypes, requires_grad); an
             # order recorded during the first step is checked after that step
@@ -332,6 +384,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            training=self.planned_step(),
+            choose=self._choices(),
         )
         return self.plan
 
@@ -392,17 +446,16 @@ class ParamExecOrderWrapPolicy(_Policy):
         ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
         check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
         _check_step_kwargs(root_kwargs)
+        checkpointing, every = fsdp1_step(
+            root_module, plan, root_kwargs, self.checkpointing, self.checkpoint_every
+        )
         targets = checkpoint_targets(
-            root_module,
-            plan.groups,
-            self.checkpointing,
-            every=self.checkpoint_every,
-            where="ParamExecOrderWrapPolicy",
+            root_module, plan.groups, checkpointing, every=every, where="ParamExecOrderWrapPolicy"
         )
         checkpoint_modules(root_module, targets)
         mark_applied(self)
         result: dict[nn.Module, dict[str, Any]] = {}
-        for module in _resolve_modules(root_module, _fsdp1_targets(plan)):
+        for module in resolve_modules(root_module, fsdp1_targets(plan)):
             if module in ignored_modules:
                 continue
             kwargs = dict(root_kwargs)
@@ -427,57 +480,3 @@ def _check_step_kwargs(root_kwargs: dict[str, Any]) -> None:
     check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
     device_id = root_kwargs.get("device_id")
     check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)
-
-
-def _empty_order(model: nn.Module) -> ExecutionOrder:
-    """An order with the model's parameters and modules but no calls."""
-    _, shared = shared_param_map(model)
-    return ExecutionOrder(
-        method="runtime",
-        params=param_infos(model),
-        shared_params=shared,
-        module_classes={fqn: type(m).__name__ for fqn, m in model.named_modules()},
-    )
-
-
-def _fsdp1_targets(plan: WrapPlan) -> list[str | nn.Module]:
-    fsdp1_modules = getattr(plan, "fsdp1_modules", None)
-    if callable(fsdp1_modules):
-        return list(fsdp1_modules())
-    # Plans without the FSDP1 view: every module of every unit.
-    return [fqn for unit in plan.units for fqn in unit.module_fqns]
-
-
-def _resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> list[nn.Module]:
-    modules: list[nn.Module] = []
-    for target in targets:
-        if isinstance(target, nn.Module):
-            modules.append(target)
-            continue
-        try:
-            modules.append(root.get_submodule(target))
-        except AttributeError as e:
-            raise ValueError(
-                f"The wrap plan names module {target!r}, which the model "
-                f"({type(root).__name__}) does not have; was the plan or order made for "
-                "another model? Capture the order again for this model."
-            ) from e
-    return modules
-
-
-def _short_repr(value: Any) -> str:
-    """``repr(value)``, but one short line for a cost model, an order or a plan."""
-    from execwrap.cost import CostModel
-
-    if isinstance(value, CostModel):
-        origin = value.source.split(";")[0].split(":")[0].strip() or "unnamed"
-        origin = origin if len(origin) <= 60 else origin[:59] + "…"
-        return (
-            f"CostModel({origin}, {value.device_type}, {value.backend}, {value.world_size} ranks)"
-        )
-    if isinstance(value, ExecutionOrder):
-        calls, params = len(value.module_forward_order), len(value.params)
-        return f"ExecutionOrder({value.method}, {calls} calls, {params} params)"
-    if isinstance(value, WrapPlan):
-        return f"WrapPlan({value.policy_name}, {len(value.units)} groups)"
-    return repr(value)
