@@ -237,6 +237,11 @@ def _estimate_rows(plan: WrapPlan) -> list[tuple[str, str]]:
     ]
     if plan.search is not None and plan.search.memory_budget is not None:
         rows.append(("memory budget", format_bytes(plan.search.memory_budget)))
+    if plan.training is not None:
+        modes = plan.checkpoint_modes()
+        counts = [f"{modes.count(m)} {m}" for m in ("full", "selective") if m in modes]
+        rows.append(("training step", plan.training.describe()))
+        rows.append(("units checkpointed", ", ".join(counts) if counts else "none"))
     return rows
 
 
