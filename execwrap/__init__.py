@@ -58,9 +58,11 @@ if TYPE_CHECKING:
     from execwrap.plan.prefetch import prefetch_schedule
     from execwrap.plan.search_record import PlanSearch
     from execwrap.plan.stats import PlanStats, TimelineStep
+    from execwrap.plan.training_step import Precision, TrainingStep
     from execwrap.plan.unit import WrapUnit
     from execwrap.plan.wrap_plan import WrapPlan
     from execwrap.planning.bucketing import min_contiguous_groups
+    from execwrap.planning.micro_batch import MicroBatchFit, largest_micro_batch
     from execwrap.planning.planner import plan_wrap, policy_units
     from execwrap.report.writer import write_report
     from execwrap.simulate import (
@@ -126,6 +128,11 @@ _EXPORTS: dict[str, str] = {
     "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
     "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
     "accumulate_gradients": "execwrap.fsdp.accumulation",
+    # issue 31: the training step as part of the plan, planned together
+    "Precision": "execwrap.plan.training_step",
+    "TrainingStep": "execwrap.plan.training_step",
+    "MicroBatchFit": "execwrap.planning.micro_batch",
+    "largest_micro_batch": "execwrap.planning.micro_batch",
 }
 
 __all__ = [
@@ -139,6 +146,7 @@ __all__ = [
     "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
+    "MicroBatchFit",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "ParamMismatchError",
@@ -147,10 +155,12 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "Precision",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
     "TracingError",
+    "TrainingStep",
     "UnitCompute",
     "WrapPlan",
     "WrapUnit",
@@ -163,6 +173,7 @@ __all__ = [
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "largest_micro_batch",
     "min_contiguous_groups",
     "order_fingerprint",
     "order_subgraph",
