@@ -74,6 +74,7 @@ public_api_modules = [
     "execwrap.integrations.lightning",
     "execwrap.integrations.peft",
     "execwrap.integrations.torchtitan",
+    "execwrap.integrations.transformers",
 ]
 
 nitpicky = True

@@ -1,53 +1,14 @@
-"""Helpers of :class:`execwrap.ParamExecOrderWrapPolicy`: an order without calls, FSDP1's
-targets of a plan, and the policy's short ``repr`` of large fields."""
+"""Helpers of :class:`execwrap.ParamExecOrderWrapPolicy`: its short ``repr`` of large
+fields (FSDP1's targets of a plan are in :mod:`execwrap.fsdp.fsdp1_targets`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-import torch.nn as nn
-
 from execwrap.plan.wrap_plan import WrapPlan
-from tracing.order import ExecutionOrder, param_infos, shared_param_map
+from tracing.order import ExecutionOrder
 
-__all__ = ["empty_order", "fsdp1_targets", "resolve_modules", "short_repr"]
-
-
-def empty_order(model: nn.Module) -> ExecutionOrder:
-    """An order with the model's parameters and modules but no calls."""
-    _, shared = shared_param_map(model)
-    return ExecutionOrder(
-        method="runtime",
-        params=param_infos(model),
-        shared_params=shared,
-        module_classes={fqn: type(m).__name__ for fqn, m in model.named_modules()},
-    )
-
-
-def fsdp1_targets(plan: WrapPlan) -> list[str | nn.Module]:
-    fsdp1_modules = getattr(plan, "fsdp1_modules", None)
-    if callable(fsdp1_modules):
-        return list(fsdp1_modules())
-    # Plans without the FSDP1 view: every module of every unit.
-    return [fqn for unit in plan.units for fqn in unit.module_fqns]
-
-
-def resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> list[nn.Module]:
-    modules: list[nn.Module] = []
-    for target in targets:
-        if isinstance(target, nn.Module):
-            modules.append(target)
-            continue
-        try:
-            modules.append(root.get_submodule(target))
-        except AttributeError as e:
-            raise ValueError(
-                f"The wrap plan names module {target!r}, which the model "
-                f"({type(root).__name__}) does not have; was the plan or order made for "
-                "another model? Capture the order again for this model."
-            ) from e
-    return modules
+__all__ = ["short_repr"]
 
 
 def short_repr(value: Any) -> str:

@@ -26,9 +26,10 @@ from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto import mergeable
 from execwrap.planning.auto.checkpoint_fill import GroupCheckpointing
 from execwrap.planning.bucketing import merge_units
-from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
 from execwrap.simulate.facts import SimulationFacts
+from execwrap.simulate.step import step_estimate
 
 logger = logging.getLogger(__name__)
 
@@ -383,7 +384,7 @@ class SearchSpace:
         group checkpointed as ``modes`` says (default: none), for ``step`` (default:
         :attr:`step`)."""
         plan, compute = self._planned(groups)
-        return simulate_step(
+        return step_estimate(
             plan,
             self.cost_model,
             world_size=self.world_size,
