@@ -344,11 +344,9 @@ class ParamExecOrderWrapPolicy(_Policy):
     ) -> WrapPlan:
         """Get the order (saved, captured, or none yet) and plan ``model``'s units.
 
-        Sets :attr:`order` and :attr:`plan`. Without any way to get an order
-        now (no ``order``, no ``tracing_config``, no ``example_inputs``), the
-        plan's units come from ``init_policy`` alone, in definition order, and
-        :attr:`order` stays ``None`` until recorded (see
-        :func:`execwrap.fsdp.first_step.record_first_step`).
+        Sets :attr:`order` and :attr:`plan`. With no way to an order now, the units
+        come from ``init_policy`` alone, in definition order, and :attr:`order` stays
+        ``None`` until recorded (:func:`execwrap.fsdp.first_step.record_first_step`).
 
         Args:
             model: the unwrapped model (the FSDP root).

@@ -192,15 +192,12 @@ def plan_wrap(
             (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
-        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
-        optimizer: ``"auto"`` only: the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
-        training: the :class:`execwrap.TrainingStep` the plan is for (``plan.training``);
-            ``"auto"`` keeps its precision and micro-batch count, and chooses ``choose``.
-        choose: ``"auto"`` only: what of the step the planner chooses (default: all of
-            ``"checkpointing"``, ``"offload"``, ``"accumulation"``); the rest is ``training``'s.
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
+            rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
+        training, choose: the :class:`execwrap.TrainingStep` the plan is for
+            (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
+            chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
         group, across_ranks: with a process group initialised, planning is a collective
             of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
             compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
@@ -212,15 +209,12 @@ def plan_wrap(
         a WARNING naming it (:mod:`execwrap.watch.registry`).
 
     Raises:
-        TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
-            ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups``
-            with ``"auto"``, a step the capture or cost model cannot price);
-            an ignored module is not part of ``model``; a stated group cannot
-            be formed (naming the member and why); or the order does not fit
-            ``model`` (other modules, parameters, numels or shapes than
-            ``model``'s: a stale order, capture it again).
+        TypeError: an argument of the wrong type.
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner keywords
+            (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups`` with
+            ``"auto"``, a step the capture or cost model cannot price); an ignored module
+            not in ``model``; a stated group that cannot be formed (naming the member and
+            why); an order that does not fit ``model`` (a stale order: capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
             reached and what dominates it); the plan failed its own check.
 

@@ -191,7 +191,8 @@ def simulate_step(
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
         training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
-            default: float32, no checkpointing, no offload, one micro-batch).
+            default: ``plan.training``, the step a plan was planned for or given, else
+            float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
 
@@ -246,7 +247,7 @@ def step_estimate(
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
-    step = resolve_training(training, **given)
+    step = resolve_training(plan.training if training is None else training, **given)
     check_priceable(plan, cost_model, step, given_compute=compute is not None)
     compute = _checked_compute(plan, cost_model, compute)
     facts = _checked_facts(plan, world_size, facts)
