@@ -66,7 +66,7 @@ sets, and nothing else:
   group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
-The training step around the plan (:class:`~execwrap.simulate.training.TrainingStep`,
+The training step around the plan (:class:`~execwrap.TrainingStep`,
 each field also a keyword of :func:`simulate_step`):
 
 * precision: all-gathers, unsharded parameters and their gradients in
@@ -190,7 +190,7 @@ def simulate_step(
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
-        training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
+        training: the training step (:class:`~execwrap.TrainingStep`;
             default: ``plan.training``, the step a plan was planned for or given, else
             float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each

@@ -2,7 +2,7 @@
 
 :class:`UnitWork` turns a :class:`~execwrap.simulate.compute.UnitCompute` and
 each unit's activation-checkpointing mode
-(:meth:`~execwrap.simulate.training.TrainingStep.checkpoint_modes`) into what
+(:meth:`~execwrap.TrainingStep.checkpoint_modes`) into what
 the step program (:class:`~execwrap.simulate.schedule.StepProgram`) schedules:
 
 * ``"none"``: the unit keeps what its ops save, from its forward to the end of
