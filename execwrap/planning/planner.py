@@ -198,10 +198,10 @@ def plan_wrap(
         training, choose: the :class:`execwrap.TrainingStep` the plan is for
             (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
             chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
-        group, across_ranks: with a process group initialised, planning is a collective
-            of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
-            compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
-            the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
+        group: with a process group initialised, planning is a collective of ``group``
+            (default ``WORLD``): every rank plans from the slowest rank's compute times
+            (:mod:`execwrap.distributed.timing`), a failing rank named on the others.
+        across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
     Returns:
