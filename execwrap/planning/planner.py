@@ -82,7 +82,7 @@ from execwrap.plan.notes import (
 )
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.mesh import search_mesh
-from execwrap.planning.auto.options import AutoOptions, check_auto_options
+from execwrap.planning.auto.options import AutoOptions, check_auto_options, check_training
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
     expand_ignored_modules,
@@ -106,6 +106,7 @@ from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
+    from execwrap.plan.training_step import TrainingStep
 
 __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
@@ -170,6 +171,8 @@ def plan_wrap(
     optimizer: str | None = None,
     mesh: Any = None,
     tp_plan: Mapping[str, Any] | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
 ) -> WrapPlan:
@@ -182,26 +185,28 @@ def plan_wrap(
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
-            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the groups,
-            prefetch and ``reshard_after_forward`` (``plan.estimate``, ``plan.search``).
+            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the
+            groups, the prefetch depth, ``reshard_after_forward`` per group and the
+            training step's checkpointing per group, offload and accumulation mode
+            (``plan.prefetch``, ``.reshard_after_forward``, ``.training``, ``.estimate``, ``.search``).
         ignored_modules: modules (or FQNs) FSDP ignores; their parameters are in no unit.
         groups: stated groups of module FQNs, each one FSDP group (``[["norm", "lm_head"]]``).
         target: ``"fsdp1"``/``"fsdp2"``: notes of that target only (``None``: both).
-        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
-        optimizer: ``"auto"`` only: the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
+            rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
         mesh: the mesh (``plan.mesh``): a ``(replicate, shard)`` shape, a
             :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (HSDP; a ``tp``
             dimension: plans the local shards, :mod:`execwrap.planning.tensor_parallel`),
             or with ``"auto"``: ``"auto"``, the shard group size chosen too
             (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
         tp_plan: with a ``tp`` mesh dimension and a model without DTensors: the TP plan.
+        training, choose: the :class:`execwrap.TrainingStep` the plan is for
+            (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
+            chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
         group: with a process group initialised, planning is a collective of ``group``
             (default ``WORLD``): every rank plans from the slowest rank's compute times
-            (:mod:`execwrap.distributed.timing`) and a failing rank is named on the others
-            (:mod:`execwrap.distributed.status`).
+            (:mod:`execwrap.distributed.timing`), a failing rank named on the others.
         across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
@@ -212,7 +217,8 @@ def plan_wrap(
     Raises:
         TypeError: an argument of the wrong type.
         ValueError: ``bucket_numel`` is not positive; bad auto-planner keywords
-            (:func:`~execwrap.planning.auto.options.check_auto_options`); a mesh not of
+            (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups`` with
+            ``"auto"``, a step the capture or cost model cannot price); a mesh not of
             ``world_size`` ranks; an ignored module not in ``model``; a stated group that
             cannot be formed; an order that does not fit ``model`` (capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
@@ -229,6 +235,7 @@ def plan_wrap(
         model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
         groups=groups, target=target, cost_model=cost_model, world_size=world_size,
         memory_budget=memory_budget, optimizer=optimizer, mesh=mesh, tp_plan=tp_plan,
+        training=training, choose=choose,
         group=group, across_ranks=across_ranks,
     )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
@@ -250,6 +257,8 @@ def plan_wrap_unwatched(
     optimizer: str | None = None,
     mesh: Any = None,
     tp_plan: Mapping[str, Any] | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
 ) -> WrapPlan:
@@ -266,6 +275,8 @@ def plan_wrap_unwatched(
         optimizer=optimizer,
         mesh=mesh,
         tp_plan=tp_plan,
+        training=training,
+        choose=choose,
     )
     auto = isinstance(bucket_numel, str) and bucket_numel == "auto"
     if not (across_ranks or (across_ranks is None and auto)) or not is_distributed(group):
@@ -291,6 +302,8 @@ def _plan_here(
     optimizer: str | None,
     mesh: Any,
     tp_plan: Mapping[str, Any] | None,
+    training: TrainingStep | None,
+    choose: Iterable[str] | None,
 ) -> WrapPlan:
     """The plan of ``plan_wrap``, made on this rank alone."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
@@ -304,6 +317,8 @@ def _plan_here(
         memory_budget,
         optimizer=optimizer,
         mesh=mesh,
+        training=training,
+        choose=choose,
     )
     if groups is not None and bucket_numel == "auto":
         raise ValueError(
@@ -329,8 +344,11 @@ def _plan_here(
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
         plan = _auto_plan(plan, auto, planner)
-    elif mesh is not None:
-        plan.mesh = MeshShape.parse(mesh, "plan_wrap")
+    else:
+        if mesh is not None:
+            plan.mesh = MeshShape.parse(mesh, "plan_wrap")
+        if training is not None:
+            plan.training = check_training(training, "plan_wrap").for_plan(plan)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)

@@ -66,7 +66,7 @@ sets, and nothing else:
   group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
-The training step around the plan (:class:`~execwrap.simulate.training.TrainingStep`,
+The training step around the plan (:class:`~execwrap.TrainingStep`,
 each field also a keyword of :func:`simulate_step`):
 
 * precision: all-gathers, unsharded parameters and their gradients in
@@ -204,8 +204,9 @@ def simulate_step(
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
-        training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
-            default: float32, no checkpointing, no offload, one micro-batch).
+        training: the training step (:class:`~execwrap.TrainingStep`;
+            default: ``plan.training``, the step a plan was planned for or given, else
+            float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
         mesh: HSDP / tensor parallelism over the ``world_size`` ranks: a ``(replicate,
@@ -264,7 +265,7 @@ def step_estimate(
     cost_model, world_size = cost_model_for_mesh(plan, cost_model, world_size, mesh)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
-    step = resolve_training(training, **given)
+    step = resolve_training(plan.training if training is None else training, **given)
     check_priceable(plan, cost_model, step, given_compute=compute is not None)
     compute = checked_compute(plan, cost_model, compute)
     facts = checked_facts(plan, world_size, facts)
@@ -309,7 +310,7 @@ def _simulate(
     """The checked inputs' program, run (see :func:`simulate_step`)."""
     world_size = facts.world_size
     kept = facts.plan(plan)
-    specs = [s.with_precision(step.precision, world_size) for s in kept.unit_specs(reshard)]
+    specs = kept.unit_specs(reshard, step.precision, world_size)
     work = unit_work(compute, step.checkpoint_modes(plan), [s.label for s in specs])
     program = _program(plan, kept, specs, compute, cost_model, prefetch, facts, work, step)
     offloaded = step.offload == "cpu"

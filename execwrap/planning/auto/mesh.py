@@ -10,8 +10,9 @@ prefetch, resharding) where it may win:
 
 1. A shape the cost model cannot price (a flat calibration without topology) is
    skipped, and so is one whose sharded parameters, gradients and optimizer state
-   alone exceed the budget, or whose least-memory plan (every unit its own group,
-   prefetch 0, resharding everywhere: the search's own smallest baseline) does:
+   alone exceed the budget (unless the planner may offload them), or whose
+   least-memory plan (every unit its own group, prefetch 0, resharding everywhere,
+   every unit fully checkpointed and offloaded where the planner may choose so) does:
    no plan of that shape fits. The least-memory plan's step time is kept.
 2. The search runs for the shape whose least-memory plan is fastest (every
    shape priced with the same plan: the cheapest collectives for this model);
@@ -53,6 +54,7 @@ from execwrap.util.mesh import MeshShape, divisors
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
+    from execwrap.plan.training_step import TrainingStep
     from execwrap.simulate import StepEstimate, UnitCompute
 
 __all__ = ["MAX_MESH_SEARCHES", "search_mesh"]
@@ -149,7 +151,9 @@ class _MeshSearch:
                 f"{format_bytes(state)} per rank, over the budget",
             )
             return False
-        least = self._simulate(self.plan, shape, 0, [not u.is_root for u in self.plan.units])
+        least = self._simulate(
+            self.plan, shape, 0, [not u.is_root for u in self.plan.units], self._least_step()
+        )
         peak = int(least.peak_memory_bytes)
         if self.budget is not None and peak > self.budget:
             self._record(
@@ -165,10 +169,26 @@ class _MeshSearch:
         self._record(shape, "probed", float(least.step_time_s), peak, True, "least-memory plan")
         return True
 
+    def _least_step(self) -> TrainingStep:
+        """The training step of the least-memory plan: the one asked for, with every
+        unit fully checkpointed and CPU offload where the planner may choose them."""
+        step, choose = self.options.training, self.options.choose
+        if "checkpointing" in choose:
+            step = dataclasses.replace(
+                step, checkpointing="full", checkpoint_every=1, unit_checkpointing={}
+            )
+        if "offload" in choose and self.cm.device_type != "cpu" and self.cm.host is not None:
+            step = dataclasses.replace(step, offload="cpu")  # as variants._may_offload
+        return step
+
     def _state_bytes(self, shape: MeshShape) -> int:
         """Bytes per rank of the sharded parameters, gradients and optimizer state
-        (a lower bound of any plan's peak on ``shape``)."""
+        (a lower bound of any plan's peak on ``shape``; ``0`` when they may be
+        offloaded to the CPU)."""
         from execwrap.simulate import OPTIMIZERS
+
+        if self._least_step().offload != "none":
+            return 0
 
         states = OPTIMIZERS[self.options.optimizer][0]
         params = self.plan.order.params.values()
@@ -222,8 +242,14 @@ class _MeshSearch:
         return self.records[shape.shard].step_time_s
 
     def _simulate(
-        self, plan: WrapPlan, shape: MeshShape, prefetch: int, reshard: Any
+        self,
+        plan: WrapPlan,
+        shape: MeshShape,
+        prefetch: int,
+        reshard: Any,
+        training: TrainingStep | None = None,
     ) -> StepEstimate:
+        """``plan`` on ``shape`` (its own training step unless ``training`` is given)."""
         from execwrap.simulate import UnitCompute, unit_compute
         from execwrap.simulate.step import step_estimate  # a probe over memory: no WARNING
 
@@ -243,6 +269,7 @@ class _MeshSearch:
             reshard_after_forward=None if reshard is None else list(reshard),
             optimizer=self.options.optimizer,
             compute=compute,
+            training=training,
         )
 
     # ---------------------------------------------------------------- choice
