@@ -352,8 +352,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             model: the unwrapped model (the FSDP root).
             ignored_modules: modules FSDP ignores (not planned).
             group: process group for the cross-rank check (default ``WORLD``).
-            target: ``"fsdp1"`` / ``"fsdp2"``: notes for that target only
-                (FSDP1's ``_run_policy`` and ``apply_fully_shard`` pass it).
+            target: ``"fsdp1"`` / ``"fsdp2"``: notes for that target only.
 
         Returns:
             The plan (building it does not count as applying the policy).

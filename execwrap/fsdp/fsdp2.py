@@ -89,15 +89,14 @@ def apply_fully_shard(
         model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
-        mesh: 1-D, ``(replicate, shard)`` (HSDP) or with a ``"tp"`` dimension (its dp part
-            is used), checked against ``plan.mesh``; default: ``plan.mesh`` built, else 1-D.
+        mesh: 1-D, ``(replicate, shard)`` (HSDP) or with ``"tp"`` (its dp part used), checked
+            against ``plan.mesh``; default: ``plan.mesh`` built, else 1-D.
         prefetch: groups prefetched ahead each way; ``0`` keeps FSDP2's implicit
             prefetching; ``"auto"``: the auto-planner's depth (``plan.prefetch``).
         group_kwargs: per-group overrides: called with each group's module FQNs (``[""]``
             for the root), kwargs over ``fully_shard_kwargs`` and the plan's resharding.
-        checkpointing: activation checkpointing applied before sharding, a mode for
-            every unit or ``{module FQN: mode}`` (default: a policy's own, else
-            ``plan.training``'s).
+        checkpointing: activation checkpointing applied before sharding, a mode for every unit
+            or ``{module FQN: mode}`` (default: a policy's own, else ``plan.training``'s).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
@@ -106,9 +105,8 @@ def apply_fully_shard(
             offload: :mod:`execwrap.fsdp.plan_step`); given ones that differ, one WARNING.
 
     Returns:
-        The plan applied (a policy recording during the first step replaces
-        ``policy.plan`` by the re-ordered plan after it). A plan made for another
-        world size is applied with one WARNING saying what differs.
+        The plan applied (a policy recording during the first step replaces ``policy.plan``
+        by the re-ordered plan after it); one for another world size with a WARNING.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that did not choose
@@ -122,8 +120,8 @@ def apply_fully_shard(
         RankFailure: another rank failed (named; :mod:`execwrap.distributed.status`).
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
-        TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,
-            ``mp_policy``, ``offload_policy`` or ``checkpointing``.
+        TypeError: ``prefetch``, ``policy_or_plan``, ``mp_policy``, ``offload_policy`` or
+            ``checkpointing`` of a wrong type.
         tracing.TracingError, execwrap.OrderDivergenceError: from capture and its check.
 
     Example:

@@ -185,21 +185,18 @@ def plan_wrap(
         order: its execution order (from ``tracing.capture_execution_order``).
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
-            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the
-            groups, the prefetch depth, ``reshard_after_forward`` per group and the
-            training step's checkpointing per group, offload and accumulation mode
-            (``plan.prefetch``, ``.reshard_after_forward``, ``.training``, ``.estimate``, ``.search``).
+            ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses groups,
+            prefetch, ``reshard_after_forward`` and the step's checkpointing per group, offload
+            and accumulation (``plan.prefetch``, ``.reshard_after_forward``, ``.training``).
         ignored_modules: modules (or FQNs) FSDP ignores; their parameters are in no unit.
         groups: stated groups of module FQNs, each one FSDP group (``[["norm", "lm_head"]]``).
         target: ``"fsdp1"``/``"fsdp2"``: notes of that target only (``None``: both).
         cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
             :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
             rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
-        mesh: the mesh (``plan.mesh``): a ``(replicate, shard)`` shape, a
-            :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (HSDP; a ``tp``
-            dimension: plans the local shards, :mod:`execwrap.planning.tensor_parallel`),
-            or with ``"auto"``: ``"auto"``, the shard group size chosen too
-            (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
+        mesh: ``plan.mesh``: a ``(replicate, shard)`` shape, a :class:`~execwrap.util.mesh.MeshShape`
+            or ``DeviceMesh`` (HSDP; ``tp``: :mod:`execwrap.planning.tensor_parallel`), or with
+            ``"auto"``: ``"auto"`` (the shard group size chosen, :mod:`execwrap.planning.auto.mesh`).
         tp_plan: with a ``tp`` mesh dimension and a model without DTensors: the TP plan.
         training, choose: the :class:`execwrap.TrainingStep` the plan is for
             (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
@@ -235,8 +232,7 @@ def plan_wrap(
         model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
         groups=groups, target=target, cost_model=cost_model, world_size=world_size,
         memory_budget=memory_budget, optimizer=optimizer, mesh=mesh, tp_plan=tp_plan,
-        training=training, choose=choose,
-        group=group, across_ranks=across_ranks,
+        training=training, choose=choose, group=group, across_ranks=across_ranks,
     )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan

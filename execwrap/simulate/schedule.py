@@ -6,11 +6,10 @@ and a :class:`~execwrap.cost.CostModel` into the ops of
 ``torch/distributed/fsdp/_fully_shard`` (``FSDPParamGroup.unshard`` /
 ``wait_for_unshard`` / ``reshard`` / ``pre_backward`` / ``post_backward``,
 ``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
-``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
-:func:`execwrap.simulate.simulate_step`'s docstring; the prefetch lists it follows
-come from :func:`execwrap.simulate.facts.prefetch_lists` (re-exported here), the
-units' sizes from :mod:`execwrap.simulate.unit_spec` and their checkpointing and
-transient memory from :mod:`execwrap.simulate.unit_work`.
+``foreach_all_gather`` / ``foreach_reduce``), as :func:`execwrap.simulate.simulate_step`'s
+docstring writes out; prefetch lists from :func:`~execwrap.simulate.facts.prefetch_lists`,
+sizes from :mod:`~execwrap.simulate.unit_spec`, checkpointing and transient memory from
+:mod:`~execwrap.simulate.unit_work`.
 """
 
 from __future__ import annotations
@@ -319,7 +318,7 @@ class StepProgram:
         """No gradient sync: FSDP2's ``post_backward`` keeps the unsharded gradients,
         in ``reduce_dtype`` (``to_accumulated_grad_if_needed``), adding them up over
         micro-batches (``accumulate_unsharded_grad_if_needed``)."""
-        spec = self.specs[i]
+        spec, grads = self.specs[i], "unsharded_grads"
         label = spec.label
         first = i not in self._accumulated
         cast = spec.unsharded_grad_bytes != spec.grad_bytes
@@ -329,11 +328,8 @@ class StepProgram:
             self.cm.copy_time(spec.reduce_copy_bytes) if (cast or not first) else 0.0,
             "backward",
             "copy",
-            on_start=(MemEvent("unsharded_grads", f"{label} (accumulated)", spec.grad_bytes),),
-            on_end=(
-                MemEvent("unsharded_grads", label),
-                MemEvent("unsharded_grads", f"{label} (head)"),
-            ),
+            on_start=(MemEvent(grads, f"{label} (accumulated)", spec.grad_bytes),),
+            on_end=(MemEvent(grads, label), MemEvent(grads, f"{label} (head)")),
         )
 
     # ------------------------------------------------------------- forward
@@ -380,17 +376,12 @@ class StepProgram:
             f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", u, acts
         )
 
+    # fmt: off
     def _transient(
-        self,
-        label: str,
-        seconds: float,
-        phase: str,
-        u: int,
-        on_start: tuple[MemEvent, ...] = (),
-        *,
-        like: str = "",
-        on_end: tuple[MemEvent, ...] = (),
+        self, label: str, seconds: float, phase: str, u: int,
+        on_start: tuple[MemEvent, ...] = (), *, like: str = "", on_end: tuple[MemEvent, ...] = (),
     ) -> None:
+        # fmt: on
         """A compute op of unit ``u`` in ``phase``, with the unit's transient memory of
         ``like`` (default ``phase``: ``"forward"`` or ``"backward"``) alive while it runs."""
         w = self.work

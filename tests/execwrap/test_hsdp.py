@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from execwrap import CostModel, ModuleWrapPolicy, WrapPlan, plan_wrap
+from execwrap import CostModel, ModuleWrapPolicy, TrainingStep, WrapPlan, plan_wrap
 from execwrap.cost import CollectiveCurve, ComputeRates, CurveSegment
 from execwrap.cost.device_memory import default_memory_budget
 from execwrap.cost.mesh import GroupCurves
@@ -280,14 +280,25 @@ def test_the_planner_chooses_the_shard_group_size_and_says_why() -> None:
         f"{format_bytes(default[0])}"
     )
     assert search.mesh_reason in plan.notes
-    # a budget below the replicated state skips the small shard groups by the bound
-    budget = records[8].peak_memory_bytes
+    # a budget between the least memory any plan needs on 4 and on 8 shards (every unit its
+    # own group, prefetch 0, fully checkpointed) skips the groups of 1, 2 and 4 ranks
+    base = plan_wrap(model, order, policy)
+    least = {
+        shard: simulate_step(
+            base, cm, world_size=32, mesh=(32 // shard, shard), prefetch=0,
+            reshard_after_forward=[not u.is_root for u in base.units],
+            training=TrainingStep(checkpointing="full"),
+        ).peak_memory_bytes
+        for shard in (4, 8)
+    }  # fmt: skip
+    budget = int(least[4] + least[8]) // 2
     tight = plan_wrap(
-        model, order, policy, bucket_numel="auto", cost_model=cm, mesh="auto", memory_budget=budget
-    )
-    assert tight.search is not None
+        model, order, policy, bucket_numel="auto", cost_model=cm, mesh="auto", memory_budget=budget,
+        choose=("checkpointing", "accumulation"),
+    )  # fmt: skip
+    assert tight.search is not None and tight.estimate is not None
     skipped = [m.shard for m in tight.search.meshes if m.status == "skipped"]
-    assert skipped and max(skipped) < 8 and tight.estimate.peak_memory_bytes <= budget
+    assert skipped == [1, 2, 4] and tight.estimate.peak_memory_bytes <= budget
     assert tight.search.mesh_reason.endswith(f"within the budget of {format_bytes(budget)}")
 
 

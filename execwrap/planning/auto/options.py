@@ -159,11 +159,9 @@ def check_auto_options(
             ``bucket_numel="auto"``; a world size or budget that is not positive; an
             unknown optimizer; ``choose`` naming an unknown setting or one ``training``
             fixes (:func:`check_choose`).
-        TypeError: a world size that is not an integer, or a budget that is not a whole
-            number; a cost model that
-            is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
-            the message says how to load one); ``training`` is not a
-            :class:`~execwrap.TrainingStep`.
+        TypeError: a world size that is not an integer, a budget not a whole number; a
+            cost model not a :class:`~execwrap.cost.CostModel` (a path or preset name: the
+            message says how to load one); ``training`` not a :class:`~execwrap.TrainingStep`.
     """
     from execwrap.cost import CostModel
     from execwrap.simulate.step import OPTIMIZERS
