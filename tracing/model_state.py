@@ -10,18 +10,25 @@ random number generators that dropout and other random ops draw from.
 Symbolic capture and the zero-cost shadow run the model's Python with stand-in
 tensors (Proxies, fake tensors); whatever a forward stores on a module then
 (``self.cache = x``, a buffer reassigned, a submodule registered lazily) must
-not stay behind. :class:`ModuleSnapshot` keeps each module's attributes and its
-``_parameters`` / ``_buffers`` / ``_modules`` entries (references, no copies)
-and puts exactly those back.
+not stay behind. :class:`ModuleSnapshot` lets every module work on copies of
+its attribute dict and its ``_parameters`` / ``_buffers`` / ``_modules`` dicts
+(shallow: references, no tensor copies) and gives it the untouched originals
+back.
 """
 
 from __future__ import annotations
 
 import operator
+from collections import deque
+from collections.abc import Iterable
+from itertools import chain, compress, repeat
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+from tracing.classes import instance_classes
 
 __all__ = ["MODULE_INTERNALS", "ModuleSnapshot", "RngState", "SavedModelState"]
 
@@ -94,83 +101,107 @@ class SavedModelState:
 
 
 _SLOTS = ("_parameters", "_buffers", "_modules")
-#: Stands for an empty slot dict (no copy needed).
-_EMPTY: dict[str, Any] = {}
-#: Attributes every ``nn.Module`` has (hook dicts, ``training``, ...): never tensors.
 #: The attributes every ``nn.Module`` has (``_parameters``, ``_buffers``, the hook
-#: dicts, ...): what is left of ``vars(module)`` are the module's own attributes.
+#: dicts, ``training``, ...; never tensors): what is left of ``vars(module)`` are
+#: the module's own attributes.
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
+#: A shallow copy of a slot dict by its own ``copy`` (an ``OrderedDict`` stays one).
+_COPY = methodcaller("copy")
 
 
-def _changed(current: dict[str, Any], saved: dict[str, Any]) -> bool:
-    """Whether ``current`` differs from ``saved`` by keys or by the identity of a value.
+def _set_dicts(modules: list[nn.Module], dicts: Iterable[dict[str, Any]]) -> None:
+    """Make ``dicts[i]`` the ``__dict__`` of ``modules[i]``, in C (``object.__setattr__``
+    sets the instance dict without going through ``nn.Module.__setattr__``)."""
+    deque(map(object.__setattr__, modules, repeat("__dict__"), dicts), maxlen=0)
 
-    Equal keys in the same order (reassigning a key keeps its place) are
-    compared value by value with ``operator.is_not``, all in C.
+
+def tensors_among(values: list[Any]) -> list[torch.Tensor]:
+    """The values that ``isinstance(value, torch.Tensor)`` accepts, in order.
+
+    ``isinstance`` against ``torch.Tensor`` goes through its metaclass, so it
+    is asked value by value only when one of the values' classes
+    (:func:`~tracing.classes.instance_classes`) is a tensor class; usually
+    none is, and the cost is one ``type()`` per value, in C.
     """
-    if len(current) != len(saved) or current.keys() != saved.keys():
-        return True
-    return any(map(operator.is_not, current.values(), saved.values()))
+    if not any(issubclass(cls, torch.Tensor) for cls in instance_classes(values)):
+        return []
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 class ModuleSnapshot:
-    """Every module's attributes and parameter/buffer/child entries, by reference.
+    """Every module's attributes and parameter/buffer/child entries, kept untouched.
 
-    :meth:`restore` puts back the same objects under the same names: entries
-    the run added are removed, entries it replaced (a parameter swapped for a
-    stand-in, ``self.count = self.count + 1``) get their old object back. With
-    ``values``, the values of buffers and plain tensor attributes are saved
-    too (a clone each; tensors without data, on the meta device, are
+    From construction until :meth:`restore`, each module works on a copy of
+    its instance dict, whose non-empty ``_parameters`` / ``_buffers`` /
+    ``_modules`` entries are copies too (shallow: the same tensors,
+    submodules and hook dicts). Whatever the run stores on a module
+    (``self.cache = x``, a parameter swapped for a stand-in, a buffer
+    reassigned, ``self.training`` flipped) lands in the copies; :meth:`restore`
+    gives every module its original dict back, the very object it had, never
+    written to. An empty slot dict is not copied: one the run filled is
+    emptied again. Nothing is compared entry by entry: the cost is one
+    shallow copy per module and non-empty slot and two dict swaps per module,
+    in C (``map``) for all modules at once.
+
+    With ``values``, the values of buffers and plain tensor attributes are
+    saved too (a clone each; tensors without data, on the meta device, are
     skipped) and copied back, for code that updates them in place
-    (``self.count += 1`` while fx traces). The cost is one shallow ``dict``
-    copy per module and slot; only what changed is written back.
+    (``self.count += 1`` while fx traces): an in-place update changes the
+    shared tensor, not a dict entry.
 
     Args:
         model: the model; every module reached by ``modules()`` is kept.
         values: also save tensor values (see above).
+        modules: ``model.modules()`` already listed (a capture's one walk,
+            :func:`tracing.walk.walk_modules`), or ``None`` to list them here.
     """
 
-    def __init__(self, model: nn.Module, *, values: bool = False) -> None:
-        # (module.__dict__, its copy, copies of its _parameters/_buffers/_modules)
-        self._saved: list[tuple[dict[str, Any], ...]] = []
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        values: bool = False,
+        modules: Iterable[nn.Module] | None = None,
+    ) -> None:
+        self._modules = list(model.modules() if modules is None else modules)
+        self._dicts = list(map(vars, self._modules))
+        working = list(map(dict.copy, self._dicts))
+        #: the slot dicts that were empty (shared with the working dicts)
+        self._empty: list[dict[str, Any]] = []
+        buffers: list[dict[str, Any]] = []
+        for slot in _SLOTS:
+            entries = list(map(itemgetter(slot), self._dicts))
+            full = list(map(bool, entries))
+            self._empty += compress(entries, map(operator.not_, full))
+            copies = map(_COPY, compress(entries, full))
+            setitems = map(operator.setitem, compress(working, full), repeat(slot), copies)
+            deque(setitems, maxlen=0)
+            if slot == "_buffers":
+                buffers = list(compress(entries, full))
         self._values: list[tuple[torch.Tensor, torch.Tensor]] = []
-        saved = self._saved
-        for module in model.modules():
-            attrs = vars(module)
-            params, buffers, children = attrs["_parameters"], attrs["_buffers"], attrs["_modules"]
-            saved.append(
-                (
-                    attrs,
-                    attrs.copy(),
-                    params.copy() if params else _EMPTY,
-                    buffers.copy() if buffers else _EMPTY,
-                    children.copy() if children else _EMPTY,
-                )
-            )
-            if values:
-                self._save_values(attrs)
+        if values:
+            self._save_values(buffers)
+        try:
+            _set_dicts(self._modules, working)
+        except BaseException:
+            _set_dicts(self._modules, self._dicts)
+            raise
 
-    def _save_values(self, attrs: dict[str, Any]) -> None:
-        tensors = [b for b in attrs["_buffers"].values() if b is not None]
-        for name in attrs.keys() - MODULE_INTERNALS:  # the module's own attributes only
-            if isinstance(attrs[name], torch.Tensor):
-                tensors.append(attrs[name])
+    def _save_values(self, buffers: list[dict[str, Any]]) -> None:
+        """Clone every buffer and plain tensor attribute that holds data."""
+        tensors = [b for entries in buffers for b in entries.values() if b is not None]
+        # Every attribute value: the internals are never tensors.
+        tensors += tensors_among(list(chain.from_iterable(map(dict.values, self._dicts))))
         for t in tensors:
             if t.device.type != "meta" and not isinstance(t, nn.Parameter):
                 self._values.append((t, t.detach().clone()))
 
     def restore(self) -> None:
-        """Put every module's attributes, entries and saved values back."""
-        for attrs, saved, *slots in self._saved:
-            if _changed(attrs, saved):
-                for name in attrs.keys() - saved.keys():
-                    del attrs[name]
-                attrs.update(saved)
-            for slot, entries in zip(_SLOTS, slots, strict=True):
-                current = attrs[slot]
-                if (current or entries) and _changed(current, entries):
-                    current.clear()
-                    current.update(entries)
+        """Give every module its original attributes back, and the saved tensor values."""
+        _set_dicts(self._modules, self._dicts)
+        if any(self._empty):
+            for entries in self._empty:
+                entries.clear()
         with torch.no_grad():
             for t, value in self._values:
                 t.copy_(value)

@@ -34,21 +34,25 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from itertools import compress
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
-from tracing.fqn import join_fqn
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 from tracing.uses import METADATA_METHODS
+from tracing.walk import ModuleWalk, walk_modules
 
 __all__ = ["SymbolicRecorder"]
 
 logger = logging.getLogger(__name__)
 
 _PATCHED_METHODS = ("call_module", "create_proxy")
+_CLASS_NAME = attrgetter("__name__")
+_PARAMETERS = attrgetter("_parameters")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
 
 _METADATA_ATTRS = frozenset(
@@ -75,47 +79,55 @@ class SymbolicRecorder:
     in :meth:`result`, after the trace.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, walk: ModuleWalk | None = None) -> None:
         self.model = model
-        # One walk over the module tree, in the order named_parameters() and
-        # named_modules() use (remove_duplicate=False reaches every alias):
-        # id(module) -> FQN (its first name), FQN (every name) -> module,
-        # every parameter FQN (aliases too, i.e. every get_attr target) ->
-        # canonical FQN, canonical FQN -> aliases (tied parameters), and the
-        # ExecutionOrder's params and module_classes (first names, in order).
-        module_fqns: dict[int, str] = {}
-        module_classes: dict[str, str] = {}
+        if walk is None:
+            walk = walk_modules(model)
+        # From the one walk over the module tree (tracing.walk; every alias
+        # reached, as named_modules(remove_duplicate=False)), built in C:
+        # id(module) -> FQN (its first name), the ExecutionOrder's
+        # module_classes (first names, named_modules() order), and every FQN
+        # -> module.
+        first_names = walk.first_names
+        self.module_fqns = dict(zip(map(id, walk.modules), first_names, strict=True))
+        classes = map(_CLASS_NAME, map(type, walk.modules))
+        self.module_classes = dict(zip(first_names, classes, strict=True))
+        self.modules_by_fqn = dict(walk.named)
+        # Then, over the modules that hold parameters: every parameter FQN
+        # (aliases too, i.e. every get_attr target) -> canonical FQN,
+        # canonical FQN -> aliases (tied parameters), and the ExecutionOrder's
+        # params (first names, named_parameters() order).
         params: dict[str, ParamInfo] = {}
-        modules_by_fqn: dict[str, nn.Module] = {}
         id_to_canonical: dict[int, str] = {}
         param_targets: dict[str, str] = {}
         shared: dict[str, list[str]] = {}
         leaf_params: dict[str, tuple[str, ...]] = {}
-        for module_fqn, module in model.named_modules(remove_duplicate=False):
-            if module_fqns.setdefault(id(module), module_fqn) == module_fqn:
-                module_classes[module_fqn] = type(module).__name__
-            modules_by_fqn.setdefault(module_fqn, module)
-            if not module._parameters:
-                continue
+        # ParamInfo is frozen: parameters alike (the blocks of a transformer)
+        # share one, built once per (shape, dtype, requires_grad).
+        infos: dict[tuple[Any, ...], ParamInfo] = {}
+        holders = map(_PARAMETERS, map(itemgetter(1), walk.named))
+        for module_fqn, module in compress(walk.named, holders):
             own: list[str] = []
+            prefix = module_fqn + "." if module_fqn else ""
             for name, p in module._parameters.items():
                 if p is None:
                     continue
-                fqn = join_fqn(module_fqn, name)
+                fqn = prefix + name
                 canonical = id_to_canonical.setdefault(id(p), fqn)
                 param_targets[fqn] = canonical
                 own.append(canonical)
                 if canonical == fqn:
-                    params[fqn] = param_info(p)
+                    key = (p.shape, p.dtype, p.requires_grad)
+                    info = infos.get(key)
+                    if info is None:
+                        info = infos[key] = param_info(p)
+                    params[fqn] = info
                 else:
                     shared.setdefault(canonical, []).append(fqn)
             if not module._modules:
                 # A module without children: its leaf parameter group.
                 leaf_params[module_fqn] = tuple(dict.fromkeys(own))
-        self.module_fqns = module_fqns
-        self.module_classes = module_classes
         self.params = params
-        self.modules_by_fqn = modules_by_fqn
         self.id_to_canonical = id_to_canonical
         self.param_targets = param_targets
         self.shared = shared
