@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["instance_classes"]
+__all__ = ["could_be", "instance_classes"]
 
 #: Built-in classes whose attribute lookup is Python's generic one: an object
 #: whose class looks attributes up through one of them reports its type as
@@ -23,6 +23,10 @@ __all__ = ["instance_classes"]
 _GENERIC_LOOKUP = frozenset(
     {object, int, float, complex, str, bytes, tuple, list, dict, set, frozenset}
 )
+#: :func:`reports_its_type` per class seen (a class's MRO and slots are fixed
+#: once it exists); emptied when it reaches ``_REPORTS_MAX`` classes.
+_REPORTS: dict[type, bool] = {}
+_REPORTS_MAX = 4096
 
 
 def instance_classes(objects: Iterable[Any]) -> set[type]:
@@ -46,16 +50,39 @@ def instance_classes(objects: Iterable[Any]) -> set[type]:
     """
     listed = objects if isinstance(objects, list) else list(objects)
     classes: set[type] = set(map(type, listed))
-    unsure = {cls for cls in classes if not _reports_its_type(cls)}
+    unsure = {cls for cls in classes if not reports_its_type(cls)}
     if unsure:
         reported = (obj.__class__ for obj in listed if type(obj) in unsure)
         classes.update(cls for cls in reported if isinstance(cls, type))
     return classes
 
 
-def _reports_its_type(cls: type) -> bool:
+def could_be(types: Iterable[type], cls: type) -> bool:
+    """Whether an object whose type is among ``types`` can pass ``isinstance(obj, cls)``.
+
+    ``False`` is certain: no type is a subclass of ``cls`` and each reports
+    itself as its instances' ``__class__``. ``True`` means: ask ``isinstance``.
+
+    Example:
+        >>> could_be({int, str}, float), could_be({int, bool}, int)
+        (False, True)
+    """
+    return any(issubclass(t, cls) or not reports_its_type(t) for t in types)
+
+
+def reports_its_type(cls: type) -> bool:
     """Whether every instance of ``cls`` has ``obj.__class__ is cls``: attribute
-    lookup is the generic one and no class in the MRO defines ``__class__``."""
+    lookup is the generic one and no class in the MRO defines ``__class__``
+    (remembered per class)."""
+    known = _REPORTS.get(cls)
+    if known is None:
+        if len(_REPORTS) >= _REPORTS_MAX:  # classes made on the fly: keep it bounded
+            _REPORTS.clear()
+        known = _REPORTS[cls] = _reports_its_type(cls)
+    return known
+
+
+def _reports_its_type(cls: type) -> bool:
     lookup = getattr(cls.__getattribute__, "__objclass__", None)  # a C slot's owner
     if lookup not in _GENERIC_LOOKUP:
         return False

@@ -18,17 +18,13 @@ back.
 
 from __future__ import annotations
 
-import operator
-from collections import deque
 from collections.abc import Iterable
-from itertools import chain, compress, repeat
-from operator import itemgetter, methodcaller
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from tracing.classes import instance_classes
+from tracing.classes import could_be
 
 __all__ = ["MODULE_INTERNALS", "ModuleSnapshot", "RngState", "SavedModelState"]
 
@@ -105,27 +101,8 @@ _SLOTS = ("_parameters", "_buffers", "_modules")
 #: dicts, ``training``, ...; never tensors): what is left of ``vars(module)`` are
 #: the module's own attributes.
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
-#: A shallow copy of a slot dict by its own ``copy`` (an ``OrderedDict`` stays one).
-_COPY = methodcaller("copy")
 
-
-def _set_dicts(modules: list[nn.Module], dicts: Iterable[dict[str, Any]]) -> None:
-    """Make ``dicts[i]`` the ``__dict__`` of ``modules[i]``, in C (``object.__setattr__``
-    sets the instance dict without going through ``nn.Module.__setattr__``)."""
-    deque(map(object.__setattr__, modules, repeat("__dict__"), dicts), maxlen=0)
-
-
-def tensors_among(values: list[Any]) -> list[torch.Tensor]:
-    """The values that ``isinstance(value, torch.Tensor)`` accepts, in order.
-
-    ``isinstance`` against ``torch.Tensor`` goes through its metaclass, so it
-    is asked value by value only when one of the values' classes
-    (:func:`~tracing.classes.instance_classes`) is a tensor class; usually
-    none is, and the cost is one ``type()`` per value, in C.
-    """
-    if not any(issubclass(cls, torch.Tensor) for cls in instance_classes(values)):
-        return []
-    return [v for v in values if isinstance(v, torch.Tensor)]
+_set_attr = object.__setattr__
 
 
 class ModuleSnapshot:
@@ -140,14 +117,15 @@ class ModuleSnapshot:
     gives every module its original dict back, the very object it had, never
     written to. An empty slot dict is not copied: one the run filled is
     emptied again. Nothing is compared entry by entry: the cost is one
-    shallow copy per module and non-empty slot and two dict swaps per module,
-    in C (``map``) for all modules at once.
+    shallow copy per module and non-empty slot, and two dict swaps.
 
     With ``values``, the values of buffers and plain tensor attributes are
     saved too (a clone each; tensors without data, on the meta device, are
     skipped) and copied back, for code that updates them in place
     (``self.count += 1`` while fx traces): an in-place update changes the
-    shared tensor, not a dict entry.
+    shared tensor, not a dict entry. Plain tensor attributes are found by
+    the classes of the attribute values (:func:`~tracing.classes.could_be`):
+    only when one could be a tensor is each value asked.
 
     Args:
         model: the model; every module reached by ``modules()`` is kept.
@@ -164,43 +142,56 @@ class ModuleSnapshot:
         modules: Iterable[nn.Module] | None = None,
     ) -> None:
         self._modules = list(model.modules() if modules is None else modules)
-        self._dicts = list(map(vars, self._modules))
-        working = list(map(dict.copy, self._dicts))
-        #: the slot dicts that were empty (shared with the working dicts)
+        self._dicts: list[dict[str, Any]] = []
+        #: slot dicts that were empty (not copied: shared with the working dicts)
         self._empty: list[dict[str, Any]] = []
-        buffers: list[dict[str, Any]] = []
-        for slot in _SLOTS:
-            entries = list(map(itemgetter(slot), self._dicts))
-            full = list(map(bool, entries))
-            self._empty += compress(entries, map(operator.not_, full))
-            copies = map(_COPY, compress(entries, full))
-            setitems = map(operator.setitem, compress(working, full), repeat(slot), copies)
-            deque(setitems, maxlen=0)
-            if slot == "_buffers":
-                buffers = list(compress(entries, full))
+        working: list[dict[str, Any]] = []
+        classes: set[type] = set()  # of the attribute values, with values
+        buffers: list[dict[str, Any]] = []  # the non-empty _buffers, with values
+        for module in self._modules:
+            attrs = module.__dict__
+            work = attrs.copy()
+            for slot in _SLOTS:
+                entries = attrs[slot]
+                if entries:
+                    work[slot] = entries.copy()
+                else:
+                    self._empty.append(entries)
+            if values:
+                classes.update(map(type, attrs.values()))
+                if attrs["_buffers"]:
+                    buffers.append(attrs["_buffers"])
+            self._dicts.append(attrs)
+            working.append(work)
         self._values: list[tuple[torch.Tensor, torch.Tensor]] = []
         if values:
-            self._save_values(buffers)
+            self._save_values(buffers, classes)
         try:
-            _set_dicts(self._modules, working)
+            for module, work in zip(self._modules, working, strict=True):
+                _set_attr(module, "__dict__", work)
         except BaseException:
-            _set_dicts(self._modules, self._dicts)
+            self._put_back()
             raise
 
-    def _save_values(self, buffers: list[dict[str, Any]]) -> None:
+    def _save_values(self, buffers: list[dict[str, Any]], classes: set[type]) -> None:
         """Clone every buffer and plain tensor attribute that holds data."""
         tensors = [b for entries in buffers for b in entries.values() if b is not None]
-        # Every attribute value: the internals are never tensors.
-        tensors += tensors_among(list(chain.from_iterable(map(dict.values, self._dicts))))
+        if could_be(classes, torch.Tensor):  # the internals are never tensors
+            values = (v for attrs in self._dicts for v in attrs.values())
+            tensors += [v for v in values if isinstance(v, torch.Tensor)]
         for t in tensors:
             if t.device.type != "meta" and not isinstance(t, nn.Parameter):
                 self._values.append((t, t.detach().clone()))
 
+    def _put_back(self) -> None:
+        for module, attrs in zip(self._modules, self._dicts, strict=True):
+            _set_attr(module, "__dict__", attrs)
+
     def restore(self) -> None:
         """Give every module its original attributes back, and the saved tensor values."""
-        _set_dicts(self._modules, self._dicts)
-        if any(self._empty):
-            for entries in self._empty:
+        self._put_back()
+        for entries in self._empty:
+            if entries:
                 entries.clear()
         with torch.no_grad():
             for t, value in self._values:

@@ -10,7 +10,6 @@ walks once, with a loop, and hands every user the list it needs.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import NamedTuple
 
 import torch.nn as nn
@@ -61,33 +60,49 @@ def walk_modules(model: nn.Module) -> ModuleWalk:
         >>> [fqn for fqn, _ in walk.named], len(walk.modules), walk.first_names
         (['', '0', '1'], 2, ['', '0'])
     """
-    named = _preorder(model)
-    every = list(map(itemgetter(1), named))
-    classes: set[type[nn.Module]] = set(map(type, every))
+    named, modules, first_names, classes = _preorder(model)
     if any(cls.named_modules is not _NAMED_MODULES for cls in classes):
-        named = list(model.named_modules(remove_duplicate=False))
-        every = list(map(itemgetter(1), named))
-    # A dict keeps a key where it was first inserted; a repeat only rewrites
-    # its value. Keys in first-visit order, then each module's first entry
-    # (inserted last when walking backwards), all in C.
-    order = dict.fromkeys(map(id, every))
-    first = dict(zip(map(id, reversed(every)), reversed(named), strict=True))
-    pairs = list(map(first.__getitem__, order))
-    return ModuleWalk(named, list(map(itemgetter(1), pairs)), list(map(itemgetter(0), pairs)))
+        return _from_named(list(model.named_modules(remove_duplicate=False)))
+    return ModuleWalk(named, modules, first_names)
 
 
-def _preorder(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(FQN, module)`` in the order of ``named_modules(remove_duplicate=False)``."""
+def _preorder(
+    model: nn.Module,
+) -> tuple[list[tuple[str, nn.Module]], list[nn.Module], list[str], set[type[nn.Module]]]:
+    """The walk in the order of ``named_modules(remove_duplicate=False)``, with the
+    classes met (to check that none overrides ``named_modules``)."""
     named: list[tuple[str, nn.Module]] = []
+    modules: list[nn.Module] = []
+    first_names: list[str] = []
+    seen: set[int] = set()
+    classes: set[type[nn.Module]] = set()
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
         entry = stack.pop()
         named.append(entry)
         prefix, module = entry
+        if id(module) not in seen:
+            seen.add(id(module))
+            modules.append(module)
+            first_names.append(prefix)
+            classes.add(type(module))
         children = module._modules
         if children:
             dot = prefix + "." if prefix else ""
             below = [(dot + name, child) for name, child in children.items() if child is not None]
             below.reverse()
             stack += below
-    return named
+    return named, modules, first_names, classes
+
+
+def _from_named(named: list[tuple[str, nn.Module]]) -> ModuleWalk:
+    """The walk from ``named_modules(remove_duplicate=False)``'s own list."""
+    modules: list[nn.Module] = []
+    first_names: list[str] = []
+    seen: set[int] = set()
+    for prefix, module in named:
+        if id(module) not in seen:
+            seen.add(id(module))
+            modules.append(module)
+            first_names.append(prefix)
+    return ModuleWalk(named, modules, first_names)

@@ -8,18 +8,20 @@ For the duration of exactly one ``tracer.trace()`` call the tracer
   ``forward`` is traced directly). The wrapper appends the module's FQN to the
   forward order and keeps a stack of the modules being traced, so every later
   event knows its innermost module.
-* ``create_proxy`` is called for every graph node. For ``call_function``,
-  ``call_method`` and ``call_module`` nodes, the wrapper looks at the node's
-  input nodes: each ``get_attr`` of a parameter is a use. Looking at the node
+* ``create_proxy`` is called for every graph node. A ``call_function``,
+  ``call_method`` or ``call_module`` node whose input nodes include the
+  ``get_attr`` of a parameter uses that parameter. Looking at the node
   (rather than at the Python arguments) sees parameters at any nesting depth:
   positional, keyword, inside lists/tuples/dicts, and ``nn.Parameter`` objects
   that fx turned into ``get_attr`` nodes itself. Because fx caches one proxy
   per parameter, a use can only be found at the op that consumes it, never at
   the attribute access. A leaf module's ``call_module`` node uses all of that
   module's parameters (recursively), since fx does not trace inside it.
-  During the trace the wrapper only notes such nodes with the innermost module
-  call; the parameter groups are built once the trace has finished, so the
-  trace itself stays within a few percent of a bare ``tracer.trace()``.
+  During the trace the wrapper only notes each such node's proxy with the
+  innermost module call (one append); once the trace has finished, the
+  parameters' ``get_attr`` nodes name the nodes that use them (their
+  ``users``) and the parameter groups are built, so the trace itself stays
+  within a few percent of a bare ``tracer.trace()``.
 
 Source: the approach follows torch's 2022 ``ParamExecOrderWrapPolicy`` tracer
 (``torch/distributed/fsdp/_trace_utils.py``, ``_ExecOrderTracer``), which
@@ -34,7 +36,7 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from itertools import compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -52,6 +54,9 @@ logger = logging.getLogger(__name__)
 
 _PATCHED_METHODS = ("call_module", "create_proxy")
 _CLASS_NAME = attrgetter("__name__")
+_PARAM_FQNS = attrgetter("param_fqns")
+_NODE = attrgetter("node")
+_GRAPH = attrgetter("graph")
 _PARAMETERS = attrgetter("_parameters")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
 
@@ -140,10 +145,11 @@ class SymbolicRecorder:
         #: per call, how many recorded calls enclose it (the stack's height)
         self.module_call_depths: list[int] = [0]
         self.stack: list[tuple[str, int]] = [("", 0)]
-        # Nodes that use parameters, with the (module FQN, call index) on top
-        # of the stack when they were created. They are turned into ParamUses
-        # after the trace, so the trace itself pays one append per such node.
-        self.pending: list[tuple[Node, tuple[str, int]]] = []
+        # The proxy of every op and module-call node, with the (module FQN,
+        # call index) on top of the stack when it was created. They are turned
+        # into ParamUses after the trace, so the trace itself pays one append
+        # per node.
+        self.pending: list[tuple[Any, tuple[str, int]]] = []
         # The innermost module when an exception first passed through a
         # module call, keyed by the exception object.
         self._failed_exc: BaseException | None = None
@@ -209,10 +215,9 @@ class SymbolicRecorder:
     def _wrap_create_proxy(
         self, orig_create_proxy: Callable[..., torch.fx.Proxy]
     ) -> Callable[..., torch.fx.Proxy]:
-        """``create_proxy`` that notes each node using a parameter with its module call."""
+        """``create_proxy`` that notes each op or module-call proxy with its module call."""
         stack = self.stack
         pending_append = self.pending.append
-        param_targets = self.param_targets
         use_kinds = _USE_KINDS
 
         def create_proxy(
@@ -231,21 +236,7 @@ class SymbolicRecorder:
                     kind, target, args, kwargs, name, type_expr, proxy_factory_fn
                 )
             if kind in use_kinds:
-                node = getattr(proxy, "node", None)
-                if isinstance(node, Node):
-                    if kind == "call_module":
-                        pending_append((node, stack[-1]))
-                    else:
-                        # fx keeps a node's inputs in the dict `_input_nodes`;
-                        # iterating it avoids the list `all_input_nodes` builds
-                        # per node (this runs once per traced op).
-                        inputs = getattr(node, "_input_nodes", None)
-                        if inputs is None:
-                            inputs = node.all_input_nodes
-                        for n in inputs:
-                            if n.op == "get_attr" and n.target in param_targets:
-                                pending_append((node, stack[-1]))
-                                break
+                pending_append((proxy, stack[-1]))
             return proxy
 
         return create_proxy
@@ -253,26 +244,39 @@ class SymbolicRecorder:
     # -------------------------------------------------------------- results
     def result(self) -> ExecutionOrder:
         """The recorded order (call after a successful trace)."""
+        calls = self._calls()
+        using = self._param_users(list(map(itemgetter(0), calls)))
+        leaf_params = self.leaf_params
         param_uses: list[ParamUse] = []
-        param_forward_order: list[str] = []
-        seen: set[str] = set()
-        for node, (module_fqn, call_index) in self.pending:
-            use = self._param_use(node, module_fqn, call_index)
-            if use is None:
+        for node, (module_fqn, call_index) in calls:
+            if node.op == "call_module":
+                # A leaf module's own parameters, and any passed to it.
+                group = leaf_params.get(node.target)  # type: ignore[arg-type]
+                if group is None:
+                    group = self._leaf_params(node.target, module_fqn)
+                if node in using:
+                    group = tuple(dict.fromkeys(group + self._direct_params(node)))
+                if not group:
+                    continue
+                use = ParamUse(module_fqn, call_index, group, "call_module")
+            elif node in using:
+                if _is_metadata_access(node.op, node.target, node):
+                    continue
+                group = tuple(dict.fromkeys(self._direct_params(node)))
+                use = ParamUse(module_fqn, call_index, group, _op_name(node.target))
+            else:
                 continue
             param_uses.append(use)
-            for fqn in use.param_fqns:
-                if fqn not in seen:
-                    seen.add(fqn)
-                    param_forward_order.append(fqn)
             if self.debug:
                 logger.debug(
                     "call %d (%s): %s uses %s", call_index, module_fqn, use.op, use.param_fqns
                 )
+        # Each parameter's first use: dict keys keep the first insertion.
+        first_uses = dict.fromkeys(chain.from_iterable(map(_PARAM_FQNS, param_uses)))
         return ExecutionOrder(
             module_forward_order=list(self.module_forward_order),
             module_call_depths=list(self.module_call_depths),
-            param_forward_order=param_forward_order,
+            param_forward_order=list(first_uses),
             param_uses=param_uses,
             param_backward_order=[],
             shared_params=self.shared,
@@ -281,26 +285,45 @@ class SymbolicRecorder:
             method="symbolic",
         )
 
-    def _param_use(self, node: Node, module_fqn: str, call_index: int) -> ParamUse | None:
-        """The parameters that ``node`` (an op or a leaf-module call) uses."""
-        kind, target = node.op, node.target
-        if kind != "call_module" and _is_metadata_access(kind, target, node):
-            return None
+    def _calls(self) -> list[tuple[Node, tuple[str, int]]]:
+        """The recorded nodes with their module calls, in creation order (an object
+        a custom proxy factory made without a graph node is left out)."""
+        proxies = list(map(itemgetter(0), self.pending))
+        try:
+            nodes = list(map(_NODE, proxies))
+        except AttributeError:
+            nodes = [getattr(proxy, "node", None) for proxy in proxies]
+        calls = zip(nodes, map(itemgetter(1), self.pending), strict=True)
+        if all(map(isinstance, nodes, repeat(Node))):
+            return list(calls)
+        return [(node, call) for node, call in calls if isinstance(node, Node)]
+
+    def _param_users(self, nodes: list[Node]) -> set[Node]:
+        """The nodes that take a parameter's ``get_attr`` node as an input.
+
+        The ``get_attr`` nodes of the graphs ``nodes`` belong to are few (fx
+        makes one per parameter and trace), and each knows its users, so
+        this finds every node using a parameter at any nesting depth of its
+        arguments (fx records a node's inputs wherever they sit: positional,
+        keyword, inside lists, tuples and dicts) without looking at the
+        inputs of every node.
+        """
         param_targets = self.param_targets
-        direct = [
+        users: set[Node] = set()
+        for graph in set(map(_GRAPH, nodes)):
+            for n in _get_attr_nodes(graph):
+                if n.target in param_targets:
+                    users.update(n.users)
+        return users
+
+    def _direct_params(self, node: Node) -> tuple[str, ...]:
+        """Canonical FQNs of the parameters among ``node``'s input nodes, in order."""
+        param_targets = self.param_targets
+        return tuple(
             param_targets[n.target]  # type: ignore[index]
             for n in node.all_input_nodes
             if n.op == "get_attr" and n.target in param_targets
-        ]
-        if kind == "call_module":
-            group = self._leaf_params(target, module_fqn)
-            if direct:
-                group = tuple(dict.fromkeys(group + tuple(direct)))
-            op = "call_module"
-        else:
-            group = tuple(dict.fromkeys(direct))
-            op = _op_name(target)
-        return ParamUse(module_fqn, call_index, group, op) if group else None
+        )
 
     def _leaf_params(self, target: Target, module_fqn: str) -> tuple[str, ...]:
         """Canonical FQNs of all parameters (recursively) of a leaf module.
@@ -330,6 +353,15 @@ class SymbolicRecorder:
             cause = cause.__cause__ or cause.__context__
         module = self.modules_by_fqn.get(fqn, self.model)
         return fqn, type(module).__name__
+
+
+def _get_attr_nodes(graph: torch.fx.Graph) -> list[Node]:
+    """The ``get_attr`` nodes of ``graph``: from fx's lookup table where this torch
+    has ``Graph.find_nodes``, else by walking the graph."""
+    try:
+        return list(graph.find_nodes(op="get_attr", sort=False))
+    except (AttributeError, TypeError):  # a torch without find_nodes, or another signature
+        return [n for n in graph.nodes if n.op == "get_attr"]
 
 
 def _op_name(target: Target) -> str:
