@@ -17,8 +17,8 @@ For the duration of exactly one ``tracer.trace()`` call the tracer
   per parameter, a use can only be found at the op that consumes it, never at
   the attribute access. A leaf module's ``call_module`` node uses all of that
   module's parameters (recursively), since fx does not trace inside it.
-  During the trace the wrapper only notes each such node's proxy with the
-  innermost module call (one append); once the trace has finished, the
+  During the trace the wrapper only notes each such node with the innermost
+  module call (one append); once the trace has finished, the
   parameters' ``get_attr`` nodes name the nodes that use them (their
   ``users``) and the parameter groups are built, so the trace itself stays
   within a few percent of a bare ``tracer.trace()``.
@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 _PATCHED_METHODS = ("call_module", "create_proxy")
 _CLASS_NAME = attrgetter("__name__")
 _PARAM_FQNS = attrgetter("param_fqns")
-_NODE = attrgetter("node")
 _GRAPH = attrgetter("graph")
 _PARAMETERS = attrgetter("_parameters")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
@@ -144,12 +143,14 @@ class SymbolicRecorder:
         self.module_forward_order: list[str] = [""]
         #: per call, how many recorded calls enclose it (the stack's height)
         self.module_call_depths: list[int] = [0]
-        self.stack: list[tuple[str, int]] = [("", 0)]
-        # The proxy of every op and module-call node, with the (module FQN,
-        # call index) on top of the stack when it was created. They are turned
-        # into ParamUses after the trace, so the trace itself pays one append
-        # per node.
-        self.pending: list[tuple[Any, tuple[str, int]]] = []
+        #: the calls being traced, innermost last (indices into module_forward_order)
+        self.stack: list[int] = [0]
+        # Every op and module-call node, and the call on top of the stack when
+        # it was created (two lists: nothing allocated per node). They are
+        # turned into ParamUses after the trace, so the trace itself pays two
+        # appends per node.
+        self.nodes: list[Any] = []
+        self.node_calls: list[int] = []
         # The innermost module when an exception first passed through a
         # module call, keyed by the exception object.
         self._failed_exc: BaseException | None = None
@@ -197,7 +198,7 @@ class SymbolicRecorder:
             call_index = len(module_forward_order)
             module_forward_order.append(fqn)
             depths.append(len(stack))
-            stack.append((fqn, call_index))
+            stack.append(call_index)
             if debug:
                 logger.debug("call %d: %s (%s)", call_index, fqn, type(m).__name__)
             try:
@@ -215,9 +216,10 @@ class SymbolicRecorder:
     def _wrap_create_proxy(
         self, orig_create_proxy: Callable[..., torch.fx.Proxy]
     ) -> Callable[..., torch.fx.Proxy]:
-        """``create_proxy`` that notes each op or module-call proxy with its module call."""
+        """``create_proxy`` that notes each op or module-call node with its module call."""
         stack = self.stack
-        pending_append = self.pending.append
+        nodes_append = self.nodes.append
+        calls_append = self.node_calls.append
         use_kinds = _USE_KINDS
 
         def create_proxy(
@@ -236,7 +238,11 @@ class SymbolicRecorder:
                     kind, target, args, kwargs, name, type_expr, proxy_factory_fn
                 )
             if kind in use_kinds:
-                pending_append((proxy, stack[-1]))
+                try:
+                    nodes_append(proxy.node)
+                except AttributeError:  # a custom proxy factory's object, without a node
+                    return proxy
+                calls_append(stack[-1])
             return proxy
 
         return create_proxy
@@ -244,11 +250,13 @@ class SymbolicRecorder:
     # -------------------------------------------------------------- results
     def result(self) -> ExecutionOrder:
         """The recorded order (call after a successful trace)."""
-        calls = self._calls()
-        using = self._param_users(list(map(itemgetter(0), calls)))
+        nodes, node_calls = self._graph_nodes()
+        using = self._param_users(nodes)
         leaf_params = self.leaf_params
+        module_forward_order = self.module_forward_order
         param_uses: list[ParamUse] = []
-        for node, (module_fqn, call_index) in calls:
+        for node, call_index in zip(nodes, node_calls, strict=True):
+            module_fqn = module_forward_order[call_index]
             if node.op == "call_module":
                 # A leaf module's own parameters, and any passed to it.
                 group = leaf_params.get(node.target)  # type: ignore[arg-type]
@@ -285,18 +293,13 @@ class SymbolicRecorder:
             method="symbolic",
         )
 
-    def _calls(self) -> list[tuple[Node, tuple[str, int]]]:
-        """The recorded nodes with their module calls, in creation order (an object
-        a custom proxy factory made without a graph node is left out)."""
-        proxies = list(map(itemgetter(0), self.pending))
-        try:
-            nodes = list(map(_NODE, proxies))
-        except AttributeError:
-            nodes = [getattr(proxy, "node", None) for proxy in proxies]
-        calls = zip(nodes, map(itemgetter(1), self.pending), strict=True)
-        if all(map(isinstance, nodes, repeat(Node))):
-            return list(calls)
-        return [(node, call) for node, call in calls if isinstance(node, Node)]
+    def _graph_nodes(self) -> tuple[list[Node], list[int]]:
+        """The recorded nodes and their calls, in creation order (anything a custom
+        proxy factory hung on ``.node`` that is not a graph node left out)."""
+        if all(map(isinstance, self.nodes, repeat(Node))):
+            return self.nodes, self.node_calls
+        kept = list(map(isinstance, self.nodes, repeat(Node)))
+        return list(compress(self.nodes, kept)), list(compress(self.node_calls, kept))
 
     def _param_users(self, nodes: list[Node]) -> set[Node]:
         """The nodes that take a parameter's ``get_attr`` node as an input.
