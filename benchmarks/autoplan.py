@@ -85,6 +85,7 @@ from benchmarks._bench import (
     median,
     publish,
 )
+from benchmarks.charts import draw_for_result
 
 __all__ = ["main"]
 
@@ -415,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         _save_cost_model(cm, path)
         for name, own in result["model_costs"].items():
             _save_cost_model(own["cost_model"], path, f".{name}")
+    draw_for_result(path, args.out)  # the charts of docs/benchmarks/autoplan.md
     return 0
 
 

@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from benchmarks._bench import add_output_args, markdown_table, publish
+from benchmarks.charts import draw_for_result
 from execwrap import ModuleWrapPolicy, plan_wrap, unit_compute
 from execwrap.cost.calibrate import measure_compute_rates
 from execwrap.demo_models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Units: the block-level plan's (root, then one per block). Medians over {rounds} "
         f"round(s), measured and estimated alternating. {_runtime_estimator_note()}\n"
     )
-    publish("estimate", note, table, args)
+    path = publish("estimate", note, table, args)
+    draw_for_result(path, args.out)  # the chart of docs/benchmarks/estimate.md
     return 0
 
 

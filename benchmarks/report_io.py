@@ -49,9 +49,10 @@ from benchmarks._bench import (
 )
 from execwrap.cli.saved import load_saved
 from execwrap.demo_models import GPT, Block, GPTConfig, Llama, LlamaConfig
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from execwrap.report import file_set, write_report
 from execwrap.report.context import ReportContext
+from execwrap.report.writer import FILE_WRITERS
 from tracing import ExecutionOrder, trace_execution_order
 
 __all__ = ["main", "run"]
@@ -61,14 +62,14 @@ def _rendered(plan: Any) -> dict[str, bytes]:
     ctx = ReportContext(plan.order, plan, 1, {}, None)
     out: dict[str, bytes] = {}
     for name, write in (
-        ("report.json", ctx.write_json),
-        ("calls.csv", ctx.write_calls_csv),
-        ("params.csv", ctx.write_params_csv),
-        ("order.graphml", ctx.write_graphml),
-        ("report.html", ctx.write_html),
+        ("report.json", FILE_WRITERS["json"]),
+        ("calls.csv", FILE_WRITERS["calls_csv"]),
+        ("params.csv", FILE_WRITERS["params_csv"]),
+        ("order.graphml", FILE_WRITERS["graphml"]),
+        ("report.html", FILE_WRITERS["html"]),
     ):
         buf = io.BytesIO()
-        write(buf)
+        write(ctx, buf)
         out[name] = buf.getvalue()
     return out
 

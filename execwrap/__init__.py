@@ -34,27 +34,37 @@ if TYPE_CHECKING:
         transformer_auto_wrap_policy,
     )
 
-    from execwrap.bucketing import min_contiguous_groups
-    from execwrap.compare import compare_plans
     from execwrap.cost import CostModel
-    from execwrap.divergence import Divergence, first_divergence
     from execwrap.errors import (
         ExecwrapError,
         MemoryBudgetError,
         OrderDivergenceError,
         ParamMismatchError,
         PlanError,
+        RankFailure,
     )
-    from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-    from execwrap.fsdp2 import apply_fully_shard
-    from execwrap.graph import build_order_graph, order_subgraph
-    from execwrap.monitor import DriftEvent, OrderMonitor
-    from execwrap.plan import WrapPlan
-    from execwrap.plan_search import PlanSearch
-    from execwrap.plan_stats import PlanStats, TimelineStep
-    from execwrap.planner import plan_wrap, policy_units
-    from execwrap.prefetch import prefetch_schedule
-    from execwrap.ranks import check_order_across_ranks, order_fingerprint
+    from execwrap.fsdp.accumulation import GRADIENT_SYNCS, accumulate_gradients
+    from execwrap.fsdp.checkpointing import (
+        CHECKPOINT_MODES,
+        apply_checkpointing,
+        selective_checkpoint_policy,
+    )
+    from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+    from execwrap.fsdp.fsdp2 import apply_fully_shard
+    from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
+    from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
+    from execwrap.order.divergence import Divergence, first_divergence
+    from execwrap.order.graph import build_order_graph, order_subgraph
+    from execwrap.order.monitor import DriftEvent, OrderMonitor
+    from execwrap.plan.compare import compare_plans
+    from execwrap.plan.pinned import load_plan, plan_changes, save_plan
+    from execwrap.plan.prefetch import prefetch_schedule
+    from execwrap.plan.search_record import PlanSearch
+    from execwrap.plan.stats import PlanStats, TimelineStep
+    from execwrap.plan.unit import WrapUnit
+    from execwrap.plan.wrap_plan import WrapPlan
+    from execwrap.planning.bucketing import min_contiguous_groups
+    from execwrap.planning.planner import plan_wrap, policy_units
     from execwrap.report.writer import write_report
     from execwrap.simulate import (
         MemoryBreakdown,
@@ -63,7 +73,6 @@ if TYPE_CHECKING:
         simulate_step,
         unit_compute,
     )
-    from execwrap.unit import WrapUnit
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
 #: Public name -> module that defines it (imported on first use).
@@ -80,30 +89,31 @@ _EXPORTS: dict[str, str] = {
     "TracingConfig": "tracing",
     "TracingError": "tracing",
     # execwrap
-    "Divergence": "execwrap.divergence",
-    "first_divergence": "execwrap.divergence",
+    "Divergence": "execwrap.order.divergence",
+    "first_divergence": "execwrap.order.divergence",
     "ExecwrapError": "execwrap.errors",
     "MemoryBudgetError": "execwrap.errors",
     "OrderDivergenceError": "execwrap.errors",
     "ParamMismatchError": "execwrap.errors",
     "PlanError": "execwrap.errors",
-    "ParamExecOrderWrapPolicy": "execwrap.fsdp1",
-    "apply_fully_shard": "execwrap.fsdp2",
-    "prefetch_schedule": "execwrap.prefetch",
-    "build_order_graph": "execwrap.graph",
-    "order_subgraph": "execwrap.graph",
-    "DriftEvent": "execwrap.monitor",
-    "OrderMonitor": "execwrap.monitor",
-    "min_contiguous_groups": "execwrap.bucketing",
-    "compare_plans": "execwrap.compare",
-    "WrapPlan": "execwrap.plan",
-    "PlanStats": "execwrap.plan_stats",
-    "TimelineStep": "execwrap.plan_stats",
-    "plan_wrap": "execwrap.planner",
-    "policy_units": "execwrap.planner",
-    "WrapUnit": "execwrap.unit",
-    "check_order_across_ranks": "execwrap.ranks",
-    "order_fingerprint": "execwrap.ranks",
+    "RankFailure": "execwrap.errors",
+    "ParamExecOrderWrapPolicy": "execwrap.fsdp.fsdp1",
+    "apply_fully_shard": "execwrap.fsdp.fsdp2",
+    "prefetch_schedule": "execwrap.plan.prefetch",
+    "build_order_graph": "execwrap.order.graph",
+    "order_subgraph": "execwrap.order.graph",
+    "DriftEvent": "execwrap.order.monitor",
+    "OrderMonitor": "execwrap.order.monitor",
+    "min_contiguous_groups": "execwrap.planning.bucketing",
+    "compare_plans": "execwrap.plan.compare",
+    "WrapPlan": "execwrap.plan.wrap_plan",
+    "PlanStats": "execwrap.plan.stats",
+    "TimelineStep": "execwrap.plan.stats",
+    "plan_wrap": "execwrap.planning.planner",
+    "policy_units": "execwrap.planning.planner",
+    "WrapUnit": "execwrap.plan.unit",
+    "check_order_across_ranks": "execwrap.fsdp.ranks",
+    "order_fingerprint": "execwrap.fsdp.ranks",
     "write_report": "execwrap.report.writer",
     # issue 11: cost model and step simulator
     "CostModel": "execwrap.cost",
@@ -112,17 +122,32 @@ _EXPORTS: dict[str, str] = {
     "UnitCompute": "execwrap.simulate",
     "simulate_step": "execwrap.simulate",
     "unit_compute": "execwrap.simulate",
+    # issue 36: checkpoints across plans
+    "load_checkpoint": "execwrap.fsdp.restart",
+    "restart_fully_shard": "execwrap.fsdp.restart",
+    "save_checkpoint": "execwrap.fsdp.restart",
+    "load_plan": "execwrap.plan.pinned",
+    "plan_changes": "execwrap.plan.pinned",
+    "save_plan": "execwrap.plan.pinned",
     # issue 11: the auto-planner's record (plan_wrap(..., bucket_numel="auto").search)
-    "PlanSearch": "execwrap.plan_search",
+    "PlanSearch": "execwrap.plan.search_record",
+    # issue 31: the training step applied (checkpointing, gradient accumulation)
+    "CHECKPOINT_MODES": "execwrap.fsdp.checkpointing",
+    "apply_checkpointing": "execwrap.fsdp.checkpointing",
+    "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
+    "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
+    "accumulate_gradients": "execwrap.fsdp.accumulation",
 }
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "CostModel",
     "CustomPolicy",
     "Divergence",
     "DriftEvent",
     "ExecutionOrder",
     "ExecwrapError",
+    "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
     "ModuleWrapPolicy",
@@ -133,6 +158,7 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "RankFailure",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
@@ -140,19 +166,28 @@ __all__ = [
     "UnitCompute",
     "WrapPlan",
     "WrapUnit",
+    "accumulate_gradients",
     "always_wrap_policy",
+    "apply_checkpointing",
     "apply_fully_shard",
     "build_order_graph",
     "check_order_across_ranks",
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "load_checkpoint",
+    "load_plan",
     "min_contiguous_groups",
     "order_fingerprint",
     "order_subgraph",
+    "plan_changes",
     "plan_wrap",
     "policy_units",
     "prefetch_schedule",
+    "restart_fully_shard",
+    "save_checkpoint",
+    "save_plan",
+    "selective_checkpoint_policy",
     "simulate_step",
     "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",

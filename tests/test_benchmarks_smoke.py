@@ -33,6 +33,7 @@ CASES = [
     ("estimate", ["-m", "benchmarks.estimate"], True),
     ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
     ("autoplan", ["-m", "benchmarks.autoplan"], True),
+    ("published", ["-m", "benchmarks.published"], True),
 ]
 
 

@@ -4,8 +4,12 @@
 - no function over 80 lines (docstring included), argparse tables excepted;
 - every module has ``__all__``;
 - no ``from X import _name`` and no private module imported across modules;
-- no import cycle between our modules (``if TYPE_CHECKING:`` imports excepted);
-- ``tracing`` never imports ``execwrap``.
+- no import cycle between our modules, type-only (``if TYPE_CHECKING:``) imports included;
+- ``tracing`` never imports ``execwrap``;
+- ``execwrap/`` holds only packages and four modules (``__init__``, ``__main__``, ``errors``,
+  ``demo_models``), and the layer contract written in ``pyproject.toml``
+  (``[tool.importlinter]``: the layers, no cycles, no framework imported by the core) holds,
+  checked by import-linter.
 
 The import graph is read from the sources with ``ast`` (imports inside
 functions count: a lazy import does not make a cycle go away) and checked with
@@ -15,6 +19,8 @@ networkx.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -49,12 +55,12 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement, skipping ``if TYPE_CHECKING:`` blocks."""
+def _imports(tree: ast.AST, *, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement; ``if TYPE_CHECKING:`` blocks only with ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -89,11 +95,11 @@ def _ours(name: str) -> bool:
     return name.split(".")[0] in PACKAGES
 
 
-def _import_graph() -> nx.DiGraph:
+def _import_graph(*, type_checking: bool = True) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(MODULES)
     for module, path in MODULES.items():
-        for node in _imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text()), type_checking=type_checking):
             for source, name in _targets(module, node):
                 if not _ours(source):
                     continue
@@ -161,8 +167,45 @@ def test_no_private_import_across_modules() -> None:
 
 
 def test_no_import_cycle() -> None:
-    cycles = sorted(sorted(c) for c in nx.simple_cycles(_import_graph()))
+    # type-only imports count: an annotation that needs the other module is a dependency
+    graph = _import_graph(type_checking=True)
+    graph.remove_node("execwrap")  # the lazy re-exports of the package's public names
+    cycles = sorted(sorted(c) for c in nx.simple_cycles(graph))
     assert cycles == []
+
+
+#: What ``execwrap/`` holds beside its packages (each package a layer, see pyproject.toml).
+TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "errors.py", "demo_models.py"}
+
+
+def test_execwrap_top_level_holds_packages_and_four_modules() -> None:
+    top = ROOT / "execwrap"
+    modules = {p.name for p in top.glob("*.py")}
+    packages = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+    assert modules == TOP_LEVEL_MODULES
+    assert packages == {
+        "cli", "cost", "distributed", "fsdp", "integrations", "order", "plan", "planning", "report",
+        "simulate", "util", "watch",
+    }  # fmt: skip
+
+
+def test_layer_contract_holds() -> None:
+    # in a subprocess: import-linter configures logging (it would disable our loggers here)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports; "
+            "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True))",
+            str(ROOT / "pyproject.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Contracts: 4 kept, 0 broken." in run.stdout
 
 
 def test_tracing_never_imports_execwrap() -> None:

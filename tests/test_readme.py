@@ -1,7 +1,8 @@
-"""The README stays true: CI runs its test command verbatim, and its code runs.
+"""The README and the docs stay true: CI runs the README's test command verbatim,
+and every code example of the README and of the pages under ``docs/`` runs.
 
-Every ```python block of README.md runs as a script in a fresh folder with the
-repository first on ``PYTHONPATH``: a block that calls
+Every ```python block of README.md and of ``docs/**/*.md`` runs as a script in a
+fresh folder with the repository first on ``PYTHONPATH``: a block that calls
 ``dist.init_process_group`` runs on 2 ranks under ``torchrun`` (gloo, CPU), any
 other block with ``python``. Markers on the line before a fence:
 
@@ -13,12 +14,13 @@ other block with ``python``. Markers on the line before a fence:
 A section whose code imports a framework of the ``[integrations]`` extra that
 is not installed is skipped (the ``[test]`` extra, which CI installs, has them).
 
-Blocks under one heading share a folder and run in order. A line
+Blocks under one heading (of level 1 to 3) share a folder and run in order; a
+heading's blocks that are the same as another's already collected (the README's
+examples are also on the Getting started page) run once, under the first. A line
 ``print(...)  # VALUE`` promises VALUE in the output (``...`` in VALUE stands
 for anything): the runner checks it. A 2-rank block that ends in gloo's
 teardown abort ("terminate called without an active exception", a torch 2.13
-race that ``tests/_dist.py`` explains and that the README's FSDP section
-describes) runs once more; that abort twice, or any other failure, fails.
+race that ``tests/_dist.py`` explains and that the FSDP1 guide describes) runs once more; that abort twice, or any other failure, fails.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+#: The pages whose examples run: the README first, then the docs in name order.
+PAGES = [ROOT / "README.md"] + sorted(
+    p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.relative_to(ROOT).parts
+)
+# A fence's info string may be a MyST directive (```{eval-rst}); only its first
+# word counts as the language.
+_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*\n", re.S | re.M)
 _MARK = re.compile(r"<!--\s*(file|run|skip)\s*:?\s*(.*?)\s*-->\s*$")
 
 
@@ -53,20 +61,21 @@ def _setup_commands() -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", section, flags=re.S)
 
 
-def _sections() -> dict[str, list[Block]]:
-    """Heading -> its code blocks in order (headings of level 2 and 3)."""
+def _sections(text: str) -> dict[str, list[Block]]:
+    """Heading -> its code blocks in order (headings of level 1 to 3)."""
     out: dict[str, list[Block]] = {}
     heading = "(top)"
     pos = 0
-    for match in _FENCE.finditer(README):
-        before = README[pos : match.start()]
+    for match in _FENCE.finditer(text):
+        before = text[pos : match.start()]
         for line in before.splitlines():
-            if re.match(r"#{2,3} ", line):
+            if re.match(r"#{1,3} ", line):
                 heading = line.lstrip("#").strip()
         last = before.rstrip("\n").splitlines()[-1] if before.strip() else ""
         mark = _MARK.search(last)
+        lang = (match.group(1).split() or [""])[0]
         out.setdefault(heading, []).append(
-            Block(match.group(1), match.group(2), *(mark.groups() if mark else ("", "")))
+            Block(lang, match.group(2), *(mark.groups() if mark else ("", "")))
         )
         pos = match.end()
     return out
@@ -79,7 +88,23 @@ def _runnable(blocks: list[Block]) -> bool:
     )
 
 
-SECTIONS = {h: b for h, b in _sections().items() if _runnable(b) and h != "Set-up"}
+def _all_sections() -> dict[str, list[Block]]:
+    """``"PAGE: heading"`` -> its blocks, for every runnable section of every page,
+    each distinct section once (the first page that has it names it)."""
+    out: dict[str, list[Block]] = {}
+    seen: set[tuple[Block, ...]] = set()
+    for page in PAGES:
+        name = page.relative_to(ROOT).as_posix()
+        for heading, blocks in _sections(page.read_text(encoding="utf-8")).items():
+            if not _runnable(blocks) or (name == "README.md" and heading == "Set-up"):
+                continue
+            if tuple(blocks) not in seen:
+                seen.add(tuple(blocks))
+                out[f"{name}: {heading}"] = blocks
+    return out
+
+
+SECTIONS = _all_sections()
 
 
 #: Top-level modules of the ``[integrations]`` extra's frameworks.
@@ -119,7 +144,7 @@ def _run(cmd: list[str], cwd: Path, what: str) -> str:
         if done.returncode == 0 or _TEARDOWN_ABORT not in done.stderr:
             break
     assert done.returncode == 0, (
-        f"README block failed ({what}), exit {done.returncode}:\n{done.stdout[-3000:]}\n"
+        f"example failed ({what}), exit {done.returncode}:\n{done.stdout[-3000:]}\n"
         f"{done.stderr[-3000:]}"
     )
     return done.stdout
@@ -152,7 +177,13 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 
 
 def test_readme_has_runnable_examples() -> None:
-    assert len(SECTIONS) >= 3, sorted(SECTIONS)
+    readme = [h for h in SECTIONS if h.startswith("README.md: ")]
+    assert len(readme) >= 3, sorted(SECTIONS)
+
+
+def test_docs_examples_are_collected() -> None:
+    pages = {h.split(": ", 1)[0] for h in SECTIONS}
+    assert {"docs/guide/fsdp1.md", "docs/guide/cost-model.md"} <= pages, sorted(pages)
 
 
 @pytest.mark.parametrize("heading", sorted(SECTIONS))

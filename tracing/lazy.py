@@ -3,7 +3,7 @@
 A package that re-exports names from heavy modules (torch, FSDP) imports each
 one on first use, so that importing the package itself costs nothing:
 
->>> __getattr__, __dir__ = lazy_exports(__name__, {"WrapPlan": "execwrap.plan"}, globals())
+>>> __getattr__, __dir__ = lazy_exports(__name__, {"WrapPlan": "execwrap.plan.wrap_plan"}, globals())
 ... # doctest: +SKIP
 """
 

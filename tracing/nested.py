@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,28 +21,29 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
         >>> tensors_in({"a": (t, [t]), "b": 3}) == [t, t]
         True
     """
+    # an explicit stack, not a recursive closure: a nested function that calls itself
+    # is a reference cycle, which would keep the tensors found alive until the garbage
+    # collector runs (a forward hook calling this would hold every output for a while)
     out: list[torch.Tensor] = []
     seen: set[int] = set()
-
-    def visit(value: Any) -> None:
+    stack: list[Any] = [obj]
+    while stack:
+        value = stack.pop()
         if isinstance(value, torch.Tensor):
             out.append(value)
-            return
+            continue
         if id(value) in seen:
-            return
+            continue
         seen.add(id(value))
         if isinstance(value, Mapping):
-            items: Iterable[Any] = value.values()
+            items: list[Any] = list(value.values())
         elif isinstance(value, (list, tuple)):
-            items = value
+            items = list(value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            items = (getattr(value, f.name, None) for f in dataclasses.fields(value))
+            items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
         else:
-            return
-        for item in items:
-            visit(item)
-
-    visit(obj)
+            continue
+        stack.extend(reversed(items))
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from tracing.atomic import atomic_write_text, refuse_folder
+from tracing.compute_op import ComputeOp
 from tracing.order_fields import (
     CAPTURE_METHODS,
     READABLE_SCHEMA_VERSIONS,
@@ -33,6 +34,7 @@ __all__ = [
     "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "CaptureMethod",
+    "ComputeOp",
     "TimingMethod",
     "ExecutionOrder",
     "ParamInfo",
@@ -156,6 +158,26 @@ class ExecutionOrder:
             ``""`` without timing.
         timing_method: ``"measured"`` (clocks), ``"estimated"`` (a roofline on
             the meta device or fake tensors), or ``""`` without timing.
+        input_activation_bytes: per forward call, bytes of its floating-point
+            tensor arguments that are not parameters (what full activation
+            checkpointing of the call keeps).
+        compute_ops: the forward matmuls and fused attention kernels, in order
+            (:class:`ComputeOp`; estimated timing only), for selective checkpointing.
+        forward_transient_bytes: per call, the most bytes alive while its own
+            forward ops ran, beyond the saved tensors (estimated timing only;
+            :mod:`tracing.runtime.op_record`); the root's includes the loss.
+        backward_transient_bytes: the same for its backward ops.
+        param_dtype: the dtype the floating-point parameters were cast to for the
+            capture (``""``: as the model holds them), so activations are sized in it.
+        training: schema 3: the ``training`` flag of the module whose calls the
+            order holds (the root's, for one step) when it was captured: ``False``
+            for an order captured in eval mode; ``None``: not recorded (symbolic
+            capture, older files, hand-built orders).
+        grad_enabled: schema 3: whether autograd was on during the recorded
+            forward (``torch.is_grad_enabled()``): ``False`` under
+            ``torch.no_grad()`` or ``torch.inference_mode()``, where no backward
+            runs and :attr:`param_backward_order` is empty (:attr:`warnings`
+            says so); ``None`` for symbolic capture (nothing runs) and older files.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")
@@ -185,10 +207,18 @@ class ExecutionOrder:
     saved_activation_bytes: list[int] = field(default_factory=list)
     timing_device: str = ""
     timing_method: TimingMethod = ""
+    input_activation_bytes: list[int] = field(default_factory=list)
+    compute_ops: list[ComputeOp] = field(default_factory=list)
+    forward_transient_bytes: list[int] = field(default_factory=list)
+    backward_transient_bytes: list[int] = field(default_factory=list)
+    param_dtype: str = ""
     # ---- capture (schema version 2)
     zero_cost: bool = False
     warnings: list[str] = field(default_factory=list)
     module_call_depths: list[int] = field(default_factory=list)
+    # ---- the mode of the capture (schema version 3; None: not recorded)
+    training: bool | None = None
+    grad_enabled: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in CAPTURE_METHODS:
@@ -307,6 +337,8 @@ class ExecutionOrder:
             "zero_cost": self.zero_cost,
             "warnings": list(self.warnings),
             "module_call_depths": list(self.module_call_depths),
+            "training": self.training,
+            "grad_enabled": self.grad_enabled,
         }
 
     @classmethod
@@ -352,7 +384,10 @@ class ExecutionOrder:
             zero_cost=f["zero_cost"],
             warnings=f["warnings"],
             module_call_depths=f["module_call_depths"],
-            **{name: f[name] for name in TIMING_FIELDS},
+            training=f["training"],
+            grad_enabled=f["grad_enabled"],
+            **{name: f[name] for name in TIMING_FIELDS if name != "compute_ops"},
+            compute_ops=[ComputeOp.from_dict(op) for op in f["compute_ops"]],
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -407,6 +442,11 @@ def _timing_dict(order: ExecutionOrder) -> dict[str, Any]:
         "saved_activation_bytes": list(order.saved_activation_bytes),
         "timing_device": order.timing_device,
         "timing_method": order.timing_method,
+        "input_activation_bytes": list(order.input_activation_bytes),
+        "compute_ops": [op.to_dict() for op in order.compute_ops],
+        "forward_transient_bytes": list(order.forward_transient_bytes),
+        "backward_transient_bytes": list(order.backward_transient_bytes),
+        "param_dtype": order.param_dtype,
     }
 
 

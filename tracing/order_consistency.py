@@ -61,7 +61,13 @@ def check_consistency(fields: dict[str, Any], *, prefix: str = "") -> None:
     _check_params(fields, prefix)
     _check_ties(fields, prefix)
     calls = len(fields["module_forward_order"])
-    for name in (*_PER_CALL_FIELDS, "saved_activation_bytes"):
+    for name in (
+        *_PER_CALL_FIELDS,
+        "saved_activation_bytes",
+        "input_activation_bytes",
+        "forward_transient_bytes",
+        "backward_transient_bytes",
+    ):
         values = fields.get(name) or []
         if values and len(values) != calls:
             raise SchemaError(

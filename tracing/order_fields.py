@@ -44,11 +44,12 @@ __all__ = [
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
 #: Version 2 added the optional timing fields (``forward_times_s`` ...) and the
-#: capture fields ``zero_cost`` and ``warnings``; version-1 files still load
-#: (those fields get their defaults).
-SCHEMA_VERSION = 2
+#: capture fields ``zero_cost`` and ``warnings``; version 3 the mode of the
+#: capture, ``training`` and ``grad_enabled``. Older files still load (the
+#: fields they lack get their defaults: ``None``, not recorded).
+SCHEMA_VERSION = 3
 #: Layout versions :meth:`ExecutionOrder.from_dict` reads.
-READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 #: ``ExecutionOrder.method`` values.
 CAPTURE_METHODS: tuple[str, ...] = ("symbolic", "runtime")
@@ -78,8 +79,7 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     if not is_int(version):
         raise SchemaError(
             field_path(prefix, "schema_version"),
-            f"expected an int layout version ({' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}), "
-            f"got {type_and_value(version)}",
+            f"expected an int layout version ({_versions()}), got {type_and_value(version)}",
             source,
             "ExecutionOrder",
         )
@@ -97,6 +97,12 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     except SchemaError as e:
         raise SchemaError(e.path, e.problem, source, "ExecutionOrder") from None
     return fields
+
+
+def _versions() -> str:
+    """``"1, 2 or 3"``: the readable layout versions, in words."""
+    *head, last = map(str, READABLE_SCHEMA_VERSIONS)
+    return f"{', '.join(head)} or {last}" if head else last
 
 
 def parse_json(text: str, source: str) -> Any:
@@ -132,6 +138,21 @@ _PARAM_USE = Record(
         "call_index": Field(integer(what="a call index")),
         "param_fqns": Field(list_of(string())),
         "op": Field(string(), required=False, default="call_module"),
+    }
+)
+
+
+def _optional_dtype(value: Any, path: str) -> str:
+    """``""`` or a dtype name (:func:`_dtype_name`)."""
+    return "" if value == "" else _dtype_name(value, path)
+
+
+_COMPUTE_OP = Record(
+    {
+        "call_index": Field(integer(what="a call index")),
+        "op": Field(string()),
+        "output_bytes": Field(integer(what="bytes")),
+        "seconds": Field(number(), required=False, default=0.0),
     }
 )
 _PARAM_INFO = Record(
@@ -170,7 +191,19 @@ ORDER_FIELDS = Record(
         "saved_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
         "timing_device": Field(string(), required=False, default=""),
         "timing_method": Field(one_of(*TIMING_METHODS), required=False, default=""),
+        "input_activation_bytes": Field(list_of(integer(what="bytes")), required=False, default=[]),
+        "compute_ops": Field(list_of(_COMPUTE_OP), required=False, default=[]),
+        "forward_transient_bytes": Field(
+            list_of(integer(what="bytes")), required=False, default=[]
+        ),
+        "backward_transient_bytes": Field(
+            list_of(integer(what="bytes")), required=False, default=[]
+        ),
+        "param_dtype": Field(_optional_dtype, required=False, default=""),
         "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
+        # schema 3: the mode the order was captured in (absent in older files: not recorded)
+        "training": Field(optional(boolean()), required=False),
+        "grad_enabled": Field(optional(boolean()), required=False),
     }
 )
 
@@ -184,6 +217,11 @@ TIMING_FIELDS = (
     "saved_activation_bytes",
     "timing_device",
     "timing_method",
+    "input_activation_bytes",
+    "compute_ops",
+    "forward_transient_bytes",
+    "backward_transient_bytes",
+    "param_dtype",
 )
 
 

@@ -24,17 +24,18 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-import execwrap.planner as planning
-import execwrap.search_space as search_space
+import execwrap.planning.auto.space as search_space
+import execwrap.planning.planner as planning
 from execwrap.cli.errors import CLIError
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
 from execwrap.errors import MemoryBudgetError, PlanError
-from execwrap.plan import WrapPlan
-from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
-from execwrap.text import plural
+from execwrap.simulate.step import step_estimate
+from execwrap.util.text import plural
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
 
@@ -55,6 +56,7 @@ _BUDGET_REMEDIES = {
     "all_gather_buffers": _FINER,
     "reduce_scatter_buffers": _FINER,
     "activations": "use a smaller batch or sequence in --input, or activation checkpointing",
+    "temporaries": "use a smaller batch or sequence in --input",
 }
 #: The auto-planner's WARNING for an order without compute times, in CLI terms.
 _NO_COMPUTE_TIMES = (
@@ -202,6 +204,6 @@ def estimate_baselines(
         compute = (
             unit_compute(base) if base.order.has_timing else UnitCompute.zeros(len(base.units))
         )
-        estimate = simulate_step(base, cm, world_size=ranks, prefetch=prefetch, compute=compute)
+        estimate = step_estimate(base, cm, world_size=ranks, prefetch=prefetch, compute=compute)
         out[name] = dataclasses.replace(base, estimate=estimate)
     return out

@@ -14,7 +14,7 @@ from execwrap.cli.errors import EXIT_FINDING, EXIT_OK
 from execwrap.cli.options import DiffOptions
 from execwrap.cli.saved import call_label, load_saved
 from execwrap.cli.text import echo
-from execwrap.divergence import Divergence, first_divergence
+from execwrap.order.divergence import Divergence, first_divergence
 from tracing import ExecutionOrder
 from tracing.order import ParamInfo
 

@@ -18,7 +18,7 @@ import torch
 
 from execwrap.cli.input_spec import InputItem, check_input_file, is_arg_name
 from execwrap.cli.text import article, exc_line
-from execwrap.report.formatting import format_bytes
+from execwrap.util.formatting import format_bytes
 from tracing.checks import is_int
 
 __all__ = ["build_inputs"]

@@ -2,7 +2,7 @@
 
 Everything the command line prints goes through :func:`echo`, which applies
 the terminal's one escaping rule (:func:`terminal_safe`, which is
-:func:`execwrap.text.printable`): names read from a
+:func:`execwrap.util.text.printable`): names read from a
 model or a saved file may hold escape sequences or control characters, and
 they are shown escaped, never sent to the terminal.
 
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from execwrap.text import printable as terminal_safe
+from execwrap.util.text import printable as terminal_safe
 
 __all__ = [
     "article",

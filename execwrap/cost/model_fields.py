@@ -21,11 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 from execwrap.cost.curve import CollectiveCurve, CurveSegment
+from tracing.checks import check_integral
 from tracing.schema import (
     Check,
     Field,
     Record,
     SchemaError,
+    dict_of,
     field_path,
     integer,
     list_of,
@@ -35,7 +37,7 @@ from tracing.schema import (
     type_and_value,
 )
 
-__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES"]
+__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES", "checked_device_memory"]
 
 #: Devices a cost model can describe: the ones calibration times on and presets describe.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -124,6 +126,17 @@ _COMPUTE = Record(
         "flops_per_s": Field(number(None)),
         "memory_bytes_per_s": Field(number(None)),
         "op_overhead_s": Field(number(0.0), required=False, default=0.0),
+        "matmul_flops_per_s": Field(dict_of(number(None)), required=False, default={}),
+        "attention_flops_per_s": Field(dict_of(number(None)), required=False, default={}),
+    }
+)
+
+_HOST = Record(
+    {
+        "to_device_bytes_per_s": Field(number(None)),
+        "to_host_bytes_per_s": Field(number(None)),
+        "optimizer_bytes_per_s": Field(number(None)),
+        "source": Field(string(), required=False, default=""),
     }
 )
 
@@ -145,8 +158,21 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
+        "host": Field(optional(_HOST), required=False),
         "source": Field(string(), required=False, default=""),
         "created": Field(string(), required=False, default=""),
         "torch_version": Field(string(), required=False, default=""),
     }
 )
+
+
+def checked_device_memory(value: Any, name: str) -> int | None:
+    """``value`` (bytes, or ``None``: unknown) as an ``int >= 1`` (a NumPy integer too).
+
+    Raises:
+        TypeError, ValueError: not a whole number of bytes >= 1 (naming ``name``).
+    """
+    if value is None:
+        return None
+    return check_integral(value, name, minimum=1, unit="bytes")

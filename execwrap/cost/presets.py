@@ -14,18 +14,24 @@ Simple) is a line ``time = latency + nbytes / algorithm_bandwidth`` with
   capped per protocol (LL: half the link and ``llMaxBws``; LL128: 120/128 of
   it; LL128 is off across InfiniBand nodes);
 
-and the curve is the best protocol at each size (the lower envelope). These
-are estimates: measure your own cluster with ``execwrap calibrate``.
+and the curve is the best protocol at each size (the lower envelope). Each
+preset names its GPU model (:mod:`execwrap.cost.gpus`: peak rates per dtype,
+memory bandwidth, host link, from datasheets); ``gpu=`` puts another GPU
+model in the same cluster (its family's NVLink bandwidth and NCCL constants
+replace the preset's: A100 nodes on the InfiniBand preset's fabric, say). These are estimates: measure your
+own cluster with ``execwrap calibrate``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from execwrap.cost.curve import CollectiveCurve
-from tracing.rates import ComputeRates
+from execwrap.cost.gpus import GPUS, MEMORY_EFFICIENCY, gpu_compute_rates
+from execwrap.cost.host_link import HostLink
 
 __all__ = ["PRESETS", "Preset", "preset_fields"]
 
@@ -49,12 +55,6 @@ _LL128_CAP_GBPS = {"hopper": 16 * 36.7, "ampere": 8 * 20.0}
 _NVLINK_BW_GBPS = {"hopper": 370.0, "ampere": 240.0}
 _IB_NDR_BW_GBPS = 50.0
 
-# --- Device compute, NVIDIA datasheets (dense, no sparsity):
-# H100 SXM5: 989.4 TFLOP/s BF16 Tensor Core, 3.35 TB/s HBM3 (NVIDIA H100 Tensor Core GPU datasheet).
-# A100 SXM4 80GB: 312 TFLOP/s BF16 Tensor Core, 2.039 TB/s HBM2e (NVIDIA A100 datasheet).
-_PEAK = {"hopper": (989.4e12, 3.35e12), "ampere": (312e12, 2.039e12)}
-#: Achieved fraction of peak: torch/utils/_runtime_estimation.py's flops_to_ns uses 75% of peak.
-_EFFICIENCY = 0.75
 #: Streaming multiprocessors (H100 SXM5: 132; A100: 108; NVIDIA architecture whitepapers).
 _SMS = {"hopper": 132, "ampere": 108}
 #: NCCL channels (one SM each) per collective: comm_analysis.py's _GPU_NCHANNELS.
@@ -62,8 +62,9 @@ _NCHANNELS = {"hopper": 16, "ampere": 8}
 #: Assumed, not sourced: FSDP2's GPU-side fixed cost per group per collective (the copy-in and
 #: copy-out kernels and events, a few kernel launches of ~5 us each); measure with calibrate.
 _GROUP_OVERHEAD_S = 10e-6
-#: Assumed, not sourced: per-op launch gap once kernels are queued (GPU-bound steps).
-_OP_OVERHEAD_S = 2e-6
+#: Assumed, not sourced: the fraction of a PCIe link's bandwidth a pinned copy achieves, and
+#: of the host's DRAM bandwidth a CPU optimizer step achieves (the compute's 75%).
+_HOST_EFFICIENCY = 0.75
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Preset:
         default_world_size: the world size used when none is given.
         inter_node: whether ranks span nodes over InfiniBand.
         description: one line for ``--help`` and reports.
+        device: the GPU model (a key of :data:`execwrap.cost.gpus.GPUS`).
     """
 
     name: str
@@ -85,6 +87,7 @@ class Preset:
     default_world_size: int
     inter_node: bool
     description: str
+    device: str = "h100-sxm5-80gb"
 
 
 #: Preset name -> :class:`Preset`.
@@ -95,12 +98,22 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "h100-ib-400g", "hopper", 8, 16, True, "H100 nodes of 8 over 400 Gb/s NDR InfiniBand"
         ),
-        Preset("a100-nvlink-8", "ampere", 8, 8, False, "8x A100 SXM 80GB in one node, NVLink"),
+        Preset(
+            "a100-nvlink-8",
+            "ampere",
+            8,
+            8,
+            False,
+            "8x A100 SXM 80GB in one node, NVLink",
+            "a100-sxm4-80gb",
+        ),
     )
 }
 
 
-def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
+def preset_fields(
+    name: str, world_size: int | None = None, gpu: str | None = None
+) -> dict[str, Any]:
     """Constructor arguments of :class:`~execwrap.cost.CostModel` for a preset.
 
     Args:
@@ -108,10 +121,11 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
         world_size: ranks, an int or a NumPy integer (default: the
             preset's); within one node for the NVLink presets, several whole
             nodes for the InfiniBand ones.
+        gpu: the GPU model (default: the preset's; :data:`execwrap.cost.gpus.GPUS`).
 
     Raises:
-        ValueError: unknown name (the message lists the presets), or a world
-            size the preset does not describe.
+        ValueError: unknown name (the message lists the presets), a world
+            size the preset does not describe, or an unknown GPU model.
     """
     if name not in PRESETS:
         raise ValueError(f"unknown cost-model preset {name!r}; choose one of {sorted(PRESETS)}")
@@ -131,9 +145,11 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
             f"preset {name!r} describes whole nodes of {p.gpus_per_node} GPUs; world_size must be "
             f"a multiple of {p.gpus_per_node} and >= {2 * p.gpus_per_node}, got {w}"
         )
-    curve = _ring_curve(p, w)
-    flops, hbm = _PEAK[p.gpu]
-    overlap = 1.0 - _NCHANNELS[p.gpu] / _SMS[p.gpu]
+    device = _device(p, gpu)
+    family = GPUS[device].family
+    curve = _ring_curve(dataclasses.replace(p, gpu=family), w)
+    hbm = GPUS[device].memory_bytes_per_s
+    overlap = 1.0 - _NCHANNELS[family] / _SMS[family]
     return {
         "device_type": "cuda",
         "backend": "nccl",
@@ -141,14 +157,39 @@ def preset_fields(name: str, world_size: int | None = None) -> dict[str, Any]:
         "all_gather": curve,
         "reduce_scatter": curve,
         # a copy reads and writes each byte: half the memory traffic rate
-        "copy_bytes_per_s": _EFFICIENCY * hbm / 2,
+        "copy_bytes_per_s": MEMORY_EFFICIENCY * hbm / 2,
         "group_overhead_s": _GROUP_OVERHEAD_S,
         "overlap": overlap,
-        "compute": ComputeRates("cuda", _EFFICIENCY * flops, _EFFICIENCY * hbm, _OP_OVERHEAD_S),
+        "compute": gpu_compute_rates(device),
         "optimizer_param_overhead_s": 0.0,
-        "source": f"preset {name}: {p.description} (NCCL tuning tables via torch/_inductor/"
-        "comm_analysis.py; NVIDIA datasheets)",
+        "host": _host_link(device),
+        "device_memory_bytes": GPUS[device].memory_bytes,
+        "source": f"preset {name}: {p.description}"
+        + ("" if device == p.device else f", GPU {device}")
+        + " (NCCL tuning tables via torch/_inductor/comm_analysis.py; NVIDIA datasheets)",
     }
+
+
+def _device(p: Preset, gpu: str | None) -> str:
+    """The preset's GPU model, or ``gpu`` (a key of :data:`GPUS`)."""
+    if gpu is None:
+        return p.device
+    if gpu not in GPUS:
+        raise ValueError(
+            f"preset {p.name!r}: unknown GPU model {gpu!r}; choose one of {sorted(GPUS)}"
+        )
+    return gpu
+
+
+def _host_link(device: str) -> HostLink:
+    """The GPU's PCIe link and its host's CPU optimizer rate (see :mod:`execwrap.cost.gpus`)."""
+    g = GPUS[device]
+    return HostLink(
+        _HOST_EFFICIENCY * g.pcie_bytes_per_s,
+        _HOST_EFFICIENCY * g.pcie_bytes_per_s,
+        _HOST_EFFICIENCY * g.host_memory_bytes_per_s,
+        source=f"{device}: PCIe per direction and host DRAM per GPU at 75% (assumed)",
+    )
 
 
 def _ring_curve(p: Preset, world_size: int) -> CollectiveCurve:

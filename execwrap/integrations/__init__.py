@@ -20,6 +20,12 @@ core imports one):
   arguments (mesh, ``reshard_after_forward`` policy, mixed precision) and a
   drop-in ``parallelize_fn``.
 * :mod:`execwrap.integrations.peft`: PEFT's own wrap policy as ``init_policy``.
+* :mod:`execwrap.integrations.transformers`: transformers 5's own FSDP2 path
+  (``from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=...))``): its
+  ``fsdp_plan`` read as an execwrap plan (:func:`~execwrap.integrations.transformers.load_fsdp_plan`,
+  :func:`~execwrap.integrations.transformers.plan_from_pretrained`), execwrap's plans written
+  in its format (:func:`~execwrap.integrations.transformers.to_fsdp_plan`) and applied
+  through ``from_pretrained`` (:func:`~execwrap.integrations.transformers.applying_plan`).
 
 Framework-free helpers, re-exported here: :func:`fsdp_groups` (the groups
 FSDP really built), :func:`lift_order` / :func:`lift_plan` (a submodule's

@@ -7,7 +7,10 @@ builds its own groups from ``transformer_cls_names_to_wrap`` or
 unsharded, silently. The supported way in is :func:`prepare_fully_shard`:
 it shards the model with :func:`execwrap.apply_fully_shard`, with the
 plugin's own settings (``reshard_after_forward``, ``mixed_precision_policy``,
-``cpu_offload``, ``ignored_modules``, the accelerator's FSDP mesh), and
+``cpu_offload``, ``ignored_modules``, ``activation_checkpointing``: full
+checkpointing of the plan's units, applied before sharding with FQNs kept, where
+accelerate would put a ``checkpoint_wrapper`` around its wrapped layers; the
+accelerator's FSDP mesh), and
 leaves the plugin consistent with the result (no wrap policy, no class
 names), so ``accelerator.prepare(model, optimizer)`` finds an FSDP2 model and
 keeps it as it is. A plugin that keeps ``transformer_cls_names_to_wrap`` would
@@ -36,9 +39,9 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
-from execwrap.plan import WrapPlan
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["check_fsdp_plugin", "prepare_fully_shard"]
 
@@ -77,7 +80,9 @@ def prepare_fully_shard(
         ValueError: the accelerator has no FSDP plugin (on CPU accelerate drops
             it), or an FSDP1 plugin (pass the policy as its
             ``auto_wrap_policy`` instead), or the plugin's
-            ``activation_checkpointing`` is on (it would run after sharding).
+            ``activation_checkpointing_offload`` is on (not applied by execwrap);
+            what :func:`execwrap.apply_fully_shard` refuses (an
+            ``mixed_precision_policy`` FSDP would refuse, CPU offload on a CPU mesh).
     """
     plugin = _fsdp2_plugin(accelerator)
     if isinstance(plugin.auto_wrap_policy, ParamExecOrderWrapPolicy):
@@ -97,6 +102,7 @@ def prepare_fully_shard(
         mesh=_fsdp_mesh(accelerator),
         prefetch=prefetch,
         group_kwargs=group_kwargs,
+        checkpointing="full" if plugin.activation_checkpointing else None,
         **kwargs,
     )
     # What prepare() reads: nothing left to wrap, no class names to look up.
@@ -146,11 +152,11 @@ def _fsdp2_plugin(accelerator: Accelerator) -> Any:
             "calls a policy object itself: FullyShardedDataParallelPlugin(fsdp_version=1, "
             "auto_wrap_policy=policy), no prepare_fully_shard needed"
         )
-    if plugin.activation_checkpointing:
+    if getattr(plugin, "activation_checkpointing_offload", False):
         raise ValueError(
-            "prepare_fully_shard: the plugin's activation_checkpointing would wrap the blocks "
-            "after they are sharded; apply torch's checkpoint_wrapper to them before "
-            "prepare_fully_shard and set activation_checkpointing=False"
+            "prepare_fully_shard: the plugin's activation_checkpointing_offload (save_on_cpu "
+            "around each checkpointed layer) is not applied by execwrap; set it False "
+            "(activation_checkpointing=True alone checkpoints the plan's units)"
         )
     return plugin
 

@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.integrations.accelerate import prepare_fully_shard
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["ExecwrapTrainer"]
 

@@ -20,6 +20,15 @@ Lightning calls ``training_step``, not ``forward``, so:
   on that model and plans the LightningModule with the order renamed
   (:func:`execwrap.integrations.lift_order`).
 
+The training step: with FSDP2, :func:`shard_lightning_module` takes ``mp_policy=``
+and ``checkpointing=`` as :func:`execwrap.apply_fully_shard` does. With FSDP1,
+Lightning's precision (``FSDPStrategy(mixed_precision=...)``, or
+``precision="bf16-mixed"``) and ``cpu_offload`` reach FSDP1 as its root kwargs, which
+the policy hands to every unit and checks before anything is wrapped; the policy's
+own ``checkpointing=`` checkpoints its units before wrapping, keeping the FQNs
+(Lightning's ``activation_checkpointing_policy`` puts torch's ``checkpoint_wrapper``
+in after wrapping instead).
+
 Lightning's own CPU limits: ``FSDPStrategy`` refuses ``accelerator="cpu"``
 ("requires a GPU accelerator") and passes ``device_id=None`` on CPU, which
 FSDP1 refuses; ``ModelParallelStrategy`` runs on CPU with gloo. Nothing here
@@ -29,19 +38,23 @@ imports Lightning: the helpers work on the LightningModule as an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from typing import Any
 
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp.wrap import _Policy
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
+from execwrap.distributed.status import fail_together
+from execwrap.fsdp.checkpointing import Checkpointing
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
 from execwrap.integrations.prefix import lift_order, lift_plan, submodule_prefix
-from execwrap.plan import WrapPlan
+from execwrap.plan.wrap_plan import WrapPlan
 from tracing import capture_execution_order
 
 __all__ = ["lightning_wrap_policy", "shard_lightning_module"]
@@ -60,6 +73,8 @@ def shard_lightning_module(
     module: nn.Module | str | None = None,
     mesh: DeviceMesh | None = None,
     prefetch: int = 1,
+    checkpointing: Checkpointing = None,
+    checkpoint_every: int = 1,
     **fully_shard_kwargs: Any,
 ) -> WrapPlan:
     """Shard a LightningModule's model with FSDP2 from a plan; call it in ``configure_model``.
@@ -75,8 +90,13 @@ def shard_lightning_module(
         mesh: the data-parallel mesh; default ``pl_module.device_mesh["data_parallel"]``
             (``ModelParallelStrategy``'s), else FSDP2's default mesh.
         prefetch: groups prefetched ahead, as in :func:`execwrap.apply_fully_shard`.
+        checkpointing: activation checkpointing of the held model's units, applied
+            before sharding (module FQNs of the held model: ``"layers.0"``), as in
+            :func:`execwrap.apply_fully_shard`.
+        checkpoint_every: with one checkpointing mode, every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
-            (``mp_policy``, ``reshard_after_forward``, ...).
+            (``mp_policy=MixedPrecisionPolicy(...)``, ``reshard_after_forward``, ...;
+            Lightning's FSDP2 strategy leaves mixed precision to ``configure_model``).
 
     Returns:
         The plan applied, as a plan of the LightningModule
@@ -107,7 +127,13 @@ def shard_lightning_module(
     if mesh is None:
         mesh = _strategy_mesh(pl_module)
     plan = apply_fully_shard(
-        held, policy_or_plan, mesh=mesh, prefetch=prefetch, **fully_shard_kwargs
+        held,
+        policy_or_plan,
+        mesh=mesh,
+        prefetch=prefetch,
+        checkpointing=checkpointing,
+        checkpoint_every=checkpoint_every,
+        **fully_shard_kwargs,
     )
     lifted = lift_plan(plan, prefix, pl_module)
     _APPLIED[held] = lifted
@@ -173,12 +199,19 @@ class _HeldModelPolicy(_Policy):
         elif order is None and (
             policy.tracing_config is not None or policy.example_inputs is not None
         ):
-            captured = capture_execution_order(
-                held,
-                tracing_config=policy.tracing_config,
-                example_inputs=policy.example_inputs,
-                example_kwargs=policy.example_kwargs,
-            )
+            group = root_kwargs.get("process_group")
+            phase = "capture (execwrap.integrations.lightning)"
+            with (
+                fail_together(phase, group=group if isinstance(group, dist.ProcessGroup) else None)
+                if policy.check_ranks
+                else contextlib.nullcontext()
+            ):  # a failing rank is named
+                captured = capture_execution_order(
+                    held,
+                    tracing_config=policy.tracing_config,
+                    example_inputs=policy.example_inputs,
+                    example_kwargs=policy.example_kwargs,
+                )
             policy.order = lift_order(captured, prefix, root_module)
         return policy._run_policy(root_module, ignored_modules, root_kwargs)
 

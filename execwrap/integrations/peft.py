@@ -25,7 +25,7 @@ from typing import Any
 import torch.nn as nn
 from peft.utils.other import fsdp_auto_wrap_policy
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 
 __all__ = ["peft_init_policy", "peft_wrap_policy"]
 

@@ -25,8 +25,8 @@ import re
 
 import torch.nn as nn
 
-from execwrap.plan import WrapPlan
-from execwrap.unit import WrapUnit
+from execwrap.plan.unit import WrapUnit
+from execwrap.plan.wrap_plan import WrapPlan
 from tracing.fqn import join_fqn
 from tracing.order import ExecutionOrder, ParamUse, param_infos
 

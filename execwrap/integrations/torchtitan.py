@@ -35,6 +35,7 @@ parallelize step (see the README).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,11 +50,19 @@ from torchtitan.distributed.fsdp import (
     get_fsdp_reshard_after_forward_policy,
 )
 
-from execwrap.fsdp1 import ParamExecOrderWrapPolicy
-from execwrap.fsdp2 import apply_fully_shard
-from execwrap.plan import WrapPlan
+from execwrap.fsdp.checkpointing import CheckpointMode, apply_checkpointing
+from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.plan.wrap_plan import WrapPlan
 
-__all__ = ["Parallelize", "apply_fsdp", "decoder_policy", "parallelize_fn", "torchtitan_groups"]
+__all__ = [
+    "Parallelize",
+    "apply_fsdp",
+    "checkpointing_of",
+    "decoder_policy",
+    "parallelize_fn",
+    "torchtitan_groups",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +219,10 @@ class Parallelize:
     compile_config, ac_config, dump_folder)`` applies tensor parallelism,
     activation checkpointing and ``torch.compile`` as ``parallelize_llama``
     applies them, then :func:`apply_fsdp` with the mesh and settings torchtitan
-    would pass to ``apply_fsdp_to_decoder``; it returns the model.
+    would pass to ``apply_fsdp_to_decoder``; it returns the model. Full and
+    selective checkpointing are applied by execwrap (:func:`checkpointing_of`:
+    the same blocks, the same policy, FQNs kept), other ``ac_config`` by
+    torchtitan.
 
     Attributes:
         plan: the plan applied by the last call (``None`` before).
@@ -256,7 +268,11 @@ class Parallelize:
         elif parallel_dims.tp_enabled:
             model.parallelize(parallel_dims)  # type: ignore[operator]
         if ac_config is not None:
-            ac_config.build(dump_folder=dump_folder).apply(model)
+            modes = checkpointing_of(model, ac_config)
+            if modes is None:
+                ac_config.build(dump_folder=dump_folder).apply(model)
+            else:
+                apply_checkpointing(model, (), modes)
         if compile_config.enable and "model" in compile_config.components:
             apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
         if full:
@@ -280,6 +296,53 @@ class Parallelize:
             dp_mesh_dims=dims,
         )
         return model
+
+
+def checkpointing_of(model: nn.Module, ac_config: Any) -> dict[str, CheckpointMode] | None:
+    """torchtitan's activation checkpointing config as execwrap checkpointing of the blocks.
+
+    torchtitan checkpoints every block of ``model.layers`` with torch's
+    ``checkpoint_wrapper``, which inserts ``_checkpoint_wrapped_module`` into their
+    FQNs (the plan and its order then name modules the runtime capture does not).
+    The same checkpointing, applied by :func:`execwrap.fsdp.checkpointing.apply_checkpointing`,
+    keeps the FQNs; selective is torchtitan's own op-level policy
+    (:func:`execwrap.selective_checkpoint_policy`).
+
+    Args:
+        model: the decoder (``model.layers`` holds its blocks).
+        ac_config: torchtitan's ``ActivationCheckpointingConfig``: ``FullAC.Config``,
+            ``SelectiveAC.Config``, ``MemoryBudgetAC.Config`` or ``None``.
+
+    Returns:
+        ``{"layers.<i>": "full" | "selective"}`` for every block, or ``None`` where
+        torchtitan's own policy must apply: another config, options changed from
+        their defaults (RNG state, determinism check, debug), or a module matching
+        ``force_recompute_mm_shapes_by_fqns`` (MoE router gates, which execwrap's
+        selective policy does not single out).
+    """
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    kinds: dict[type, CheckpointMode] = {FullAC.Config: "full", SelectiveAC.Config: "selective"}
+    mode = kinds.get(type(ac_config))
+    layers = getattr(model, "layers", None)
+    if mode is None or not isinstance(layers, nn.Module):
+        return None
+    defaults = type(ac_config)()
+    forced = list(getattr(ac_config, "force_recompute_mm_shapes_by_fqns", None) or ())
+    changed = [
+        f.name
+        for f in dataclasses.fields(ac_config)
+        if f.name != "force_recompute_mm_shapes_by_fqns"
+        and getattr(ac_config, f.name) != getattr(defaults, f.name)
+    ]
+    matched = [n for n, _ in model.named_modules() if any(f in n for f in forced)]
+    if changed or matched:
+        logger.info(
+            "torchtitan's own activation checkpointing applies (%s)",
+            f"options {changed}" if changed else f"forced recompute of {matched[:3]}",
+        )
+        return None
+    return {f"layers.{name}": mode for name, _ in layers.named_children()}
 
 
 def _last_forward_group(plan: WrapPlan) -> list[str] | None:

@@ -21,8 +21,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-from execwrap.report.formatting import byte_unit, format_bytes
-from execwrap.text import printable
+from execwrap.util.formatting import byte_unit, format_bytes
+from execwrap.util.text import printable
 from tracing.fqn import ancestors, display
 
 __all__ = [
@@ -187,7 +187,7 @@ def memory_figure(
     """Unsharded parameter memory over one step, one panel per plan, side by side.
 
     The y axis unit is the binary unit (B, KiB, MiB, ...) that
-    :func:`~execwrap.report.formatting.format_bytes` shows the largest value in, so the
+    :func:`~execwrap.util.formatting.format_bytes` shows the largest value in, so the
     chart reads like the report's tables.
 
     Args:

@@ -1,17 +1,15 @@
 """What every report file is made from, computed once: :class:`ReportContext`.
 
-:func:`~execwrap.report.write_report` builds one context per call; each file
-is written by one method of it (``write_json``, ``write_calls_csv``,
-``write_params_csv``, ``write_graphml``, ``write_html``), which hands the
-context to that format's module. The format modules only read the context.
+:func:`~execwrap.report.write_report` builds one context per call and hands it to
+the writer of each file (:data:`execwrap.report.writer.FILE_WRITERS`: one function
+per format module). The format modules only read the context; the context knows
+none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
-from execwrap.report import csv_files, graphml_file, html_page, json_file, tables
 from tracing.order import ExecutionOrder
 
 __all__ = ["ReportContext"]
@@ -22,7 +20,7 @@ class ReportContext:
 
     Args:
         order: the order reported.
-        plan: the :class:`~execwrap.plan.WrapPlan` of ``order``, or ``None``.
+        plan: the :class:`~execwrap.plan.wrap_plan.WrapPlan` of ``order``, or ``None``.
         prefetch: prefetch depth for every stat (units all-gathered ahead) of a
             plan that did not choose its own (an auto plan's ``plan.prefetch``).
         baselines: other plans of ``order`` by name, compared with ``plan``.
@@ -50,6 +48,7 @@ class ReportContext:
                 for fqn in unit.param_fqns:
                     self.param_unit.setdefault(fqn, i)
         self._stats: dict[str | None, Any] = {}
+        self._figures: Any = None
 
     # shared pieces ------------------------------------------------------
     def stats(self, name: str | None = None) -> Any:
@@ -60,6 +59,17 @@ class ReportContext:
             own = getattr(plan, "prefetch", None)
             self._stats[name] = plan.stats(self.prefetch if own is None else own)
         return self._stats[name]
+
+    def figures(self) -> Any:
+        """The plan's :class:`~execwrap.plan.figures.PlanFigures` (every file and the
+        terminal show these), cached; ``None`` without a plan."""
+        if self.plan is None:
+            return None
+        if self._figures is None:
+            from execwrap.plan.figures import plan_figures
+
+            self._figures = plan_figures(self.plan, self.prefetch)
+        return self._figures
 
     def named_plans(self) -> list[tuple[str, Any, Any]]:
         """``(name, plan, stats)``: the plan (named ``"plan"``), then each baseline."""
@@ -74,36 +84,3 @@ class ReportContext:
         if module_fqn not in self.module_unit:
             self.module_unit[module_fqn] = self.plan.unit_of_module(module_fqn)
         return self.module_unit[module_fqn]
-
-    def calls_rows(self) -> Iterator[list[Any]]:
-        """Rows of the module-call table (see :mod:`execwrap.report.tables`)."""
-        return tables.calls_rows(self)
-
-    def params_rows(self) -> Iterator[list[Any]]:
-        """Rows of the parameter table (see :mod:`execwrap.report.tables`)."""
-        return tables.params_rows(self)
-
-    def timeline_caption(self) -> str:
-        """The units-timeline caption: says how its backward half was drawn."""
-        return html_page.timeline_caption(self.order)
-
-    # one writer per file --------------------------------------------------
-    def write_json(self, f: IO[bytes]) -> None:
-        """``report.json``."""
-        json_file.write_json(self, f)
-
-    def write_calls_csv(self, f: IO[bytes]) -> None:
-        """``calls.csv``."""
-        csv_files.write_calls_csv(self, f)
-
-    def write_params_csv(self, f: IO[bytes]) -> None:
-        """``params.csv``."""
-        csv_files.write_params_csv(self, f)
-
-    def write_graphml(self, f: IO[bytes]) -> None:
-        """``order.graphml``."""
-        graphml_file.write_graphml(self, f)
-
-    def write_html(self, f: IO[bytes]) -> None:
-        """``report.html``."""
-        html_page.write_html(self, f)

@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from execwrap.report.charts import to_inline_svg
-from execwrap.report.formatting import byte_unit, format_bytes
+from execwrap.util.formatting import byte_unit, format_bytes
 
 __all__ = [
     "LANES",
@@ -120,7 +120,7 @@ def candidates_figure(
     """Predicted step time against predicted peak memory, one point per candidate.
 
     Args:
-        search: a :class:`~execwrap.plan_search.PlanSearch` (``plan.search``).
+        search: a :class:`~execwrap.plan.search_record.PlanSearch` (``plan.search``).
         extra: more labelled points, name -> ``(step seconds, peak bytes)``
             (e.g. the report's baseline policies, simulated alike).
 

@@ -25,6 +25,7 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from execwrap.report import tables
 from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
 
 if TYPE_CHECKING:
@@ -52,12 +53,12 @@ def csv_cell(value: Any) -> Any:
 
 def write_calls_csv(ctx: ReportContext, f: IO[bytes]) -> None:
     """One row per module call."""
-    write_csv(f, CALLS_COLUMNS, ctx.calls_rows())
+    write_csv(f, CALLS_COLUMNS, tables.calls_rows(ctx))
 
 
 def write_params_csv(ctx: ReportContext, f: IO[bytes]) -> None:
     """One row per parameter."""
-    write_csv(f, PARAMS_COLUMNS, ctx.params_rows())
+    write_csv(f, PARAMS_COLUMNS, tables.params_rows(ctx))
 
 
 def write_csv(f: IO[bytes], header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

@@ -1,6 +1,6 @@
 """``order.graphml``: the order graph with typed attributes.
 
-The graph of :func:`execwrap.graph.build_order_graph`, with attributes GraphML
+The graph of :func:`execwrap.order.graph.build_order_graph`, with attributes GraphML
 can type (``long`` / ``double`` / ``boolean`` / ``string``), readable by
 ``networkx.read_graphml``, Gephi and yEd. With a plan, module and parameter
 nodes carry ``unit``: the index in ``plan.units`` of the unit managing them,
@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import networkx as nx
 
-from execwrap.graph import build_order_graph
+from execwrap.order.graph import build_order_graph
 
 if TYPE_CHECKING:
     from execwrap.report.context import ReportContext

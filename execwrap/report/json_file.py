@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import IO, TYPE_CHECKING, Any
 
-from execwrap.plan_fields import STATS_FIELDS
+from execwrap.plan.fields import STATS_FIELDS
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.plans import stats_to_dict
 from tracing.schema import Field, Record, dict_of, integer, list_of, one_of, optional, string
@@ -30,7 +30,7 @@ def _any(value: Any, path: str) -> Any:
 #: The fields of ``report.json`` around the order and the plan, and how each is
 #: checked on load (``schema_version`` first, on its own; ``order`` by
 #: :data:`tracing.order.ORDER_FIELDS`, ``plan`` by
-#: :data:`execwrap.plan.PLAN_FIELDS`). A new field is one line here.
+#: :data:`execwrap.plan.fields.PLAN_FIELDS`). A new field is one line here.
 REPORT_FIELDS = Record(
     {
         "kind": Field(one_of("execwrap-report"), required=False),
@@ -39,6 +39,8 @@ REPORT_FIELDS = Record(
         "prefetch": Field(integer(what="units ahead"), required=False, default=1),
         "order": Field(_any),
         "plan": Field(_any, required=False),
+        # the plan's headline figures (execwrap.plan.figures), derived from the plan, not read
+        "figures": Field(_any, required=False),
         "baselines": Field(
             dict_of(
                 Record(
@@ -79,6 +81,7 @@ def report_dict(ctx: ReportContext) -> dict[str, Any]:
         "prefetch": ctx.prefetch,
         "order": ctx.order.to_dict(),
         "plan": plan,
+        "figures": None if ctx.plan is None else ctx.figures().to_dict(),
         "baselines": baselines,
     }
 

@@ -15,7 +15,7 @@ __all__ = ["is_plan", "plan_to_dict", "stats_to_dict", "unsharded_timeline"]
 
 
 def is_plan(obj: Any) -> bool:
-    """Whether ``obj`` is a :class:`~execwrap.plan.WrapPlan` (has units and an order)."""
+    """Whether ``obj`` is a :class:`~execwrap.plan.wrap_plan.WrapPlan` (has units and an order)."""
     return hasattr(obj, "units") and isinstance(getattr(obj, "order", None), ExecutionOrder)
 
 
@@ -28,15 +28,19 @@ def plan_to_dict(plan: Any, prefetch: int = 1) -> dict[str, Any]:
 
 
 def stats_to_dict(stats: Any) -> dict[str, Any]:
-    """A :class:`~execwrap.plan.PlanStats` as a JSON-ready dict (tuples as lists)."""
+    """A :class:`~execwrap.plan.stats.PlanStats` as a JSON-ready dict (tuples as lists)."""
     return dict(stats.to_dict())
 
 
-def unsharded_timeline(plan: Any, prefetch: int = 1) -> list[int]:
+def unsharded_timeline(
+    plan: Any, prefetch: int = 1, *, reshard_after_forward: Any = True
+) -> list[int]:
     """Unsharded parameter bytes at each unit step of one training step.
 
     The bytes of :meth:`WrapPlan.unsharded_timeline` (its docstring states
     the model of the step): ``2 * len(plan.units)`` entries, forward then
-    backward; the maximum is ``plan.stats(prefetch).peak_unsharded_bytes``.
+    backward; with reshard after forward everywhere the maximum is
+    ``plan.stats(prefetch).peak_unsharded_bytes``.
     """
-    return [int(step.unsharded_bytes) for step in plan.unsharded_timeline(prefetch)]
+    steps = plan.unsharded_timeline(prefetch, reshard_after_forward=reshard_after_forward)
+    return [int(step.unsharded_bytes) for step in steps]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from execwrap.report.formatting import blank
+from execwrap.util.formatting import blank
 from tracing.fqn import owner_fqn
 from tracing.order import ExecutionOrder
 

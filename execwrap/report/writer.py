@@ -7,12 +7,14 @@ set or the new one (:func:`~execwrap.report.file_set.write_file_set`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from execwrap.report import csv_files, graphml_file, html_page, json_file
 from execwrap.report.context import ReportContext
 from execwrap.report.file_set import write_file_set
 from execwrap.report.files import REPORT_FILES, REPORT_FORMATS, check_formats, report_paths
@@ -20,9 +22,19 @@ from execwrap.report.plans import is_plan
 from tracing.checks import check_int
 from tracing.order import ExecutionOrder
 
-__all__ = ["write_report"]
+__all__ = ["FILE_WRITERS", "write_report"]
 
 logger = logging.getLogger(__name__)
+
+#: The writer of each report file, by format key (:data:`~execwrap.report.files.REPORT_FILES`):
+#: a function ``(context, binary file) -> None`` of that format's module.
+FILE_WRITERS: dict[str, Callable[[ReportContext, IO[bytes]], None]] = {
+    "json": json_file.write_json,
+    "calls_csv": csv_files.write_calls_csv,
+    "params_csv": csv_files.write_params_csv,
+    "graphml": graphml_file.write_graphml,
+    "html": html_page.write_html,
+}
 
 
 def write_report(
@@ -38,7 +50,7 @@ def write_report(
 
     Args:
         order_or_plan: an :class:`~tracing.ExecutionOrder`, or a
-            :class:`~execwrap.plan.WrapPlan` (its ``order`` is reported too).
+            :class:`~execwrap.plan.wrap_plan.WrapPlan` (its ``order`` is reported too).
         out_dir: folder to write into; created if missing.
         formats: any of ``"json"``, ``"csv"``, ``"graphml"``, ``"html"``.
         prefetch: prefetch depth (units all-gathered ahead of the running one)
@@ -59,6 +71,10 @@ def write_report(
             without a plan, or a baseline planned from another order.
         TypeError: ``order_or_plan`` is neither an order nor a plan, a
             baseline is not a plan, or ``prefetch`` is not an int.
+        ValueError: ``out_dir`` is empty (``""``: say ``"."`` for the current folder).
+        execwrap.report.ownership.ForeignFilesError: a file the report would
+            write is there and execwrap did not write it (a
+            ``FileExistsError``; nothing is touched: choose another folder).
         OSError: ``out_dir`` cannot be created or written; nothing is left
             behind in it.
 
@@ -70,22 +86,20 @@ def write_report(
         >>> sorted(paths)  # doctest: +SKIP
         ['json']
     """
+    if not str(out_dir).strip():
+        raise ValueError(
+            'write_report: out_dir is empty; name the report folder (e.g. "execwrap-report", '
+            'or "." for the current folder)'
+        )
     order, plan = _split(order_or_plan)
     formats = check_formats(formats)
     check_int(prefetch, "write_report: prefetch")
     baselines = _check_baselines(dict(baselines or {}), order, plan)
     ctx = ReportContext(order, plan, prefetch, baselines, title)
-    writers: dict[str, Callable[[IO[bytes]], None]] = {
-        "json": ctx.write_json,
-        "calls_csv": ctx.write_calls_csv,
-        "params_csv": ctx.write_params_csv,
-        "graphml": ctx.write_graphml,
-        "html": ctx.write_html,
-    }
     targets = report_paths(out_dir, formats)
     write_file_set(
         Path(out_dir),
-        {path.name: writers[key] for key, path in targets.items()},
+        {path.name: functools.partial(FILE_WRITERS[key], ctx) for key, path in targets.items()},
         known_names=[name for files in REPORT_FILES.values() for name in files.values()],
     )
     logger.debug("wrote report files %s", {k: str(p) for k, p in targets.items()})

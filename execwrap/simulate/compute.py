@@ -19,7 +19,11 @@ Attribution (from the order's clock, see :mod:`tracing.runtime.timing`):
   loss, forward and backward) goes to the root unit's forward tail;
 * backward: calls' backward start times are sorted; the time from one to the
   next (the last: to the end of backward) belongs to the call that started;
-* activations: each call's saved bytes go to its unit.
+* activations: each call's saved bytes go to its unit;
+* activation checkpointing (orders captured with estimated timing): what each
+  mode keeps and how long the recomputation takes
+  (:mod:`execwrap.simulate.checkpointing`); the transient memory of the
+  unit's forward and backward is the largest of its calls'.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from execwrap.unit import enclosing_units
+from execwrap.plan.unit import enclosing_units
+from execwrap.simulate.checkpointing import checkpoint_facts
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["UnitCompute", "unit_compute"]
 
@@ -43,6 +48,15 @@ NO_COMPUTE_TIMES = (
     "weighs communication and parameter memory only (no compute to overlap, no "
     "activations); capture with tracing.record_execution_order(model, *inputs, "
     "timing=True), or on the meta device with timing=cost_model.compute"
+)
+
+#: The fields of :class:`UnitCompute` that may be empty (not recorded).
+_OPTIONAL = (
+    "checkpoint_bytes",
+    "selective_bytes",
+    "selective_saved_s",
+    "forward_transient_bytes",
+    "backward_transient_bytes",
 )
 
 
@@ -63,6 +77,14 @@ class UnitCompute:
             from the cost model.
         method: ``"measured"``, ``"estimated"`` or ``"given"``.
         device_type: the device the times are for (``""``: unspecified).
+        checkpoint_bytes: bytes full activation checkpointing keeps of the unit
+            (its regions' inputs); empty: not known (checkpointing cannot be simulated).
+        selective_bytes: bytes selective (op-level) checkpointing keeps; empty: not known.
+        selective_saved_s: forward seconds that selective checkpointing does not
+            run again (the ops whose outputs it keeps); empty: not known.
+        forward_transient_bytes: the most bytes the unit's forward has alive beyond
+            what it saves (empty: all zero).
+        backward_transient_bytes: the same for its backward (empty: all zero).
 
     Example:
         >>> c = UnitCompute(forward_s=(1.0, 2.0, 3.0), backward_s=(2.0, 4.0, 6.0),
@@ -79,12 +101,26 @@ class UnitCompute:
     optimizer_s: float | None = None
     method: str = "given"
     device_type: str = ""
+    checkpoint_bytes: tuple[int, ...] = field(default=())
+    selective_bytes: tuple[int, ...] = field(default=())
+    selective_saved_s: tuple[float, ...] = field(default=())
+    forward_transient_bytes: tuple[int, ...] = field(default=())
+    backward_transient_bytes: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
         n = len(self.forward_s)
-        for name in ("backward_s", "activation_bytes", "forward_tail_s", "backward_tail_s"):
+        for name in (
+            "backward_s",
+            "activation_bytes",
+            "forward_tail_s",
+            "backward_tail_s",
+            *_OPTIONAL,
+        ):
             value = getattr(self, name)
-            if name.endswith("tail_s") and not value:
+            if name in _OPTIONAL and not value:
+                if name.endswith("transient_bytes"):
+                    object.__setattr__(self, name, (0,) * n)
+            elif name.endswith("tail_s") and not value:
                 object.__setattr__(self, name, (0.0,) * n)
             elif len(value) != n:
                 raise ValueError(
@@ -105,8 +141,9 @@ class UnitCompute:
                 raise ValueError(
                     f"UnitCompute.backward_tail_s[{i}] = {tail} exceeds backward_s {total}"
                 )
-        if any(b < 0 for b in self.activation_bytes):
-            raise ValueError("UnitCompute.activation_bytes must be >= 0")
+        for name in ("activation_bytes", *_OPTIONAL):
+            if any(b < 0 for b in getattr(self, name)):
+                raise ValueError(f"UnitCompute.{name} must be >= 0")
         if self.optimizer_s is not None and (
             not math.isfinite(self.optimizer_s) or self.optimizer_s < 0
         ):
@@ -144,6 +181,12 @@ class UnitCompute:
         def total(values: tuple[float, ...], g: Sequence[int]) -> float:
             return float(sum(values[i] for i in g))
 
+        def summed(values: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(total(values, g) for g in groups) if values else ()
+
+        def largest(values: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(max((values[i] for i in g), default=0) for g in groups)
+
         return UnitCompute(
             forward_s=tuple(total(self.forward_s, g) for g in groups),
             backward_s=tuple(total(self.backward_s, g) for g in groups),
@@ -153,6 +196,11 @@ class UnitCompute:
             optimizer_s=self.optimizer_s,
             method=self.method,
             device_type=self.device_type,
+            checkpoint_bytes=tuple(int(v) for v in summed(self.checkpoint_bytes)),
+            selective_bytes=tuple(int(v) for v in summed(self.selective_bytes)),
+            selective_saved_s=summed(self.selective_saved_s),
+            forward_transient_bytes=largest(self.forward_transient_bytes),
+            backward_transient_bytes=largest(self.backward_transient_bytes),
         )
 
 
@@ -204,6 +252,7 @@ def unit_compute(plan: WrapPlan) -> UnitCompute:
     acts = [0] * n
     for call, nbytes in zip(calls, order.saved_activation_bytes, strict=True):
         acts[call] += int(nbytes)
+    ac = checkpoint_facts(plan, calls)
     return UnitCompute(
         forward_s=tuple(forward_s),
         backward_s=tuple(backward_s),
@@ -212,7 +261,22 @@ def unit_compute(plan: WrapPlan) -> UnitCompute:
         backward_tail_s=tuple(backward_tail),
         method=order.timing_method or "measured",
         device_type=order.timing_device,
+        checkpoint_bytes=() if ac is None else ac.input_bytes,
+        selective_bytes=() if ac is None else ac.selective_bytes,
+        selective_saved_s=() if ac is None else ac.selective_saved_s,
+        forward_transient_bytes=_largest(calls, order.forward_transient_bytes, n),
+        backward_transient_bytes=_largest(calls, order.backward_transient_bytes, n),
     )
+
+
+def _largest(calls: Sequence[int], values: Sequence[int], n: int) -> tuple[int, ...]:
+    """Per unit, the largest of its calls' ``values`` (empty when not recorded)."""
+    if len(values) != len(calls):
+        return ()
+    out = [0] * n
+    for u, v in zip(calls, values, strict=True):
+        out[u] = max(out[u], int(v))
+    return tuple(out)
 
 
 Segment = tuple[int, float, float]  # (unit, start, end)

@@ -15,7 +15,12 @@ is:
 The engine advances from one start or finish to the next (a fluid model:
 between events every rate is constant), and applies each op's memory events
 when it starts and when it finishes, keeping the peak and the breakdown at
-the peak.
+the peak. With ``pools`` (memory category -> the stream whose allocator pool
+holds it) it also keeps each pool's own peak: PyTorch's CUDA caching
+allocator reuses a freed block only for the stream it was allocated on
+(``torch.Tensor.record_stream``'s documentation; "CUDA semantics", memory
+management), so the memory a process reserves is at least the sum of its
+streams' peaks, not the peak of their sum.
 """
 
 from __future__ import annotations
@@ -75,12 +80,19 @@ class EngineResult:
     peak_phase: str
     peak_breakdown: dict[str, int]
     memory_timeline: list[tuple[float, int]] = field(default_factory=list)
+    pool_peaks: dict[str, int] = field(default_factory=dict)
 
 
 class _Memory:
     """Bytes per category over time, with the peak."""
 
-    def __init__(self, base: dict[str, int]) -> None:
+    def __init__(self, base: dict[str, int], pools: dict[str, str]) -> None:
+        self.pools = pools
+        self.by_pool: dict[str, int] = {}
+        for category, nbytes in base.items():
+            pool = pools.get(category, "compute")
+            self.by_pool[pool] = self.by_pool.get(pool, 0) + nbytes
+        self.pool_peaks = dict(self.by_pool)
         self.by_category = dict(base)
         self.buffers: dict[tuple[str, str], int] = {}
         self.total = sum(base.values())
@@ -99,6 +111,10 @@ class _Memory:
             delta = ev.nbytes - old
             self.by_category[ev.category] = self.by_category.get(ev.category, 0) + delta
             self.total += delta
+            pool = self.pools.get(ev.category, "compute")
+            self.by_pool[pool] = self.by_pool.get(pool, 0) + delta
+            if self.by_pool[pool] > self.pool_peaks.get(pool, 0):
+                self.pool_peaks[pool] = self.by_pool[pool]
         if events:
             self.timeline.append((t, self.total))
             if self.total > self.peak:
@@ -108,13 +124,21 @@ class _Memory:
                 self.peak_breakdown = dict(self.by_category)
 
 
-def run_ops(ops: Sequence[Op], *, overlap: float, base_memory: dict[str, int]) -> EngineResult:
+def run_ops(
+    ops: Sequence[Op],
+    *,
+    overlap: float,
+    base_memory: dict[str, int],
+    pools: dict[str, str] | None = None,
+) -> EngineResult:
     """Run ``ops`` (each stream in list order) and return when each started and ended.
 
     Args:
         ops: the program; an op's ``deps`` refer to earlier list indices.
         overlap: compute speed while a collective runs (0..1).
         base_memory: bytes per category alive for the whole step.
+        pools: memory category -> allocator pool (default: one pool); a category
+            not listed is in pool ``"compute"``.
 
     Raises:
         RuntimeError: the ops wait on each other (a cycle: a bug in the program).
@@ -130,7 +154,7 @@ def run_ops(ops: Sequence[Op], *, overlap: float, base_memory: dict[str, int]) -
     tolerance = [1e-12 * max(1.0, op.work_s) for op in ops]  # work left that counts as done
     remaining: dict[int, float] = {}  # active op -> work left (seconds at full speed)
     busy: set[str] = set()  # the streams of the active ops (one op per stream)
-    memory = _Memory(base_memory)
+    memory = _Memory(base_memory, pools or {})
     t = 0.0
     finished = 0
     while finished < n:
@@ -159,6 +183,7 @@ def run_ops(ops: Sequence[Op], *, overlap: float, base_memory: dict[str, int]) -
         peak_phase=memory.peak_phase,
         peak_breakdown=memory.peak_breakdown,
         memory_timeline=memory.timeline,
+        pool_peaks=dict(memory.pool_peaks),
     )
 
 

@@ -5,7 +5,7 @@
 and the first trainable use (which units run backward, the prefetch
 schedule), and each parameter's bytes once FSDP2 pads it for the world size.
 It builds them for each call unless given a :class:`SimulationFacts`; the
-auto-planner (:class:`execwrap.search_space.SearchSpace`) keeps one for its
+auto-planner (:class:`execwrap.planning.auto.space.SearchSpace`) keeps one for its
 whole search, and the facts keep, per plan simulated with them, what every
 simulation of that plan reads whatever its prefetch depth and resharding
 (:class:`PlanFacts`).
@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from execwrap.simulate.schedule import UnitSpec, prefetch_lists
-from execwrap.spans import OrderFacts
-from execwrap.unit import enclosing_units
+from execwrap.plan.prefetch import prefetch_schedule
+from execwrap.plan.spans import OrderFacts
+from execwrap.plan.unit import enclosing_units
+from execwrap.simulate.unit_spec import UnitSpec
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
-__all__ = ["PlanFacts", "SimulationFacts", "padded_bytes"]
+__all__ = ["PlanFacts", "SimulationFacts", "padded_bytes", "prefetch_lists"]
 
 
 def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int) -> int:
@@ -45,8 +46,33 @@ def padded_bytes(shape: Sequence[int], numel: int, nbytes: int, world_size: int)
     return math.ceil(dim0 / world_size) * world_size * rest * itemsize
 
 
+def prefetch_lists(
+    units: Sequence[tuple[Sequence[str], Sequence[str]]],
+    order: ExecutionOrder,
+    prefetch: int,
+    *,
+    facts: OrderFacts | None = None,
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
+
+    Args:
+        units: ``(module_fqns, param_fqns)`` per plan unit.
+        order: the plan's order.
+        prefetch: depth (``0``: no explicit lists).
+        facts: ``OrderFacts(order)``, kept by the caller (default: computed).
+
+    Returns:
+        ``(forward, backward)``: unit index -> the units it prefetches.
+    """
+    if prefetch <= 0:
+        return {}, {}
+    groups = [modules for modules, _ in units]
+    params = [p for _, p in units]
+    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch, facts=facts)
+
+
 class SimulationFacts(OrderFacts):
-    """:class:`~execwrap.spans.OrderFacts` of ``order`` plus its parameters at ``world_size``.
+    """:class:`~execwrap.plan.spans.OrderFacts` of ``order`` plus its parameters at ``world_size``.
 
     Like the order facts, these assume the order does not change while in
     use, nor any plan simulated with them (:meth:`plan` keeps its facts).
@@ -96,7 +122,7 @@ class PlanFacts:
     """What simulating one plan reads of it, whatever its prefetch and resharding.
 
     Attributes:
-        specs: one :class:`~execwrap.simulate.schedule.UnitSpec` per plan unit,
+        specs: one :class:`~execwrap.simulate.unit_spec.UnitSpec` per plan unit,
             each resharding after forward (the simulation sets its own flags).
         forward_order: units that run forward, in plan order, root first.
         trainable_shards: bytes of each trainable parameter's shard on one
@@ -140,7 +166,7 @@ class PlanFacts:
         self, plan: WrapPlan, facts: SimulationFacts, prefetch: int
     ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
         """The explicit prefetch lists of ``plan`` at depth ``prefetch``
-        (:func:`~execwrap.simulate.schedule.prefetch_lists`), kept per depth;
+        (:func:`prefetch_lists`), kept per depth;
         the caller must not change them."""
         lists = self.prefetch.get(prefetch)
         if lists is None:
@@ -157,6 +183,7 @@ def _unit_specs(plan: WrapPlan, facts: SimulationFacts) -> list[UnitSpec]:
     runs_bwd = facts.runs_backward([(u.module_fqns, u.param_fqns) for u in plan.units])
     enclosing = enclosing_units(plan.units)
     padded, requires_grad = facts.param_padded, facts.requires_grad
+    params = facts.order.params
     specs = []
     for i, u in enumerate(plan.units):
         param_bytes = tuple(padded(p) for p in u.param_fqns)
@@ -172,6 +199,10 @@ def _unit_specs(plan: WrapPlan, facts: SimulationFacts) -> list[UnitSpec]:
                 tensors=len(u.param_fqns),
                 grad_tensors=sum(1 for p in u.param_fqns if requires_grad(p)),
                 param_bytes=param_bytes,
+                param_dtypes=tuple(
+                    params[p].dtype if p in params else "float32" for p in u.param_fqns
+                ),
+                trainable=tuple(requires_grad(p) for p in u.param_fqns),
             )
         )
     return specs

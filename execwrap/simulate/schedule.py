@@ -7,82 +7,26 @@ and a :class:`~execwrap.cost.CostModel` into the ops of
 ``wait_for_unshard`` / ``reshard`` / ``pre_backward`` / ``post_backward``,
 ``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
 ``foreach_all_gather`` / ``foreach_reduce``). The model is written out in
-:func:`execwrap.simulate.simulate_step`'s docstring; :func:`prefetch_lists`
-is :func:`execwrap.prefetch.prefetch_schedule` on plan units (the schedule
-``apply_fully_shard`` sets; it loads no ``torch.distributed.fsdp``).
+:func:`execwrap.simulate.simulate_step`'s docstring; the prefetch lists it follows
+come from :func:`execwrap.simulate.facts.prefetch_lists` (re-exported here), the
+units' sizes from :mod:`execwrap.simulate.unit_spec` and their checkpointing and
+transient memory from :mod:`execwrap.simulate.unit_work`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from execwrap.cost.model import CostModel
-from execwrap.prefetch import prefetch_schedule
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
-from execwrap.spans import OrderFacts
-from tracing.order import ExecutionOrder
+from execwrap.simulate.facts import prefetch_lists
+from execwrap.simulate.unit_spec import UnitSpec
+from execwrap.simulate.unit_work import UnitWork
 
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = "compute", "all_gather", "reduce_scatter"
-
-
-@dataclass(frozen=True)
-class UnitSpec:
-    """What the program needs of one plan unit.
-
-    Attributes:
-        label: the unit's label.
-        nbytes: all-gather output bytes (parameters padded as FSDP2 pads).
-        grad_bytes: reduce-scatter input bytes (the trainable parameters, padded).
-        runs_forward: whether a module of the unit is called in forward.
-        runs_backward: whether autograd runs backward through it.
-        reshard: whether it reshards after forward.
-        enclosing: indices of the units enclosing it.
-        tensors: its parameter tensors.
-        grad_tensors: its trainable parameter tensors.
-        param_bytes: padded unsharded bytes of each parameter tensor (the
-            copy-out is priced per parameter, ``CostModel.copy_out_time``);
-            ``nbytes`` is their sum.
-    """
-
-    label: str
-    nbytes: int
-    grad_bytes: int
-    runs_forward: bool
-    runs_backward: bool
-    reshard: bool
-    enclosing: frozenset[int]
-    tensors: int = 0
-    grad_tensors: int = 0
-    param_bytes: tuple[int, ...] = ()
-
-
-def prefetch_lists(
-    units: Sequence[tuple[Sequence[str], Sequence[str]]],
-    order: ExecutionOrder,
-    prefetch: int,
-    *,
-    facts: OrderFacts | None = None,
-) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Explicit forward and backward prefetch targets per unit, as ``apply_fully_shard`` sets them.
-
-    Args:
-        units: ``(module_fqns, param_fqns)`` per plan unit.
-        order: the plan's order.
-        prefetch: depth (``0``: no explicit lists).
-        facts: ``OrderFacts(order)``, kept by the caller (default: computed).
-
-    Returns:
-        ``(forward, backward)``: unit index -> the units it prefetches.
-    """
-    if prefetch <= 0:
-        return {}, {}
-    groups = [modules for modules, _ in units]
-    params = [p for _, p in units]
-    return prefetch_schedule(groups, order, param_fqns=params, prefetch=prefetch, facts=facts)
 
 
 class StepProgram:
@@ -97,6 +41,15 @@ class StepProgram:
         forward_order: units that run forward, in plan (first use) order, root first.
         forward_prefetch: explicit forward prefetch lists.
         backward_prefetch: explicit backward prefetch lists.
+        work: per-unit checkpointing and transient memory (default: none, the
+            activations of ``compute``).
+        offload: shards in host memory: a host-to-device copy of each shard
+            before its all-gather, the gradient shards copied back after their
+            reduce-scatter (FSDP2's ``CPUOffloadPolicy``).
+
+    Each :meth:`forward` / :meth:`backward` pair is one micro-batch; set
+    :attr:`reduce_grads` and :attr:`reshard_after_backward` before a backward
+    (FSDP2's ``set_requires_gradient_sync`` / ``set_reshard_after_backward``).
 
     Attributes:
         ops: the program, in issue order.
@@ -114,6 +67,9 @@ class StepProgram:
         forward_order: Sequence[int],
         forward_prefetch: dict[int, list[int]],
         backward_prefetch: dict[int, list[int]],
+        *,
+        work: UnitWork | None = None,
+        offload: bool = False,
     ) -> None:
         self.specs = specs
         self.compute = compute
@@ -137,6 +93,15 @@ class StepProgram:
         self._closed: list[int] = []  # every unit, in post-forward order
         self._last_rs: tuple[int, int] | None = None  # (unit, reduce-scatter op)
         self._all_rs: list[int] = []
+        n = len(specs)
+        zeros = (0,) * n
+        self.work = work or UnitWork(
+            ("none",) * n, compute.activation_bytes, (0.0,) * n, zeros, zeros, zeros
+        )
+        self.offload = offload
+        self.reduce_grads = True
+        self.reshard_after_backward = True
+        self._accumulated: set[int] = set()  # units holding unsharded accumulated gradients
 
     # ------------------------------------------------------------ primitives
     def _add(self, op: Op) -> int:
@@ -197,11 +162,14 @@ class StepProgram:
         if overhead > 0:
             self._on_compute(f"FSDP overhead {label}", overhead, phase, "overhead")
         buffer = (MemEvent("all_gather_buffers", label, spec.nbytes),)
-        copy_s = self.cm.copy_time(spec.nbytes // self.world_size)
+        copy_s = self.cm.copy_time(spec.copy_in_bytes)
         if self.sync:
             copy = self._on_compute(f"copy-in {label}", copy_s, phase, "copy", on_start=buffer)
         else:
             deps = () if self._ag_wait is None else (self._ag_wait,)
+            if self.offload:  # FSDPParam.all_gather_inputs: the shard to the device first
+                h2d = self.cm.host_copy_time(spec.shard_bytes, "to_device")
+                self._add(Op(ALL_GATHER, f"host-to-device {label}", h2d, "copy", deps, phase))
             copy = self._add(
                 Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
             )
@@ -266,10 +234,14 @@ class StepProgram:
         """``FSDPParamGroup.post_backward``: reshard, recycle the previous reduce-scatter
         buffer, copy the gradients in and reduce-scatter them."""
         spec = self.specs[i]
-        self.reshard(i, "backward")
+        if self.reduce_grads or self.reshard_after_backward:
+            self.reshard(i, "backward")
         if spec.grad_bytes <= 0:
             return
         label = spec.label
+        if not self.reduce_grads:
+            self._accumulate(i)
+            return
         if self._last_rs is not None:  # reduce_scatter_max_input_buffers = 1
             prev, rs_prev = self._last_rs
             self._on_compute(
@@ -287,16 +259,22 @@ class StepProgram:
         # FSDP2's post_backward holds the unsharded gradients in a list until
         # foreach_reduce returns: on CUDA right after it issues the reduce-scatter, on
         # CPU (gloo, synchronous) after the reduce-scatter, whose output it allocated first
-        grads_freed = (MemEvent("unsharded_grads", label),)
+        grads_freed: tuple[MemEvent, ...] = (MemEvent("unsharded_grads", label),)
+        if i in self._accumulated:  # the last micro-batch adds into the accumulated ones
+            self._accumulated.discard(i)
+            grads_freed = (*grads_freed, MemEvent("unsharded_grads", f"{label} (accumulated)"))
         copy = self._on_compute(
             f"reduce-scatter copy-in {label}",
-            self.cm.copy_time(spec.grad_bytes),
+            self.cm.copy_time(spec.reduce_copy_bytes),
             "backward",
             "copy",
             on_start=(MemEvent("reduce_scatter_buffers", label, spec.grad_bytes),),
             on_end=() if self.sync else grads_freed,
         )
-        shard = (MemEvent("sharded_grads", label, spec.grad_bytes // self.world_size),)
+        # with offload the gradient shards live in host memory
+        shard: tuple[MemEvent, ...] = (
+            () if self.offload else (MemEvent("sharded_grads", label, spec.grad_shard_bytes),)
+        )
         rs = self._collective(
             REDUCE_SCATTER,
             f"reduce-scatter {label}",
@@ -308,11 +286,38 @@ class StepProgram:
         )
         self._last_rs = (i, rs)
         self._all_rs.append(rs)
+        if self.offload:  # foreach_reduce: the reduced shard to the host, after the reduction
+            d2h = self.cm.host_copy_time(spec.grad_shard_bytes, "to_host")
+            self._all_rs.append(
+                self._add(
+                    Op(REDUCE_SCATTER, f"device-to-host {label}", d2h, "copy", (rs,), "backward")
+                )
+            )
+
+    def _accumulate(self, i: int) -> None:
+        """No gradient sync: FSDP2's ``post_backward`` keeps the unsharded gradients,
+        in ``reduce_dtype`` (``to_accumulated_grad_if_needed``), adding them up over
+        micro-batches (``accumulate_unsharded_grad_if_needed``)."""
+        spec = self.specs[i]
+        label = spec.label
+        first = i not in self._accumulated
+        cast = spec.unsharded_grad_bytes != spec.grad_bytes
+        self._accumulated.add(i)
+        self._on_compute(
+            f"accumulate gradients {label}",
+            self.cm.copy_time(spec.reduce_copy_bytes) if (cast or not first) else 0.0,
+            "backward",
+            "copy",
+            on_start=(MemEvent("unsharded_grads", f"{label} (accumulated)", spec.grad_bytes),),
+            on_end=(MemEvent("unsharded_grads", label),),
+        )
 
     # ------------------------------------------------------------- forward
     def forward(self) -> None:
         """Root pre-forward, every unit in plan order (nested units inside their
-        parents), root post-forward."""
+        parents), root post-forward (one micro-batch)."""
+        self._post_forward, self._closed = [], []
+        self._last_rs, self._all_rs = None, []
         r = self.root
         self._pre_forward(r)
         stack = [r]
@@ -345,20 +350,38 @@ class StepProgram:
             self.unshard(t, "forward")
         c = self.compute
         label = self.specs[u].label
-        acts = (
-            (MemEvent("activations", label, c.activation_bytes[u]),)
-            if c.activation_bytes[u]
-            else ()
+        kept = self.work.activation_bytes[u]
+        acts = (MemEvent("activations", label, kept),) if kept else ()
+        self._transient(
+            f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", u, acts
         )
-        self._on_compute(
-            f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", on_start=acts
-        )
+
+    def _transient(
+        self,
+        label: str,
+        seconds: float,
+        phase: str,
+        u: int,
+        on_start: tuple[MemEvent, ...] = (),
+        *,
+        like: str = "",
+    ) -> None:
+        """A compute op of unit ``u`` in ``phase``, with the unit's transient memory of
+        ``like`` (default ``phase``: ``"forward"`` or ``"backward"``) alive while it runs."""
+        w = self.work
+        like = like or phase
+        temp = (w.forward_transient_bytes if like == "forward" else w.backward_transient_bytes)[u]
+        key = self.specs[u].label
+        if temp > 0:
+            on_start = (*on_start, MemEvent("temporaries", key, temp))
+        on_end = (MemEvent("temporaries", key),) if temp > 0 else ()
+        self._on_compute(label, seconds, phase, on_start=on_start, on_end=on_end)
 
     def _close_forward(self, v: int) -> None:
         c = self.compute
         if c.forward_tail_s[v] > 0:
-            self._on_compute(
-                f"forward {self.specs[v].label} (tail)", c.forward_tail_s[v], "forward"
+            self._transient(
+                f"forward {self.specs[v].label} (tail)", c.forward_tail_s[v], "forward", v
             )
         if self.specs[v].reshard:
             self.reshard(v, "forward")
@@ -411,27 +434,36 @@ class StepProgram:
                 self.unshard(t, "backward")
         c = self.compute
         label = self.specs[u].label
+        w = self.work
+        if w.modes[u] != "none":  # the checkpoint's recomputation, in forward's dtype and memory
+            again = MemEvent("activations", f"{label} (recomputed)", w.recompute_bytes[u])
+            self._transient(
+                f"recompute {label}", w.recompute_s[u], "backward", u, (again,), like="forward"
+            )
         grads = (
-            (MemEvent("unsharded_grads", label, self.specs[u].grad_bytes),)
+            (MemEvent("unsharded_grads", label, self.specs[u].unsharded_grad_bytes),)
             if self.specs[u].grad_bytes
             else ()
         )
-        self._on_compute(
-            f"backward {label}", c.backward_s[u] - c.backward_tail_s[u], "backward", on_start=grads
+        self._transient(
+            f"backward {label}", c.backward_s[u] - c.backward_tail_s[u], "backward", u, grads
         )
 
     def _close_backward(self, v: int) -> None:
         c = self.compute
         label = self.specs[v].label
         if c.backward_tail_s[v] > 0:
-            self._on_compute(f"backward {label} (tail)", c.backward_tail_s[v], "backward")
-        if c.activation_bytes[v]:
+            self._transient(f"backward {label} (tail)", c.backward_tail_s[v], "backward", v)
+        if self.work.activation_bytes[v] or self.work.modes[v] != "none":
             self._on_compute(
                 f"free activations {label}",
                 0.0,
                 "backward",
                 "wait",
-                on_start=(MemEvent("activations", label),),
+                on_start=(
+                    MemEvent("activations", label),
+                    MemEvent("activations", f"{label} (recomputed)"),
+                ),
             )
         self.post_backward(v)
 

@@ -66,28 +66,65 @@ sets, and nothing else:
   group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
-Not modelled: model buffers and inputs, gradients of activations and other
-temporaries, allocator fragmentation, mixed precision, CPU offload, HSDP,
-a unit called several times per forward (simulated as one call with the
-total compute; FSDP2 gathers it per call), the CPU-bound regime on GPUs.
+The training step around the plan (:class:`~execwrap.simulate.training.TrainingStep`,
+each field also a keyword of :func:`simulate_step`):
+
+* precision: all-gathers, unsharded parameters and their gradients in
+  ``param_dtype``, reduce-scatters in ``reduce_dtype``, shards, sharded
+  gradients and optimizer state in the parameters' dtype, the casts priced in
+  the copy-ins (:mod:`execwrap.simulate.unit_spec`); activations and compute
+  as the order was captured (capture with ``param_dtype=`` to match);
+* activation checkpointing per unit: what each mode keeps from forward to
+  backward, and the forward run again before the unit's backward with what it
+  makes again (:mod:`execwrap.simulate.unit_work`);
+* CPU offload: no shards, sharded gradients or optimizer state in device
+  memory; a host-to-device copy of each shard on the all-gather stream before
+  its copy-in, a device-to-host copy of each gradient shard on the
+  reduce-scatter stream after its reduction, the optimizer step at the host's
+  rate (:class:`~execwrap.cost.host_link.HostLink`);
+* micro-batches: the forward and backward run once per micro-batch, the
+  optimizer once; with ``gradient_sync="last"`` the micro-batches before the
+  last keep their unsharded gradients in ``reduce_dtype`` (and, without
+  ``reshard_after_backward``, their unsharded parameters) until the last
+  micro-batch reduce-scatters them.
+
+Transient memory (what a unit's forward or backward has alive beyond what it
+saves, the loss's logits among it) counts when the capture recorded it
+(estimated timing). ``reserved_memory_bytes`` adds up the peaks of the
+streams' allocator pools (all-gather buffers on the all-gather stream,
+reduce-scatter buffers and sharded gradients on the reduce-scatter stream, the
+rest on the compute stream), which is what a CUDA process reserves.
+
+Not modelled: model buffers and inputs, allocator fragmentation inside a
+pool, FSDP2's ``output_dtype`` cast, HSDP, a unit called several times per
+forward (simulated as one call with the total compute; FSDP2 gathers it per
+call), the CPU-bound regime on GPUs.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from execwrap.cost.device_memory import overshoot_message
 from execwrap.cost.model import CostModel
+from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.compute import UnitCompute, unit_compute
 from execwrap.simulate.engine import EngineResult, run_ops
-from execwrap.simulate.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
+from execwrap.simulate.training import (
+    Precision,
+    TrainingStep,
+    check_priceable,
+    resolve_training,
+)
+from execwrap.simulate.unit_work import UnitWork, unit_work
 from tracing.checks import check_int, check_integral
 
 if TYPE_CHECKING:
-    from execwrap.plan import WrapPlan
+    from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["OPTIMIZERS", "Optimizer", "padded_bytes", "simulate_step"]
 
@@ -116,6 +153,12 @@ def simulate_step(
     optimizer: str = "adamw",
     compute: UnitCompute | None = None,
     facts: SimulationFacts | None = None,
+    training: TrainingStep | None = None,
+    precision: Precision | None = None,
+    checkpointing: str | None = None,
+    offload: str | None = None,
+    micro_batches: int | None = None,
+    gradient_sync: str | None = None,
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
@@ -147,43 +190,133 @@ def simulate_step(
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
+        training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
+            default: float32, no checkpointing, no offload, one micro-batch).
+        precision, checkpointing, offload, micro_batches, gradient_sync: each
+            given one replaces that field of ``training``.
 
     Returns:
-        A :class:`StepEstimate`.
+        A :class:`StepEstimate`; a peak over ``cost_model.device_memory_bytes``
+        logs one WARNING naming the overshoot.
 
     Raises:
         ValueError: the cost model is for another world size or device (the
             message says which), the compute was measured on another device,
             ``reshard_after_forward`` or ``compute`` has a wrong length, an
             unknown optimizer, the plan's order has no timing and no
-            ``compute`` is given, or ``facts`` are of another order or world size.
+            ``compute`` is given, or ``facts`` are of another order or world size;
+            an invalid training step, or one the cost model or capture cannot price.
         TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
         >>> est = simulate_step(plan, CostModel.preset("h100-nvlink-8"), world_size=8)  # doctest: +SKIP
         >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
     """
+    keywords = {k: v for k, v in locals().items() if k not in ("plan", "cost_model")}
+    estimate = step_estimate(plan, cost_model, **keywords)  # every keyword, as given
+    over = overshoot_message(int(estimate.peak_memory_bytes), cost_model, "simulate_step: the plan")
+    if over is not None:
+        logger.warning("%s", over)
+    return estimate
+
+
+def step_estimate(
+    plan: WrapPlan,
+    cost_model: CostModel,
+    *,
+    world_size: int,
+    prefetch: int | None = None,
+    reshard_after_forward: bool | Sequence[bool] | None = None,
+    optimizer: str = "adamw",
+    compute: UnitCompute | None = None,
+    facts: SimulationFacts | None = None,
+    training: TrainingStep | None = None,
+    precision: Precision | None = None,
+    checkpointing: str | None = None,
+    offload: str | None = None,
+    micro_batches: int | None = None,
+    gradient_sync: str | None = None,
+) -> StepEstimate:
+    """:func:`simulate_step` without the WARNING of a peak over the device's memory:
+    for the auto-planner's candidates, most of which may not fit, and for callers
+    that say so in their own words."""
     world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
     prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
+    _check_optimizer(optimizer)
+    given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
+    step = resolve_training(training, **given)
+    check_priceable(plan, cost_model, step, given_compute=compute is not None)
+    compute = _checked_compute(plan, cost_model, compute)
+    facts = _checked_facts(plan, world_size, facts)
+    reshard = _reshard_flags(plan, reshard_after_forward)
+    return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step)
+
+
+def _check_optimizer(optimizer: str) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(
             f"simulate_step: optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}"
         )
-    compute = _checked_compute(plan, cost_model, compute)
-    facts = _checked_facts(plan, world_size, facts)
-    reshard = _reshard_flags(plan, reshard_after_forward)
-    kept = facts.plan(plan)
-    specs = kept.unit_specs(reshard)
-    program = _program(plan, kept, specs, compute, cost_model, prefetch, facts)
-    optimizer_s = _add_optimizer(program, compute, cost_model, optimizer, kept.trainable_shards)
-    base = {
-        "sharded_params": sum(s.nbytes for s in specs) // world_size,
-        "optimizer_state": OPTIMIZERS[optimizer][0] * sum(kept.trainable_shards),
+
+
+def _given(
+    precision: Precision | None,
+    checkpointing: str | None,
+    offload: str | None,
+    micro_batches: int | None,
+    gradient_sync: str | None,
+) -> dict[str, Any]:
+    """The training-step keywords of :func:`simulate_step`, by name."""
+    return {
+        "precision": precision,
+        "checkpointing": checkpointing,
+        "offload": offload,
+        "micro_batches": micro_batches,
+        "gradient_sync": gradient_sync,
     }
-    result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base)
-    return _estimate(program, result, prefetch, reshard, world_size, optimizer_s)
+
+
+def _simulate(
+    plan: WrapPlan,
+    cost_model: CostModel,
+    facts: SimulationFacts,
+    compute: UnitCompute,
+    prefetch: int,
+    reshard: list[bool],
+    optimizer: str,
+    step: TrainingStep,
+) -> StepEstimate:
+    """The checked inputs' program, run (see :func:`simulate_step`)."""
+    world_size = facts.world_size
+    kept = facts.plan(plan)
+    specs = [s.with_precision(step.precision, world_size) for s in kept.unit_specs(reshard)]
+    work = unit_work(compute, step.checkpoint_modes(plan), [s.label for s in specs])
+    program = _program(plan, kept, specs, compute, cost_model, prefetch, facts, work, step)
+    offloaded = step.offload == "cpu"
+    optimizer_s = _add_optimizer(
+        program, compute, cost_model, optimizer, kept.trainable_shards, offloaded
+    )
+    base = {
+        "sharded_params": 0 if offloaded else sum(s.shard_bytes for s in specs),
+        "optimizer_state": 0
+        if offloaded
+        else OPTIMIZERS[optimizer][0] * sum(kept.trainable_shards),
+    }
+    pools = None if cost_model.synchronous_collectives else _POOLS
+    result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base, pools=pools)
+    return _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+
+
+#: Memory category -> the stream whose CUDA allocator pool holds it (FSDP2 allocates the
+#: all-gather input and output on the all-gather copy-in stream, the reduce-scatter input
+#: and output, whose views are the sharded gradients, on the reduce-scatter stream).
+_POOLS = {
+    "all_gather_buffers": "all_gather",
+    "reduce_scatter_buffers": "reduce_scatter",
+    "sharded_grads": "reduce_scatter",
+}
 
 
 def _checked_compute(
@@ -210,12 +343,17 @@ def _add_optimizer(
     cost_model: CostModel,
     optimizer: str,
     shards: list[int],
+    offloaded: bool,
 ) -> float:
     """Add the optimizer step over trainable shards of ``shards`` bytes to ``program``;
-    its seconds (``compute.optimizer_s``, else the cost model's)."""
+    its seconds (``compute.optimizer_s``, else the cost model's, on the host when
+    ``offloaded``)."""
     optimizer_s = compute.optimizer_s
+    passes = OPTIMIZERS[optimizer][1]
+    if optimizer_s is None and offloaded and cost_model.host is not None:
+        optimizer_s = cost_model.host.optimizer_time(passes, shards)
     if optimizer_s is None:
-        optimizer_s = cost_model.optimizer_time(OPTIMIZERS[optimizer][1], shards)
+        optimizer_s = cost_model.optimizer_time(passes, shards)
     program.optimizer(optimizer_s)
     return optimizer_s
 
@@ -242,8 +380,11 @@ def _program(
     cost_model: CostModel,
     prefetch: int,
     facts: SimulationFacts,
+    work: UnitWork,
+    step: TrainingStep,
 ) -> StepProgram:
-    """The forward and backward ops of the step (the optimizer is added by the caller)."""
+    """The forward and backward ops of every micro-batch of the step (the optimizer is
+    added by the caller)."""
     fwd_lists, bwd_lists = kept.prefetch_lists(plan, facts, prefetch)
     program = StepProgram(
         specs,
@@ -254,9 +395,15 @@ def _program(
         kept.forward_order,
         fwd_lists,
         bwd_lists,
+        work=work,
+        offload=step.offload == "cpu",
     )
-    program.forward()
-    program.backward()
+    for mb in range(step.micro_batches):
+        last = mb == step.micro_batches - 1
+        program.reduce_grads = last or step.gradient_sync == "every"
+        program.reshard_after_backward = last or step.reshard_after_backward
+        program.forward()
+        program.backward()
     return program
 
 
@@ -295,6 +442,7 @@ def _estimate(
     reshard: list[bool],
     world_size: int,
     optimizer_s: float,
+    step: TrainingStep,
 ) -> StepEstimate:
     ops = program.ops
     compute_s = sum(op.work_s for op in ops if op.kind in ("compute", "optimizer"))
@@ -344,4 +492,6 @@ def _estimate(
         memory_timeline=tuple(result.memory_timeline),
         forward_end_s=forward_end,
         backward_end_s=max(forward_end, backward_end),
+        reserved_memory_bytes=sum(result.pool_peaks.values()) or result.peak_bytes,
+        micro_batches=step.micro_batches,
     )

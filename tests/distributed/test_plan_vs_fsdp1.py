@@ -23,7 +23,7 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from execwrap.demo_models import GPT, Block, GPTConfig, Llama, LlamaBlock, LlamaConfig
-from execwrap.planner import plan_wrap, policy_units
+from execwrap.planning.planner import plan_wrap, policy_units
 from tests._dist import run_ranks
 from tracing import trace_execution_order
 from tracing.fqn import clean_fqn, join_fqn

@@ -132,7 +132,7 @@ def _plan_cases(rank: int, world_size: int) -> dict[str, Any]:
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("execwrap.ranks").addHandler(handler)
+    logging.getLogger("execwrap.fsdp.ranks").addHandler(handler)
     try:
         model = _four_linears()
         h100 = CostModel.preset("h100-nvlink-8")
@@ -140,7 +140,7 @@ def _plan_cases(rank: int, world_size: int) -> dict[str, Any]:
         auto = plan_wrap(model, timed, linears, bucket_numel="auto", cost_model=h100)
         apply_fully_shard(model, auto, mesh=init_device_mesh("cpu", (world_size,)))
     finally:
-        logging.getLogger("execwrap.ranks").removeHandler(handler)
+        logging.getLogger("execwrap.fsdp.ranks").removeHandler(handler)
     out["other_world_warnings"] = [m for m in records if "made for 8 ranks" in m]
     return out
 

@@ -22,8 +22,8 @@ import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap import WrapPlan, plan_wrap
-from execwrap.bucketing import merge_units
 from execwrap.cost import CollectiveCurve, ComputeRates, CostModel, CurveSegment
+from execwrap.planning.bucketing import merge_units
 from execwrap.simulate import StepEstimate, UnitCompute, simulate_step
 from tracing import trace_execution_order
 

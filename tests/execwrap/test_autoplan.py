@@ -19,11 +19,11 @@ import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap import MemoryBudgetError, PlanError, WrapPlan, plan_wrap
-from execwrap.autoplan import search_plan
-from execwrap.partition import best_partition
-from execwrap.plan_search import PlanSearch
-from execwrap.report.formatting import format_bytes
-from execwrap.search_space import SearchSpace
+from execwrap.plan.search_record import PlanSearch
+from execwrap.planning.auto.partition import best_partition
+from execwrap.planning.auto.search import search_plan
+from execwrap.planning.auto.space import SearchSpace
+from execwrap.util.formatting import format_bytes
 from tests.execwrap.autoplan_cases import (
     atomic_plan,
     brute_force,
@@ -64,7 +64,9 @@ def test_three_layers_by_hand(exhaustive_limit: int) -> None:
     assert best.reshard_after_forward == (False, False)
     assert best.estimate.step_time_s == pytest.approx(expected, rel=1e-12)
     assert best.estimate.step_time_s == pytest.approx(0.1897, rel=1e-12)
-    assert best.search.best.label == f"1 group of 3 units, prefetch {best.prefetch}, no reshard"
+    assert (
+        best.search.best.label == f"root + 1 group of 3 units, prefetch {best.prefetch}, no reshard"
+    )
     assert best.bucket_numel is None and best.atomic_units == plan.units
 
 
@@ -127,7 +129,7 @@ def _model_and_order() -> tuple[nn.Module, object]:
         (
             dict(bucket_numel="auto", cost_model=cost_model(), memory_budget=0),
             ValueError,
-            r"plan_wrap: memory_budget must be > 0 bytes per rank, got 0; pass None for no limit",
+            r"plan_wrap: memory_budget must be > 0 bytes per rank, got 0; pass None to plan within the device's memory",
         ),
         (
             dict(bucket_numel="auto", cost_model=cost_model(), memory_budget=-5),
@@ -200,7 +202,7 @@ def test_cost_model_for_another_world_size_or_device_is_refused() -> None:
 
 def test_plan_wrap_auto_without_timing_plans_communication_only(caplog) -> None:
     model, order = _model_and_order()
-    with caplog.at_level("WARNING", logger="execwrap.search_space"):
+    with caplog.at_level("WARNING", logger="execwrap.planning.auto.space"):
         plan = plan_wrap(
             model,
             order,
@@ -270,7 +272,7 @@ def test_search_is_deterministic_across_hash_seeds() -> None:
     code = (
         "import json\n"
         "from tests.execwrap.autoplan_cases import atomic_plan, cost_model, unit_compute\n"
-        "from execwrap.autoplan import search_plan\n"
+        "from execwrap.planning.auto.search import search_plan\n"
         "plan = atomic_plan([16, 32, 16, 32, 16, 8])\n"
         "c = unit_compute([0.01, 0.02, 0.01, 0.03, 0.01], [0.02] * 5, [100, 200, 300, 400, 500])\n"
         "for cm in (cost_model(), cost_model(device='cuda', overlap=0.6)):\n"

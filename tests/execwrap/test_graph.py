@@ -8,8 +8,8 @@ import networkx as nx
 import pytest
 import torch.nn as nn
 
-from execwrap.divergence import Divergence, first_divergence
-from execwrap.graph import build_order_graph, order_subgraph
+from execwrap.order.divergence import Divergence, first_divergence
+from execwrap.order.graph import build_order_graph, order_subgraph
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_infos, shared_param_map
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from execwrap.monitor import DriftEvent, OrderMonitor
+from execwrap.order.monitor import DriftEvent, OrderMonitor
 from tracing.order import ExecutionOrder
 
 
@@ -47,7 +47,7 @@ def test_first_deviation_warns_once_then_quiet_until_change(
 ) -> None:
     model = Switch()
     monitor = OrderMonitor(model, REFERENCE)
-    caplog.set_level(logging.INFO, logger="execwrap.monitor")
+    caplog.set_level(logging.INFO, logger="execwrap.order.monitor")
     _step(model)  # iteration 0: as captured
     model.use_c = True
     _step(model)  # iteration 1: drift

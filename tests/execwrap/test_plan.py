@@ -24,8 +24,6 @@ from torch.distributed.fsdp.wrap import (
     size_based_auto_wrap_policy,
 )
 
-from execwrap.bucketing import min_contiguous_groups
-from execwrap.compare import compare_plans
 from execwrap.demo_models import (
     GPT,
     Block,
@@ -36,10 +34,12 @@ from execwrap.demo_models import (
     build_demo_model,
 )
 from execwrap.errors import PlanError
-from execwrap.plan import WrapPlan
-from execwrap.plan_stats import PlanStats, TimelineStep
-from execwrap.planner import plan_wrap, policy_units
-from execwrap.unit import WrapUnit
+from execwrap.plan.compare import compare_plans
+from execwrap.plan.stats import PlanStats, TimelineStep
+from execwrap.plan.unit import WrapUnit
+from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.bucketing import min_contiguous_groups
+from execwrap.planning.planner import plan_wrap, policy_units
 from tracing import record_execution_order, trace_execution_order
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_infos, shared_param_map
 
@@ -967,7 +967,7 @@ import sys
 import execwrap
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 import torch.nn as nn
-import execwrap.planner
+import execwrap.planning.planner
 from tracing import trace_execution_order
 model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
 plan = execwrap.plan_wrap(model, trace_execution_order(model), bucket_numel=100)
@@ -999,7 +999,7 @@ def test_planning_with_the_default_policy_imports_no_fsdp() -> None:
 
 def test_a_policy_that_chooses_only_the_root_is_noted_and_logged(caplog) -> None:
     model = GPT(GPTConfig(n_blocks=2))
-    with caplog.at_level("WARNING", logger="execwrap.planner"):
+    with caplog.at_level("WARNING", logger="execwrap.planning.planner"):
         plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({nn.GRU}))
     note = (
         "The policy ModuleWrapPolicy({GRU}) chose no module of GPT but the root, so the plan is "

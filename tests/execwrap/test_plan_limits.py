@@ -14,8 +14,8 @@ import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
 
 from execwrap import PlanError, WrapPlan, plan_wrap
-from execwrap.shardable import check_shardable, scalar_params
-from execwrap.unit import WrapUnit
+from execwrap.fsdp.shardable import check_shardable, scalar_params
+from execwrap.plan.unit import WrapUnit
 from tests.execwrap.factories import ClipHead, Conv, GainBlock, SharedBlocks, SharedEmbed
 from tracing import record_execution_order, trace_execution_order
 

@@ -14,8 +14,8 @@ import pytest
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
 
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.plan import WrapPlan
-from execwrap.planner import plan_wrap
+from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.planner import plan_wrap
 from execwrap.report import (
     NO_CHARTS_LINE,
     REPORT_SCHEMA_VERSION,
@@ -26,6 +26,8 @@ from execwrap.report import (
 )
 from execwrap.report import context as report_mod
 from execwrap.report.file_set import SET_FOLDER
+from execwrap.report.html_page import timeline_caption
+from execwrap.report.writer import FILE_WRITERS
 from tracing import ExecutionOrder, trace_execution_order
 
 ALL_FILES = {"report.json", "calls.csv", "params.csv", "order.graphml", "report.html"}
@@ -271,7 +273,7 @@ def test_html_structure_and_charts(written, plan):
     assert doc.table_classes == ["summary", "units", "baselines", "calls", "params"]
     assert doc.tags.count("svg") == 2
     assert doc.tags.count("tr") == (
-        13  # summary rows with a plan
+        15  # summary rows with a plan
         + 1
         + len(plan.units)  # units header + rows
         + 1
@@ -325,11 +327,11 @@ def test_html_escapes_every_text(order, tmp_path):
 
 # --------------------------------------------------------------- atomic writes
 def test_interrupted_write_leaves_no_file(plan, tmp_path, monkeypatch):
-    def rows_then_fail(self):
+    def rows_then_fail(ctx):
         yield ["wte.weight"] + [""] * 9
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(report_mod.ReportContext, "params_rows", rows_then_fail)
+    monkeypatch.setattr("execwrap.report.tables.params_rows", rows_then_fail)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_report(plan, tmp_path)
     assert list(tmp_path.iterdir()) == []  # no partial file, no temp file
@@ -339,11 +341,11 @@ def test_interrupted_rewrite_keeps_previous_report(plan, tmp_path, monkeypatch):
     write_report(plan, tmp_path, formats=["json", "csv"])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
 
-    def boom(self, f):
+    def boom(ctx, f):
         f.write(b"<!DOCTYPE html><html><body>half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
+    monkeypatch.setitem(FILE_WRITERS, "html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path, formats=["json", "csv", "html"], prefetch=0)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != SET_FOLDER}
@@ -445,7 +447,7 @@ def test_html_summary_shortens_long_fallback_reason(order, plan, tmp_path):
 
 def test_timeline_caption_says_how_backward_is_drawn(order, plan):
     ctx = report_mod.ReportContext(order, plan, 1, {}, None)
-    assert ctx.timeline_caption() == (
+    assert timeline_caption(ctx.order) == (
         "Units over one step: each forward bar spans the forward calls of a unit's modules "
         "(and their submodules); backward is drawn mirrored (this capture recorded no "
         "gradient-ready order)."
@@ -454,7 +456,7 @@ def test_timeline_caption_says_how_backward_is_drawn(order, plan):
         order, param_backward_order=list(reversed(order.param_forward_order)), method="runtime"
     )
     ctx = report_mod.ReportContext(recorded, plan, 1, {}, None)
-    assert ctx.timeline_caption() == (
+    assert timeline_caption(ctx.order) == (
         "Units over one step: each forward bar spans the forward calls of a unit's modules "
         "(and their submodules); each backward bar spans the unit's parameters in the "
         "gradient-ready order recorded by runtime capture."
@@ -547,10 +549,10 @@ def test_folder_in_the_way_is_found_before_writing(plan, tmp_path):
 
 
 def test_interrupted_write_removes_the_folders_it_created(plan, tmp_path, monkeypatch):
-    def boom(self, f):
+    def boom(ctx, f):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_mod.ReportContext, "write_html", boom)
+    monkeypatch.setitem(FILE_WRITERS, "html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(plan, tmp_path / "new" / "deeper")
     assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ import pytest
 
 from execwrap.cli import main
 from execwrap.cli.text import echo, terminal_safe
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from execwrap.report import write_report
 from execwrap.report.csv_files import csv_cell
 from execwrap.report.graphml_file import graphml_escape, graphml_unescape

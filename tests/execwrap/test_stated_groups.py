@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.demo_models import Block, build_demo_model
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from tracing import trace_execution_order
 
 BLOCKS = ModuleWrapPolicy({Block})

@@ -61,7 +61,27 @@ def _accelerate_run(plugin: Any, shard: Any, rank: int) -> dict[str, Any]:
         losses.append(loss.item())
     groups = fsdp_groups(model)
     reset_accelerate()
-    return {"losses": losses, "groups": groups, "plan": None if plan is None else plan.groups}
+    return {
+        "losses": losses,
+        "groups": groups,
+        "plan": None if plan is None else plan.groups,
+        "checkpointed": _checkpointed(model),
+    }
+
+
+def _checkpointed(model: Any) -> list[str]:
+    """Modules checkpointed: torch's ``CheckpointWrapper`` (by name), or execwrap's (with mode)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from execwrap.fsdp import CheckpointedForward
+
+    found = []
+    for name, m in model.named_modules():
+        if isinstance(m, CheckpointWrapper):
+            found.append(name)
+        elif isinstance(m.__dict__.get("forward"), CheckpointedForward):
+            found.append(f"{name}: {m.forward.mode}")
+    return found
 
 
 def _trainer_run(trainer_cls: Any, rank: int, tmp: str, **kwargs: Any) -> dict[str, Any]:
@@ -111,7 +131,9 @@ def _trainer_run(trainer_cls: Any, rank: int, tmp: str, **kwargs: Any) -> dict[s
 
 
 def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
+    import torch
     from accelerate.utils import FullyShardedDataParallelPlugin as Plugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     from transformers import Trainer
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -140,6 +162,19 @@ def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     out["acc_ours"] = _accelerate_run(
         Plugin(fsdp_version=2, **wrap),
         lambda acc, model: prepare_fully_shard(acc, model, ours),
+        rank,
+    )
+    # the training step: accelerate's activation checkpointing and mixed precision
+    step = {
+        "activation_checkpointing": True,
+        "mixed_precision_policy": MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        ),
+    }
+    out["acc_ref_step"] = _accelerate_run(Plugin(fsdp_version=2, **wrap, **step), None, rank)
+    out["acc_ours_step"] = _accelerate_run(
+        Plugin(fsdp_version=2, **wrap, **step),
+        lambda acc, model: prepare_fully_shard(acc, model, policy(example_inputs=example)),
         rank,
     )
     with Records() as records:
@@ -189,6 +224,13 @@ def test_accelerate_fsdp2_prepare_fully_shard_trains_like_accelerates_own_recipe
         ]
         assert ours["plan"] == BLOCK_GROUPS
         assert sorted(ours["groups"]) == sorted(ours["plan"])
+        # with activation checkpointing and bf16 mixed precision: the same losses
+        ref, ours = rank["acc_ref_step"], rank["acc_ours_step"]
+        assert len(ours["losses"]) == STEPS
+        assert ours["losses"] == ref["losses"]
+        assert ours["losses"] != rank["acc_ours"]["losses"]  # bf16 changes them
+        assert ours["checkpointed"] == ["model.layers.0: full", "model.layers.1: full"]
+        assert ref["checkpointed"] == ["model.layers.0", "model.layers.1"]
     assert results[0]["acc_ours"]["losses"] != results[1]["acc_ours"]["losses"]  # own data
 
 

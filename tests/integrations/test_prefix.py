@@ -7,7 +7,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from execwrap.demo_models import Block, build_demo_model
 from execwrap.integrations import lift_order, lift_plan, submodule_prefix
-from execwrap.planner import plan_wrap
+from execwrap.planning.planner import plan_wrap
 from tracing import trace_execution_order
 
 

@@ -4,10 +4,13 @@ The entry point is torchtitan's: a Llama3 model built on the meta device from
 its config registry (``debugmodel``, 2 layers), the model spec's
 ``parallelize_fn`` called as torchtitan's trainer calls it, then
 ``to_empty`` + ``init_weights`` and training steps with torchtitan's
-cross-entropy loss. The reference is ``parallelize_llama``; execwrap's is
+cross-entropy loss, with torchtitan's selective activation checkpointing. The
+reference is ``parallelize_llama`` (its checkpointing: ``checkpoint_wrapper`` with
+torchtitan's op-level policy); execwrap's is
 :func:`execwrap.integrations.torchtitan.parallelize_fn` with
 :func:`decoder_policy` (torchtitan's grouping stated, the order captured at
-run time on the meta-device model: symbolic tracing fails in the RoPE module).
+run time on the meta-device model: symbolic tracing fails in the RoPE module;
+the same checkpointing applied by execwrap, FQNs kept).
 
 CPU: torchtitan's trainer needs CUDA, so the loop here is the trainer's
 forward/backward/step in a few lines. ``_cpu_torchtitan`` undoes torchtitan's
@@ -52,12 +55,13 @@ def _cpu_torchtitan() -> Any:
 
 def _train(
     spec: Any, parallelize: Any, rank: int, dump: str
-) -> tuple[list[float], list[list[str]]]:
+) -> tuple[list[float], list[list[str]], list[str]]:
     import torch
     from torch.distributed.fsdp import FSDPModule
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
     from execwrap.integrations import fsdp_groups
 
@@ -72,7 +76,7 @@ def _train(
         training=TrainingConfig(mixed_precision_param="float32"),
         parallelism=parallelism,
         compile_config=CompileConfig(),
-        ac_config=None,
+        ac_config=SelectiveAC.Config(),
         dump_folder=dump,
     )
     for module in model.modules():  # gloo has no PREMUL_SUM (execwrap's apply_fsdp sets it)
@@ -95,7 +99,21 @@ def _train(
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    return losses, fsdp_groups(model)
+    return losses, fsdp_groups(model), _checkpointed(model)
+
+
+def _checkpointed(model: Any) -> list[str]:
+    """Modules checkpointed: by torch's ``CheckpointWrapper`` or by execwrap."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from execwrap.fsdp import CheckpointedForward
+
+    return [
+        f"{name}: {type(m).__name__ if isinstance(m, CheckpointWrapper) else m.forward.mode}"
+        for name, m in model.named_modules()
+        if isinstance(m, CheckpointWrapper)
+        or isinstance(m.__dict__.get("forward"), CheckpointedForward)
+    ]
 
 
 def _worker(rank: int, world_size: int, dump: str) -> dict[str, Any]:
@@ -106,7 +124,9 @@ def _worker(rank: int, world_size: int, dump: str) -> dict[str, Any]:
 
     spec = _cpu_torchtitan()
     out: dict[str, Any] = {}
-    out["ref"], out["ref_groups"] = _train(spec, parallelize_llama, rank, dump)
+    out["ref"], out["ref_groups"], out["ref_checkpointed"] = _train(
+        spec, parallelize_llama, rank, dump
+    )
     example = torch.zeros(2, SEQ, dtype=torch.long, device="meta")
     positions = torch.arange(SEQ, device="meta").expand(2, SEQ)
 
@@ -116,7 +136,7 @@ def _worker(rank: int, world_size: int, dump: str) -> dict[str, Any]:
         )
 
     ours = parallelize_fn(policy)
-    out["ours"], out["ours_groups"] = _train(spec, ours, rank, dump)
+    out["ours"], out["ours_groups"], out["ours_checkpointed"] = _train(spec, ours, rank, dump)
     assert ours.plan is not None
     out["plan"] = ours.plan.groups
     out["method"] = ours.plan.order.method
@@ -142,6 +162,11 @@ def test_parallelize_fn_trains_like_parallelize_llama() -> None:
             ["norm", "lm_head"],
         ]
         assert rank["method"] == "runtime"
+        assert rank["ref_checkpointed"] == [
+            "layers.0: FSDPCheckpointWrapper",
+            "layers.1: FSDPCheckpointWrapper",
+        ]
+        assert rank["ours_checkpointed"] == ["layers.0: selective", "layers.1: selective"]
         assert rank["notes"] == [
             "Module 'tok_embeddings' is a unit of its own, as stated in groups (524288 elements).",
             "Modules 'norm' and 'lm_head' form one FSDP group, as stated in groups: one "

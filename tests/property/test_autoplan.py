@@ -28,8 +28,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from execwrap import PlanError
-from execwrap.autoplan import search_plan
-from execwrap.partition import best_partition, partition_cost
+from execwrap.planning.auto.partition import best_partition, partition_cost
+from execwrap.planning.auto.search import search_plan
 from tests.execwrap.autoplan_cases import (
     atomic_plan,
     brute_force,

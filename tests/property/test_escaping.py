@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from execwrap.cli.text import terminal_safe
 from execwrap.report.context import ReportContext
-from execwrap.report.graphml_file import graphml_unescape
+from execwrap.report.csv_files import write_calls_csv
+from execwrap.report.graphml_file import graphml_unescape, write_graphml
 from tracing import trace_execution_order
 
 _RESERVED = set(dir(nn.ModuleDict()))
@@ -45,12 +46,12 @@ def test_every_name_survives_graphml_csv_and_terminal(fqns: list[str]) -> None:
     ctx = ReportContext(order, None, 1, {}, None)
 
     buf = io.BytesIO()
-    ctx.write_graphml(buf)
+    write_graphml(ctx, buf)
     graph = nx.read_graphml(io.BytesIO(buf.getvalue()))
     assert {graphml_unescape(n) for n in graph} == {"", *fqns, *order.params}
 
     buf = io.BytesIO()
-    ctx.write_calls_csv(buf)
+    write_calls_csv(ctx, buf)
     rows = list(csv.DictReader(io.StringIO(buf.getvalue().decode("utf-8"), newline="")))
     cells = [r["fqn"] for r in rows]
     restored = [c[1:] if c.startswith("'") else c for c in cells]

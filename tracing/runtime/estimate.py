@@ -20,7 +20,16 @@ flops_per_s, bytes / memory_bytes_per_s) + op_overhead_s``, with FLOPs from
 ``torch.utils.flop_counter``'s formulas (``flop_registry``: matmuls,
 convolutions, attention) and bytes read and written as
 ``RuntimeEstimator`` counts them (broadcast dimensions counted once). Being a
-dispatch mode it sees backward too. These are estimates. Compared with
+dispatch mode it sees backward too. An op's FLOPs run at the rate of its class
+and dtype (:meth:`tracing.rates.ComputeRates.rate`: matmuls and convolutions
+at the matmul rate of their first input's dtype, the fused attention kernels
+at the attention rate of the query's). torch's formulas count attention as if
+it were not causal ("NB: We aren't accounting for causal attention here");
+the flash and memory-efficient kernels skip the blocks a causal mask hides,
+so a causal call's FLOPs are scaled by the fraction of the score matrix it
+keeps, ``(s + 1) / (2 s)`` for ``s`` queries and keys (:func:`causal_fraction`;
+FlashAttention-2, Dao 2023, arXiv:2307.08691, counts causal attention's FLOPs
+as half the full ones). These are estimates. Compared with
 measured times (``benchmarks/estimate.py``, 2026-12-01, CPU, one thread, a
 loaded 2-core machine, rates measured in the same process; four GPT and Llama
 models of 2.5M to 14M parameters): the whole step within 8% (0.92x to
@@ -57,9 +66,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils.flop_counter import flop_registry
 
 from tracing.rates import ComputeRates
+from tracing.runtime.op_record import op_class
 from tracing.runtime.timing import VirtualClock
 
-__all__ = ["FusedAttentionMode", "RooflineMode", "tensor_traffic_bytes"]
+__all__ = ["FusedAttentionMode", "RooflineMode", "causal_fraction", "tensor_traffic_bytes"]
 
 _ATEN = torch.ops.aten
 #: The CPU's fused attention ops, priced with the FLOP formulas torch registers for
@@ -124,13 +134,70 @@ class RooflineMode(TorchDispatchMode):
         flops = 0
         packet = func._overloadpacket
         formula: Callable[..., int] | None = flop_registry.get(_FLOP_ALIASES.get(packet, packet))
+        kind = op_class(packet)
         if formula is not None:
             flops = int(formula(*args, **kwargs, out_val=out))
+            if kind == "attention":
+                flops = int(flops * causal_fraction(func, args, kwargs))
         nbytes = tensor_traffic_bytes((*args, *kwargs.values())) + tensor_traffic_bytes(outs)
         self.ops += 1
         self.flops += flops
-        self.clock.advance(self.rates.op_time(flops=flops, nbytes=nbytes))
+        rate = self.rates.rate(kind, _dtype_of(args)) if flops else None
+        self.clock.advance(self.rates.op_time(flops=flops, nbytes=nbytes, flops_per_s=rate))
         return out
+
+
+def _dtype_of(args: tuple[Any, ...]) -> str:
+    """The dtype name of the first tensor argument (``""`` if none)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return str(a.dtype).removeprefix("torch.")
+    return ""
+
+
+def causal_fraction(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """The fraction of an attention call's score matrix a causal mask keeps: ``1.0``
+    unless the call is causal (its ``is_causal`` argument), else ``(s + 1) / (2 s)``
+    for ``s`` queries and keys (query ``i`` sees keys ``0..i``); with fewer queries than
+    keys (the mask aligned to the top left, as torch's ``is_causal``) the kept
+    fraction of the ``s_q x s_k`` matrix.
+
+    >>> q = torch.empty(1, 1, 4, 8, device="meta")
+    >>> op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    >>> causal_fraction(op, (q, q, q, 0.0, True), {}), causal_fraction(op, (q, q, q), {})
+    (0.625, 1.0)
+    """
+    causal = _argument(func, args, kwargs, "is_causal")
+    query = _argument(func, args, kwargs, "query")
+    key = _argument(func, args, kwargs, "key")
+    if (
+        causal is not True
+        or not isinstance(query, torch.Tensor)
+        or not isinstance(key, torch.Tensor)
+    ):
+        return 1.0
+    s_q, s_k = int(query.shape[-2]), int(key.shape[-2])
+    if s_q <= 0 or s_k <= 0:
+        return 1.0
+    return _kept(s_q, s_k) / (s_q * s_k)
+
+
+def _argument(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+    """The value of ``func``'s argument ``name`` in a call (its default, else ``None``)."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == name:
+            if name in kwargs:
+                return kwargs[name]
+            if i < len(args) and not a.kwarg_only:
+                return args[i]
+            return a.default_value if a.has_default_value() else None
+    return None
+
+
+def _kept(s_q: int, s_k: int) -> int:
+    """``sum(min(i + 1, s_k) for i in range(s_q))`` in closed form."""
+    n = min(s_q, s_k)
+    return n * (n + 1) // 2 + (s_q - n) * s_k
 
 
 class FusedAttentionMode(TorchFunctionMode):

@@ -27,6 +27,7 @@ from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.rates import ComputeRates
 from tracing.runtime.param_map import ParamMap
+from tracing.runtime.precision import as_dtype
 from tracing.runtime.recorder import RuntimeRecorder, timing_clock
 from tracing.runtime.timing import CallTimer, Clock
 
@@ -49,6 +50,7 @@ def record_execution_order(
     backward: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timing: bool | ComputeRates = False,
+    param_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> ExecutionOrder:
     """Capture the execution order by running one forward (and backward).
@@ -60,11 +62,11 @@ def record_execution_order(
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
     CUDA RNG states restored so the user's random stream does not shift (and,
     unless the model is wrapped by FSDP/DDP, the values of plain tensor
-    attributes). The training flag and ``requires_grad`` are never touched.
+    attributes). The training flag, ``requires_grad`` and autograd's mode are never
+    touched (under ``torch.no_grad()`` no backward runs; ``order.warnings`` says so).
 
-    Runs on the meta device too (meta model and meta inputs): no memory is
-    allocated for weights or activations, provided the model's control flow
-    depends on shapes only.
+    Runs on the meta device too (meta model and inputs: nothing allocated for
+    weights or activations), provided the model's control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
@@ -83,6 +85,8 @@ def record_execution_order(
             floating-point tensor in the output (nested tuples, lists, dicts,
             dataclasses, ``ModelOutput``).
         timing: ``False``, ``True`` (measure) or the rates to estimate with.
+        param_dtype: run on parameters and inputs cast to this dtype, as FSDP2's
+            ``MixedPrecisionPolicy`` does (:mod:`tracing.runtime.precision`; free on meta).
         **kwargs: keyword inputs of ``model``.
 
     Returns:
@@ -91,7 +95,7 @@ def record_execution_order(
     Raises:
         TracingError: on the meta device, an op needed tensor values (``.item()``,
             a tensor-valued ``if``), naming the module; or a lazy module is uninitialised.
-        TypeError: ``loss_fn`` did not return a tensor.
+        TypeError: ``loss_fn`` did not return a tensor, or a bad ``param_dtype``.
         ValueError: ``timing=True`` on the meta device or fake tensors.
         Exception: whatever the model raises otherwise, unchanged (with a
             note naming the innermost module).
@@ -111,17 +115,53 @@ def record_execution_order(
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
         recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
-        with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-            run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
-        order = recorder.order
-        if clock is not None:
-            order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
+        steps = (backward, loss_fn, param_dtype, clock, saved)
+        order = _record_and_time(recorder, model, args, kwargs, *steps)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         _raise_located(e, where, meta=_is_meta(model, args, kwargs))
     finally:
         saved.restore()
         input_grads.restore()
+    return order
+
+
+def _record_and_time(
+    recorder: RuntimeRecorder,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    param_dtype: torch.dtype | None,
+    clock: Clock | None,
+    saved: SavedModelState,
+) -> ExecutionOrder:
+    """The recorded step in ``param_dtype`` (:func:`record_step`), then, with a
+    ``clock``, the timed ones (:func:`_timed_step`)."""
+    with as_dtype(model, (args, kwargs), param_dtype, "record_execution_order") as inputs:
+        args, kwargs = inputs
+        order = record_step(recorder, model, args, kwargs, backward, loss_fn, param_dtype)
+        if clock is not None:
+            order = _timed_step(model, args, kwargs, order, clock, saved, backward, loss_fn)
+    return order
+
+
+def record_step(
+    recorder: RuntimeRecorder,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backward: bool,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    param_dtype: torch.dtype | None,
+) -> ExecutionOrder:
+    """The recorded step's order (``param_dtype``: the dtype the parameters were cast to)."""
+    with recorder:  # in the caller's grad mode: under no_grad, no backward (the order says so)
+        run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
+    order = recorder.order
+    if param_dtype is not None:
+        order.param_dtype = str(param_dtype).removeprefix("torch.")
     return order
 
 
@@ -145,8 +185,7 @@ def _timed_step(
                 saved.clear_grads()
             timer = CallTimer(params.modules, clock)
             try:
-                with torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-                    run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
+                run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
             finally:
                 timer.remove()
             if timer.num_calls != len(order.module_forward_order):
@@ -196,12 +235,15 @@ def run_step(
     timer: CallTimer | None = None,
 ) -> None:
     """One forward, then (when ``backward``) one backward of its loss (whose saved
-    tensors ``timer`` counts for the root call)."""
+    tensors ``timer`` counts for the root call). The output is let go before the
+    backward, as training loops do (torchtitan's ``del pred``), so that what the
+    backward keeps alive is the loss's own."""
     output = model(*args, **kwargs)
     if not backward:
         return
     with timer.count_saved() if timer is not None else contextlib.nullcontext():
         loss = (loss_fn or default_loss)(output)
+    del output
     if loss is not None and not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss_fn must return a torch.Tensor, got {type(loss).__name__}")
     if loss is None or not loss.requires_grad:

@@ -27,7 +27,9 @@ from tracing.runtime.backward import GradReadyOrder, module_backward_order
 from tracing.runtime.call_stack import CallKind, CallStack
 from tracing.runtime.estimate import FusedAttentionMode, RooflineMode
 from tracing.runtime.hooks import HookSet
+from tracing.runtime.op_record import OpRecordMode
 from tracing.runtime.param_map import ParamMap
+from tracing.runtime.step_calls import NO_AUTOGRAD_WARNING, StepCalls, keep_calls
 from tracing.runtime.timing import CallTimer, Clock, CudaClock, PerfClock, VirtualClock
 from tracing.runtime.use_mode import ParamUseMode
 
@@ -81,6 +83,13 @@ class RuntimeRecorder:
     RNG (use :func:`record_execution_order` for a self-contained capture that
     restores them).
 
+    The order holds the calls of one step: when some top-level calls run in
+    training mode with autograd and others do not (a ``generate`` loop under
+    ``torch.no_grad()``, an evaluation pass), the others are left out, with a
+    note in ``order.warnings`` (:mod:`tracing.runtime.step_calls`). The order
+    records the mode of its calls (``training``, ``grad_enabled``); one
+    recorded without autograd has no backward order, and says so.
+
     With ``timing``, the order also gets per-call compute times and saved
     activation bytes (:mod:`tracing.runtime.timing`): ``True`` measures them
     (``time.perf_counter_ns`` on CPU, CUDA events on GPU; the times include
@@ -88,7 +97,9 @@ class RuntimeRecorder:
     costs extra: :func:`record_execution_order` times a second, clean step);
     a :class:`~tracing.rates.ComputeRates` estimates them with a roofline per
     op (:mod:`tracing.runtime.estimate`), the way to time a model on the meta
-    device or under fake tensors.
+    device or under fake tensors; the estimate also records, per call, the
+    matmul and attention outputs and the transient memory
+    (:mod:`tracing.runtime.op_record`).
 
     Args:
         model: the model (wrapped or not); any ``nn.Module``.
@@ -123,6 +134,7 @@ class RuntimeRecorder:
         self._seen_params: set[str] = set()
         self._param_uses: list[ParamUse] = []
         self._recompute_order: list[str] = []
+        self._steps = StepCalls()
         self._backward = GradReadyOrder()
         self._calls = CallStack(ParamUseMode(self._params.fqn_of, self._on_use))
         #: innermost module an exception unwound through: (fqn, class, exc).
@@ -132,9 +144,10 @@ class RuntimeRecorder:
         self.timer: CallTimer | None = None
         self._roofline: RooflineMode | None = None
         self._fused_attention: FusedAttentionMode | None = None
+        self._op_record: OpRecordMode | None = None
         try:
             for fqn, t in self._params.tensors.items():
-                self._hooks.add_grad_ready_hook(t, fqn, self._backward.on_ready)
+                self._hooks.add_grad_ready_hook(t, fqn, self._on_grad_ready)
             self._hooks.add_forward_hooks(
                 self._params.modules,
                 pre_forward=self._pre_forward,
@@ -149,11 +162,20 @@ class RuntimeRecorder:
                 if isinstance(clock, VirtualClock) and isinstance(timing, ComputeRates):
                     self._roofline = RooflineMode(timing, clock)
                     self._roofline.__enter__()
+                    self._op_record = OpRecordMode(self.timer, clock)
+                    self._op_record.__enter__()
         except BaseException:
+            if self._roofline is not None:
+                self._roofline.__exit__(None, None, None)
             if self._fused_attention is not None:
                 self._fused_attention.__exit__(None, None, None)
             self._hooks.remove()
             raise
+
+    def _on_grad_ready(self, fqn: str, t: torch.Tensor) -> None:
+        self._backward.on_ready(fqn, t)
+        if self._op_record is not None:
+            self._op_record.gradient_ready(t)
 
     # ----------------------------------------------------------------- hooks
     def _pre_wrapper(self, fqn: str, module: nn.Module, args: Any) -> None:
@@ -163,12 +185,14 @@ class RuntimeRecorder:
         calls = self._calls
         calls.suspend()  # the recorder's own tensor calls below are no uses
         for t, pfqn in self._params.swapped_in(module):
-            self._hooks.add_grad_ready_hook(t, pfqn, self._backward.on_ready)
+            self._hooks.add_grad_ready_hook(t, pfqn, self._on_grad_ready)
         if torch._C._current_graph_task_id() != -1:
             self._recompute_order.append(fqn)
             calls.push(module, CallKind.RECOMPUTE, None)
             return
         target = (fqn, len(self._module_forward_order))
+        if calls.forward_depth() == 0:
+            self._steps.top_level(target[1], fqn, module)
         self._module_forward_order.append(fqn)
         self._module_call_depths.append(calls.forward_depth())
         calls.push(module, CallKind.FORWARD, target)
@@ -217,6 +241,9 @@ class RuntimeRecorder:
             return
         try:
             self._calls.clear()
+            if self._op_record is not None:
+                self._op_record.__exit__(None, None, None)
+                self._op_record.close()
             if self._roofline is not None:
                 self._roofline.__exit__(None, None, None)
             if self._fused_attention is not None:
@@ -279,19 +306,31 @@ class RuntimeRecorder:
                 len(self._module_forward_order),
             )
             return {}
-        return timer.fields("estimated" if self._roofline is not None else "measured")
+        fields = timer.fields("estimated" if self._roofline is not None else "measured")
+        if self._op_record is not None:
+            fields.update(self._op_record.fields(timer.num_calls))
+        return fields
 
     def _build_order(self) -> ExecutionOrder:
         params = self._params
-        return ExecutionOrder(
+        fields: dict[str, Any] = dict(
             module_forward_order=list(self._module_forward_order),
             module_call_depths=list(self._module_call_depths),
             param_forward_order=list(self._param_forward_order),
             param_uses=list(self._param_uses),
+            **self._timing_fields(),
+        )
+        calls = len(self._module_forward_order)
+        keep = self._steps.kept(calls)
+        if keep is not None:  # calls outside the training step (see step_calls)
+            fields = keep_calls(fields, keep)
+        mode = self._steps.mode()
+        return ExecutionOrder(
+            **fields,
             param_backward_order=list(self._backward.order),
             module_backward_order=module_backward_order(
                 self._backward.order,
-                self._module_forward_order,
+                fields["module_forward_order"],
                 params.names,
                 params.module_classes,
             ),
@@ -300,8 +339,23 @@ class RuntimeRecorder:
             params=params.param_infos(),
             module_classes=dict(params.module_classes),
             method="runtime",
-            **self._timing_fields(),
+            training=None if mode is None else mode.training,
+            grad_enabled=None if mode is None else mode.grad_enabled,
+            warnings=self._warnings(calls),
         )
+
+    def _warnings(self, calls: int) -> list[str]:
+        """Calls left out of the step, and a recording without autograd (each logged)."""
+        out = []
+        note = self._steps.left_out_note(calls)
+        if note is not None:
+            out.append(note)
+        mode = self._steps.mode()
+        if mode is not None and not mode.grad_enabled:
+            out.append(NO_AUTOGRAD_WARNING)
+        for line in out:
+            logger.info("RuntimeRecorder: %s", line)
+        return out
 
 
 def timing_clock(model: nn.Module, timing: bool | ComputeRates) -> Clock:

@@ -60,7 +60,8 @@ from tracing.fqn import module_phrase
 from tracing.model_state import MODULE_INTERNALS, ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
-from tracing.runtime.record import run_step
+from tracing.runtime.precision import cast_inputs, cast_parameters, check_compute_dtype
+from tracing.runtime.record import record_step
 from tracing.runtime.recorder import RuntimeRecorder
 from tracing.source_line import source_line
 
@@ -182,6 +183,7 @@ def record_zero_cost(
     *args: Any,
     backward: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    param_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> ExecutionOrder:
     """Record the execution order on a fake shadow of ``model``: no compute, no weight copy.
@@ -201,6 +203,7 @@ def record_zero_cost(
         backward: also run one backward of the (fake) loss.
         loss_fn: maps the output to a scalar loss; default: the sum of every
             floating-point output tensor.
+        param_dtype: run on parameters and inputs cast to it (:mod:`tracing.runtime.precision`).
         **kwargs: keyword example inputs.
 
     Returns:
@@ -223,6 +226,7 @@ def record_zero_cost(
         (['', '0', '1'], True)
     """
     check_no_lazy_modules(model)
+    param_dtype = check_compute_dtype(param_dtype, "record_zero_cost")
     wrapped = distributed_wrapper(model)
     if wrapped is not None:
         raise wrapped_error(
@@ -240,8 +244,9 @@ def record_zero_cost(
         with _quiet_fake_kernel_errors(), _fake_stand_ins(model, mode):
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
             recorder = RuntimeRecorder(model)
-            with recorder, mode, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-                run_step(model, fake_args, fake_kwargs, backward=backward, loss_fn=loss_fn)
+            with mode, cast_parameters(model, param_dtype):
+                fake_args, fake_kwargs = cast_inputs((fake_args, fake_kwargs), param_dtype)
+                record_step(recorder, model, fake_args, fake_kwargs, backward, loss_fn, param_dtype)
     except Exception as e:
         where = recorder.error_location(e) if recorder is not None else None
         raise fake_run_error(e, where) from e

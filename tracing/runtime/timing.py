@@ -24,7 +24,10 @@ forward/backward passes without changing them:
   to the innermost running call; parameters (and views of them) are not
   activations. Under non-reentrant activation checkpointing the checkpoint's
   own hooks take over inside the checkpointed region, whose activations are
-  then not kept (and not counted).
+  then not kept (and not counted);
+* the bytes of each call's activation inputs (floating-point tensor arguments
+  that are not parameters, once per storage): what full activation
+  checkpointing of that call keeps for backward instead of its saved tensors.
 
 Clocks (:class:`PerfClock`, :class:`CudaClock`, :class:`VirtualClock`):
 ``time.perf_counter_ns`` on CPU; CUDA events on GPU (read after one
@@ -161,6 +164,10 @@ class CallTimer:
         self._bwd_end: Any = None
         self._callback_task: int | None = None
         self.saved_bytes: list[int] = []
+        self.input_bytes: list[int] = []
+        #: called with the storage key of each tensor saved for backward (once per storage).
+        self.on_saved: Callable[[int], None] | None = None
+        self._backward_call = -1  # the call whose backward started last
         self._stack: list[int] = []  # running calls (-1: a recompute, not timed)
         self._storages: set[int] = set()
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -182,6 +189,7 @@ class CallTimer:
         self._end.append(None)
         self._bwd.append(None)
         self.saved_bytes.append(0)
+        self.input_bytes.append(self._activation_bytes(args))
         if not self._stack:
             self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             self._saved_hooks.__enter__()
@@ -204,6 +212,36 @@ class CallTimer:
             )
             self._hooks.keep(handle)
 
+    def _activation_bytes(self, args: Any) -> int:
+        """Bytes of the floating-point tensors in ``args`` that are not parameters."""
+        seen: set[int] = set()
+        total = 0
+        for t in tensors_in(args):
+            if not t.is_floating_point() or self._is_param(t):
+                continue
+            try:
+                storage = t.untyped_storage()
+                key, nbytes = storage._cdata, storage.nbytes()
+            except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass
+                key, nbytes = id(t), t.numel() * t.element_size()
+            if key not in seen:
+                seen.add(key)
+                total += int(nbytes)
+        return total
+
+    @property
+    def current_call(self) -> int:
+        """The innermost forward call running (``0``, the first call, once they all
+        ended: the loss; ``-1`` before the first call or in a recomputation)."""
+        if not self._stack:
+            return 0 if self._start else -1
+        return self._stack[-1]
+
+    @property
+    def backward_call(self) -> int:
+        """The call whose backward started last (``0`` before any: the loss's backward)."""
+        return self._backward_call if self._backward_call >= 0 else (0 if self._start else -1)
+
     def _exit_saved_hooks(self) -> None:
         if self._saved_hooks is not None:
             hooks, self._saved_hooks = self._saved_hooks, None
@@ -222,6 +260,8 @@ class CallTimer:
             owner = next((i for i in reversed(self._stack) if i >= 0), 0)
             if self.saved_bytes:
                 self.saved_bytes[owner] += int(nbytes)
+            if self.on_saved is not None:
+                self.on_saved(key)
         return t
 
     def count_saved(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -230,6 +270,7 @@ class CallTimer:
 
     # ---------------------------------------------------------------- backward
     def _on_backward(self, index: int) -> None:
+        self._backward_call = index
         if self._bwd[index] is None:
             self._bwd[index] = self.clock.now()
         task = torch._C._current_graph_task_id()
@@ -277,6 +318,7 @@ class CallTimer:
             "backward_end_s": end,
             "backward_times_s": _inclusive_backward(self.fqns, self._parent, backward, end),
             "saved_activation_bytes": list(self.saved_bytes),
+            "input_activation_bytes": list(self.input_bytes),
             "timing_device": self.clock.device_type,
             "timing_method": method,
         }

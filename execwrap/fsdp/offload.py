@@ -1,0 +1,115 @@
+"""CPU offload, refused where there is nothing to offload from: :func:`check_offload`.
+
+FSDP2's ``CPUOffloadPolicy`` (``fully_shard(..., offload_policy=...)``) and FSDP1's
+``CPUOffload(offload_params=True)`` keep the sharded parameters, their gradients and
+(with the optimizer stepping on the CPU) the optimizer state in host memory, copy each
+group's shards to the accelerator before its all-gather and the reduced gradients back.
+On a CPU-only device the parameters already live in host memory: there is no
+accelerator to copy to. torch then fails late and without saying why: FSDP2 in
+``fully_shard`` itself, halfway through the plan's groups, when it pins the shard
+("Cannot access accelerator device when none is available."); FSDP1 at the first
+forward. :func:`check_offload` refuses it before anything is wrapped, saying why.
+
+The device is the one FSDP would shard onto: the mesh's ``device_type`` (FSDP2),
+``device_id`` (FSDP1), else the current accelerator (``torch.accelerator``), else the
+CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["check_offload", "offload_device_type"]
+
+
+def offload_device_type(mesh: DeviceMesh | None = None, device_id: Any = None) -> str:
+    """The device type FSDP would shard onto: ``mesh.device_type``, else ``device_id``'s
+    type (an int is an accelerator index), else the current accelerator's, else ``"cpu"``."""
+    if mesh is not None:
+        return str(mesh.device_type)
+    if isinstance(device_id, torch.device):
+        return device_id.type
+    if isinstance(device_id, str):
+        return torch.device(device_id).type
+    accelerator = (
+        torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    )
+    return accelerator.type if accelerator is not None else "cpu"
+
+
+def check_offload(
+    offload: Any,
+    *,
+    mesh: DeviceMesh | None = None,
+    device_id: Any = None,
+    api: Literal["fully_shard", "FSDP"] = "fully_shard",
+    where: str = "apply_fully_shard",
+) -> None:
+    """Refuse CPU offload that has no accelerator to copy to, and offload of the wrong kind.
+
+    Args:
+        offload: FSDP2's ``offload_policy`` (an ``OffloadPolicy``: ``CPUOffloadPolicy()``
+            offloads, the base ``OffloadPolicy()`` does not) or FSDP1's ``cpu_offload``
+            (a ``CPUOffload``); ``None`` offloads nothing.
+        mesh: FSDP2's mesh (its ``device_type`` is where the parameters compute).
+        device_id: FSDP1's ``device_id``.
+        api: which FSDP the setting is for.
+        where: the caller, first in the message.
+
+    Raises:
+        TypeError: ``offload`` is not the class ``api`` takes (FSDP1's ``CPUOffload``
+            given to ``fully_shard``, a bool, ...).
+        ValueError: it offloads and the device FSDP shards onto is the CPU
+            (:func:`offload_device_type`); the message says why and that nothing has
+            been wrapped.
+
+    Example:
+        >>> check_offload(None)
+    """
+    if offload is None:
+        return
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
+
+    expected: type = OffloadPolicy if api == "fully_shard" else CPUOffload
+    kwarg = "offload_policy" if api == "fully_shard" else "cpu_offload"
+    if not isinstance(offload, expected):
+        fix = (
+            "pass offload_policy=CPUOffloadPolicy() (FSDP1's CPUOffload belongs to "
+            "FullyShardedDataParallel(cpu_offload=...))"
+            if api == "fully_shard"
+            else "pass cpu_offload=CPUOffload(offload_params=True) (FSDP2's CPUOffloadPolicy "
+            "belongs to fully_shard(offload_policy=...))"
+        )
+        raise TypeError(
+            f"{where}: {kwarg} must be a torch.distributed.fsdp.{expected.__name__}; got "
+            f"{type(offload).__name__}: {fix}; nothing has been wrapped"
+        )
+    offloads = (
+        isinstance(offload, CPUOffloadPolicy)
+        if api == "fully_shard"
+        else bool(getattr(offload, "offload_params", False))
+    )
+    device = offload_device_type(mesh, device_id)
+    if not offloads or device != "cpu":
+        return
+    setting = (
+        f"offload_policy={type(offload).__name__}(pin_memory={getattr(offload, 'pin_memory', True)})"
+        if api == "fully_shard"
+        else "cpu_offload=CPUOffload(offload_params=True)"
+    )
+    on = "the mesh is on 'cpu'" if mesh is not None else "the device is the CPU"
+    accelerator = (
+        "" if torch.accelerator.is_available() else " (torch.accelerator.is_available() is False)"
+    )
+    raise ValueError(
+        f"{where}: {setting} keeps the sharded parameters, gradients and optimizer state in "
+        "host memory and copies them to an accelerator for each all-gather, but "
+        f"{on}{accelerator}: the parameters already live in host memory and there is no "
+        'accelerator to copy them to (torch would fail later with "Cannot access '
+        'accelerator device when none is available."); nothing has been wrapped. Leave '
+        f"{kwarg} out on a CPU-only device, or shard onto an accelerator"
+        + (' (init_device_mesh("cuda", ...))' if api == "fully_shard" else " (device_id=...)")
+    )

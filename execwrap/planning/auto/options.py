@@ -1,0 +1,156 @@
+"""The auto-planner's options, checked once where they enter: :class:`AutoOptions`.
+
+``plan_wrap``, ``ParamExecOrderWrapPolicy`` and ``search_plan`` take ``cost_model``,
+``world_size``, ``memory_budget`` and ``optimizer`` from the user; each checks them here,
+once, at its entry (:func:`check_auto_options`), and passes the checked
+:class:`AutoOptions` down: the search, its search space and the simulator's facts read
+checked values and never check them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tracing.checks import check_integral, check_size
+
+if TYPE_CHECKING:
+    from execwrap.cost import CostModel
+
+__all__ = ["AutoOptions", "check_auto_options", "check_memory_budget", "check_world_size"]
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """The auto-planner's inputs, checked (made only by :func:`check_auto_options`).
+
+    Attributes:
+        cost_model: the :class:`~execwrap.cost.CostModel` that prices every candidate.
+        world_size: ranks planned for (``None``: the cost model's own world size); the cost
+            model was checked to fit it.
+        memory_budget: peak memory per rank in bytes, or ``None`` (``plan_wrap`` then
+            plans within the device's memory less a reserve; ``search_plan`` alone:
+            no limit).
+        optimizer: the optimizer whose state the memory model counts
+            (:data:`execwrap.simulate.OPTIMIZERS`; ``"adamw"`` when not given).
+    """
+
+    cost_model: CostModel
+    world_size: int | None
+    memory_budget: int | None
+    optimizer: str
+
+
+def check_memory_budget(memory_budget: Any, where: str) -> int | None:
+    """``memory_budget`` (bytes per rank, or ``None``), checked and returned as an ``int``.
+
+    A whole number of bytes: an int, a NumPy integer or a float with no
+    fractional part (``40e9``).
+
+    Raises:
+        TypeError: not a whole number (a bool, a string, ``1.5``) nor ``None``.
+        ValueError: zero or negative.
+    """
+    if memory_budget is None:
+        return None
+    try:
+        return check_size(
+            memory_budget, f"{where}: memory_budget", minimum=1, unit="bytes per rank"
+        )
+    except TypeError as e:
+        raise TypeError(
+            f"{where}: memory_budget must be a whole number of bytes per rank or None, got "
+            f"{type(memory_budget).__name__} {memory_budget!r}"
+        ) from e
+    except ValueError as e:
+        raise ValueError(
+            f"{where}: memory_budget must be > 0 bytes per rank, got {memory_budget!r}; pass "
+            "None to plan within the device's memory"
+        ) from e
+
+
+def check_world_size(world_size: Any, where: str) -> int | None:
+    """``world_size`` (ranks, or ``None`` for the cost model's), checked and returned as an ``int``.
+
+    An int or a NumPy integer (``np.int64(8)`` plans, and is saved, as ``8``).
+
+    Raises:
+        TypeError: not an integer (a bool, a float, a string) nor ``None``.
+        ValueError: zero or negative.
+
+    >>> check_world_size(8, "plan_wrap"), check_world_size(None, "plan_wrap")
+    (8, None)
+    """
+    if world_size is None:
+        return None
+    return check_integral(world_size, f"{where}: world_size", minimum=1, unit="ranks")
+
+
+def check_auto_options(
+    where: str,
+    bucket_numel: Any,
+    cost_model: Any,
+    world_size: Any,
+    memory_budget: Any,
+    *,
+    optimizer: Any = None,
+) -> AutoOptions | None:
+    """Check the auto-planner's keywords of ``plan_wrap`` / ``ParamExecOrderWrapPolicy``, once.
+
+    Returns:
+        The checked :class:`AutoOptions` with ``bucket_numel="auto"``, else ``None`` (after
+        checking that none of the auto-planner's keywords was given).
+
+    Raises:
+        ValueError: ``bucket_numel="auto"`` without a cost model, or with a
+            ``world_size`` the cost model is not for (``CostModel.check_compatible``'s
+            message); a cost model, world size, budget or optimizer without ``bucket_numel="auto"``;
+            a world size or budget that is not positive; an unknown optimizer.
+        TypeError: a world size that is not an integer, or a budget that is not a whole
+            number; a cost model that
+            is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
+            the message says how to load one).
+    """
+    from execwrap.cost import CostModel
+    from execwrap.simulate.step import OPTIMIZERS
+
+    budget = check_memory_budget(memory_budget, where)
+    ranks = check_world_size(world_size, where)
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise TypeError(
+            f"{where}: cost_model must be an execwrap.CostModel, got "
+            f"{type(cost_model).__name__} {cost_model!r}: load a file with "
+            'CostModel.load(path), or take a preset with CostModel.preset("h100-nvlink-8")'
+        )
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"{where}: optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}"
+        )
+    if bucket_numel == "auto":
+        if cost_model is None:
+            raise ValueError(
+                f'{where}: bucket_numel="auto" needs cost_model= (execwrap.cost.CostModel: '
+                'CostModel.calibrate() on the live process group, or CostModel.preset("...")) '
+                "to predict step times"
+            )
+        if ranks is not None:  # the device is known only from the order's compute
+            cost_model.check_compatible(world_size=ranks, device_type=cost_model.device_type)
+        return AutoOptions(cost_model, ranks, budget, optimizer or "adamw")
+    given = [
+        name
+        for name, value in (
+            ("cost_model", cost_model),
+            ("world_size", world_size),
+            ("memory_budget", memory_budget),
+            ("optimizer", optimizer),
+        )
+        if value is not None
+    ]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(
+            f'{where}: {", ".join(given)} only {verb} with bucket_numel="auto" (got '
+            f"bucket_numel={bucket_numel!r}); to predict a fixed plan's step call "
+            "execwrap.simulate_step(plan, cost_model, world_size=...)"
+        )
+    return None

@@ -1,0 +1,105 @@
+"""Per plan unit, the work and memory of one micro-batch under its checkpointing mode.
+
+:class:`UnitWork` turns a :class:`~execwrap.simulate.compute.UnitCompute` and
+each unit's activation-checkpointing mode
+(:meth:`~execwrap.simulate.training.TrainingStep.checkpoint_modes`) into what
+the step program (:class:`~execwrap.simulate.schedule.StepProgram`) schedules:
+
+* ``"none"``: the unit keeps what its ops save, from its forward to the end of
+  its backward;
+* ``"full"``: it keeps its regions' inputs; before its backward its forward
+  runs again (the unit's forward seconds), making again the rest of what it
+  saves, which lives until its backward ends;
+* ``"selective"``: it keeps its regions' inputs and the outputs of the ops
+  the policy saves; the rest of its forward runs again (the forward seconds
+  less those ops').
+
+A recomputation has the transient memory of the forward it repeats; the
+backward has its own (:attr:`~execwrap.simulate.compute.UnitCompute.backward_transient_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from execwrap.simulate.compute import UnitCompute
+
+__all__ = ["UnitWork", "unit_work"]
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """What the program schedules per unit beyond its compute (see the module docstring).
+
+    Attributes:
+        modes: each unit's checkpointing mode.
+        activation_bytes: bytes kept from the unit's forward to the end of its backward.
+        recompute_s: seconds of forward run again before the unit's backward.
+        recompute_bytes: bytes made again by that run, alive until its backward ends.
+        forward_transient_bytes: transient bytes while the unit's forward (or its
+            recomputation) runs.
+        backward_transient_bytes: transient bytes while its backward runs.
+    """
+
+    modes: tuple[str, ...]
+    activation_bytes: tuple[int, ...]
+    recompute_s: tuple[float, ...]
+    recompute_bytes: tuple[int, ...]
+    forward_transient_bytes: tuple[int, ...]
+    backward_transient_bytes: tuple[int, ...]
+
+
+def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str]) -> UnitWork:
+    """The :class:`UnitWork` of ``compute`` with one checkpointing mode per unit.
+
+    Args:
+        compute: per-unit compute.
+        modes: ``"none"``, ``"full"`` or ``"selective"`` per unit.
+        labels: the units' labels (for messages).
+
+    Raises:
+        ValueError: a unit is checkpointed but ``compute`` does not say what the mode
+            keeps (an order captured without estimated timing, or a hand-built
+            ``UnitCompute`` without ``checkpoint_bytes`` / ``selective_bytes``).
+
+    Example:
+        >>> c = UnitCompute((1.0, 2.0), (2.0, 4.0), (0, 100), checkpoint_bytes=(0, 10),
+        ...                 selective_bytes=(0, 40), selective_saved_s=(0.0, 0.5))
+        >>> w = unit_work(c, ["none", "selective"], ["<root>", "b"])
+        >>> w.activation_bytes, w.recompute_s, w.recompute_bytes
+        ((0, 40), (0.0, 1.5), (0, 60))
+    """
+    kept, again_s, again_bytes = [], [], []
+    for u, mode in enumerate(modes):
+        saved = compute.activation_bytes[u]
+        if mode == "none":
+            kept.append(saved)
+            again_s.append(0.0)
+            again_bytes.append(0)
+            continue
+        table = compute.checkpoint_bytes if mode == "full" else compute.selective_bytes
+        if not table or (mode == "selective" and not compute.selective_saved_s):
+            raise ValueError(
+                f"simulate_step: unit {labels[u]!r} is checkpointed ({mode!r}) but the compute "
+                "does not say what that keeps: capture the order on the target's rates "
+                "(tracing.record_execution_order(model, *inputs, timing=cost_model.compute), "
+                "which records each call's inputs and matmul outputs), or pass "
+                "compute=UnitCompute(..., checkpoint_bytes=..., selective_bytes=..., "
+                "selective_saved_s=...)"
+            )
+        keep = int(table[u])
+        kept.append(keep)
+        again_bytes.append(max(0, saved - keep))
+        forward = compute.forward_s[u]
+        if mode == "selective":
+            forward = max(0.0, forward - compute.selective_saved_s[u])
+        again_s.append(forward)
+    return UnitWork(
+        modes=tuple(modes),
+        activation_bytes=tuple(kept),
+        recompute_s=tuple(again_s),
+        recompute_bytes=tuple(again_bytes),
+        forward_transient_bytes=tuple(compute.forward_transient_bytes),
+        backward_transient_bytes=tuple(compute.backward_transient_bytes),
+    )
