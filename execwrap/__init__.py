@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     )
     from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp.fsdp2 import apply_fully_shard
+    from execwrap.fsdp.mesh import applied_mesh
     from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
     from execwrap.order.divergence import Divergence, first_divergence
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         simulate_step,
         unit_compute,
     )
+    from execwrap.util.mesh import MeshShape
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
 #: Public name -> module that defines it (imported on first use).
@@ -137,6 +139,9 @@ _EXPORTS: dict[str, str] = {
     "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
     "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
     "accumulate_gradients": "execwrap.fsdp.accumulation",
+    # issue 32: HSDP and 2-D meshes
+    "MeshShape": "execwrap.util.mesh",
+    "applied_mesh": "execwrap.fsdp.mesh",
 }
 
 __all__ = [
@@ -150,6 +155,7 @@ __all__ = [
     "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
+    "MeshShape",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "ParamMismatchError",
@@ -170,6 +176,7 @@ __all__ = [
     "always_wrap_policy",
     "apply_checkpointing",
     "apply_fully_shard",
+    "applied_mesh",
     "build_order_graph",
     "check_order_across_ranks",
     "compare_plans",

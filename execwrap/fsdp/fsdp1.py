@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
@@ -50,6 +49,7 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import is_recording, record_first_step
 from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
 from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
+from execwrap.fsdp.mesh import check_fsdp1_hybrid
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_order_across_ranks
@@ -128,11 +128,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             and the model's parameters (shapes, dtypes, ``requires_grad``)
             across ranks with :func:`execwrap.check_order_across_ranks` before
             wrapping (a collective: every rank must build its model).
-        forward_prefetch: FSDP1 only: pass ``forward_prefetch=True`` to every
-            unit, so FSDP1 issues each unit's all-gather before the previous
-            unit's forward, in the order FSDP1 records in the first iteration
-            (the order this policy planned with). ``None`` keeps the root's
-            kwarg.
+        forward_prefetch: FSDP1 only: ``forward_prefetch=True`` for every unit, so FSDP1
+            issues each unit's all-gather before the previous unit's forward, in the order
+            it records in the first iteration (this plan's). ``None`` keeps the root's kwarg.
         groups: stated groups, lists of module FQNs that each form one FSDP
             group (``[["norm", "lm_head"]]``; see :func:`execwrap.plan_wrap`).
         checkpointing: activation checkpointing of the units, applied before
@@ -140,12 +138,14 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
+        mesh: the mesh to plan for (``plan_wrap``'s ``mesh``: a ``(replicate, shard)``
+            shape, or ``"auto"`` with ``bucket_numel="auto"``); under FSDP1 with
+            ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` its process groups must match it.
         pinned_plan: a plan to apply as it is, with its order (a restart:
-            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no
-            planning; checked against the model when wrapping (the first
-            module or parameter that differs is named). Not combined with
-            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
-            ``groups`` or the auto-planner's options.
+            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no planning;
+            checked against the model when wrapping (the first difference named). Not
+            combined with ``order``, ``tracing_config``, ``example_inputs``,
+            ``bucket_numel``, ``groups``, ``mesh`` or the auto-planner's options.
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -209,6 +209,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
+    mesh: Any = None
     pinned_plan: WrapPlan | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
@@ -241,6 +242,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.world_size,
             self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
         )
         if auto is not None:  # keep the checked values (an int budget for 40e9)
             self.world_size, self.memory_budget = auto.world_size, auto.memory_budget
@@ -265,14 +267,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             bucket_numel=self.bucket_numel,
             groups=self.groups,
             cost_model=self.cost_model,
+            mesh=self.mesh,
         )
-        if isinstance(self.example_inputs, torch.Tensor):
-            self.example_inputs = (self.example_inputs,)
+        if isinstance(self.example_inputs, list):
+            self.example_inputs = tuple(self.example_inputs)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
-            if isinstance(self.example_inputs, list):
-                self.example_inputs = tuple(self.example_inputs)
-            else:
-                self.example_inputs = (self.example_inputs,)
+            self.example_inputs = (self.example_inputs,)  # one tensor, or any one input
         watch(self, f"ParamExecOrderWrapPolicy({policy_name(self.init_policy)})")
 
     def __repr__(self) -> str:
@@ -316,11 +316,10 @@ class ParamExecOrderWrapPolicy(_Policy):
     ) -> WrapPlan:
         """Get the order (saved, captured, or none yet) and plan ``model``'s units.
 
-        Sets :attr:`order` and :attr:`plan`. Without any way to get an order
-        now (no ``order``, no ``tracing_config``, no ``example_inputs``), the
-        plan's units come from ``init_policy`` alone, in definition order, and
-        :attr:`order` stays ``None`` until recorded (see
-        :func:`execwrap.fsdp.first_step.record_first_step`).
+        Sets :attr:`order` and :attr:`plan`. Without an order now (no ``order``,
+        ``tracing_config`` or ``example_inputs``), the units come from ``init_policy``
+        alone, in definition order, and :attr:`order` stays ``None`` until recorded
+        (:func:`execwrap.fsdp.first_step.record_first_step`).
 
         Args:
             model: the unwrapped model (the FSDP root).
@@ -340,8 +339,8 @@ class ParamExecOrderWrapPolicy(_Policy):
                 parameters of another shape, dtype or ``requires_grad``
                 (checked before wrapping, also when the order is recorded
                 during the first step).
-            execwrap.RankFailure: another rank failed to capture or to plan
-                (named, with its exception; :mod:`execwrap.rank_status`).
+            execwrap.RankFailure: another rank failed to capture or to plan (named,
+                with its exception; :mod:`execwrap.distributed.status`).
         """
         if self.pinned_plan is not None:
             return self._use_pinned(model, group)
@@ -382,6 +381,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
             group=group,
             across_ranks=ranks,
         )
@@ -446,6 +446,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
             check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
             _check_step_kwargs(root_kwargs)
+            check_fsdp1_hybrid(plan.mesh, root_kwargs)
             targets = checkpoint_targets(
                 root_module,
                 plan.groups,

@@ -52,6 +52,7 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import record_first_step
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.groups import kwargs_by_group, plan_groups, shard_groups
+from execwrap.fsdp.mesh import fsdp_mesh
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_group, check_plan_before_sharding
@@ -87,13 +88,12 @@ def apply_fully_shard(
         model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
-        mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
-            group), whose group the cross-rank checks use.
+        mesh: 1-D, ``(replicate, shard)`` (HSDP) or with a ``"tp"`` dimension (its dp part
+            is used), checked against ``plan.mesh``; default: ``plan.mesh`` built, else 1-D.
         prefetch: groups prefetched ahead each way; ``0`` keeps FSDP2's implicit
             prefetching; ``"auto"``: the auto-planner's depth (``plan.prefetch``).
-        group_kwargs: per-group overrides: called with each group's module
-            FQNs (``[""]`` for the root), it returns kwargs merged over
-            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
+        group_kwargs: per-group overrides: called with each group's module FQNs (``[""]``
+            for the root), kwargs over ``fully_shard_kwargs`` and the plan's resharding.
         checkpointing: activation checkpointing applied before sharding, a mode for
             every unit or ``{module FQN: mode}`` (default: a policy's own).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
@@ -108,14 +108,14 @@ def apply_fully_shard(
         world size is applied with one WARNING saying what differs.
 
     Raises:
-        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
-            did not choose one; the model already has ``fully_shard``
-            applied; a plan made for another model (named), or naming a module the
-            model lacks, or putting the root in a group. Before anything is wrapped:
-            a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
-            not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
-            refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
-            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
+        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that did not choose
+            one; the model already has ``fully_shard`` applied; a plan made for another
+            model (named), or naming a module the model lacks, or putting the root in a
+            group. Before anything is wrapped: a 0-dim parameter, a group of mixed dtypes
+            its ``mp_policy`` does not cast (:mod:`~execwrap.fsdp.shardable`), an
+            ``mp_policy`` FSDP would refuse (:mod:`~execwrap.fsdp.precision`), CPU offload
+            on a CPU mesh (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or
+            FQN; a mesh not of ``plan.mesh``'s shard group, a ``"tp"`` one without DTensors.
         RankFailure: another rank failed (named; :mod:`execwrap.distributed.status`).
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
@@ -135,6 +135,7 @@ def apply_fully_shard(
     checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
     _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    mesh = fsdp_mesh(model, plan, mesh)  # the plan's HSDP mesh, or the caller's checked
     with _together("apply_fully_shard: the checks before sharding", mesh):
         depth, groups, reshard = _prepare(model, policy_or_plan, plan, prefetch, fully_shard_kwargs)
         sharding = kwargs_by_group(
@@ -215,8 +216,8 @@ def _check_ready_plan(plan: WrapPlan, model: nn.Module) -> None:
 
 
 def _together(phase: str, mesh: DeviceMesh | None) -> contextlib.AbstractContextManager[None]:
-    """:func:`~execwrap.rank_status.fail_together` over the ranks that apply the plan
-    together (:func:`~execwrap.ranks.check_group`); nothing for an n-D mesh over part
+    """:func:`~execwrap.distributed.status.fail_together` over the ranks that apply the plan
+    together (:func:`~execwrap.fsdp.ranks.check_group`); nothing for an n-D mesh over part
     of the world."""
     compared, group = check_group(mesh)
     return fail_together(phase, group=group) if compared else contextlib.nullcontext()

@@ -14,6 +14,7 @@ from typing import Any
 from execwrap.plan.consistency import check_module_names, check_units
 from execwrap.plan.search_record import PlanSearch
 from execwrap.plan.unit import WrapUnit
+from execwrap.util.mesh import MeshShape
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder
 from tracing.schema import (
@@ -93,6 +94,16 @@ def _any(value: Any, path: str) -> Any:
     return value
 
 
+def _mesh(value: Any, path: str) -> MeshShape:
+    """A :class:`~execwrap.util.mesh.MeshShape` as ``to_dict`` writes it."""
+    try:
+        return MeshShape.from_dict(value)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(
+            path, f"expected {{replicate, shard, tp}} ranks >= 1, got {value!r} ({e})"
+        ) from None
+
+
 def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) -> dict[str, Any]:
     """The auto-planner's fields of a checked :data:`PLAN_FIELDS` dict (``None``
     where absent: version-1 plans and plans not made by the auto-planner)."""
@@ -123,6 +134,7 @@ def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) ->
         "reshard_after_forward": None if reshard is None else tuple(reshard),
         "estimate": estimate,
         "search": search,
+        "mesh": f["mesh"],
     }
 
 
@@ -187,5 +199,7 @@ PLAN_FIELDS = Record(
         "reshard_after_forward": Field(optional(list_of(boolean())), required=False),
         "estimate": Field(optional(_any), required=False),
         "search": Field(optional(_any), required=False),
+        # the mesh (HSDP / tensor parallelism) the plan is for; absent: FSDP over all ranks
+        "mesh": Field(optional(_mesh), required=False),
     }
 )

@@ -41,6 +41,7 @@ from execwrap.plan.stats import (
     unsharded_timeline,
 )
 from execwrap.plan.unit import WrapUnit
+from execwrap.util.mesh import MeshShape
 from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
 
@@ -83,6 +84,11 @@ class WrapPlan:
             per-stream timeline) at :attr:`prefetch` and
             :attr:`reshard_after_forward`, when a cost model was given.
         search: what the auto-planner compared (:class:`~execwrap.plan.search_record.PlanSearch`).
+        mesh: the mesh the plan is for (:class:`~execwrap.util.mesh.MeshShape`: HSDP's
+            replicas and shard group, tensor parallelism), chosen by the auto-planner
+            (``mesh="auto"``) or stated (``plan_wrap(..., mesh=...)``);
+            ``apply_fully_shard`` builds it when no mesh is given. ``None``: FSDP over
+            every rank.
     """
 
     units: list[WrapUnit]
@@ -97,6 +103,7 @@ class WrapPlan:
     reshard_after_forward: tuple[bool, ...] | None = None
     estimate: StepEstimate | None = None
     search: PlanSearch | None = None
+    mesh: MeshShape | None = None
 
     # ------------------------------------------------------------ lookups
     @property
@@ -387,6 +394,7 @@ class WrapPlan:
             ),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
             "search": None if self.search is None else self.search.to_dict(),
+            **({} if self.mesh is None else {"mesh": self.mesh.to_dict()}),
         }
 
     @classmethod

@@ -27,6 +27,7 @@ from execwrap.simulate.unit_work import UnitWork
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = "compute", "all_gather", "reduce_scatter"
+ALL_REDUCE = "all_reduce"
 
 
 class StepProgram:
@@ -55,6 +56,7 @@ class StepProgram:
         ops: the program, in issue order.
         all_gathers: all-gathers issued.
         reduce_scatters: reduce-scatters issued.
+        all_reduces: HSDP all-reduces issued (a cost model for a mesh with replicas).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class StepProgram:
         self.ops: list[Op] = []
         self.all_gathers = 0
         self.reduce_scatters = 0
+        self.all_reduces = 0
         self._last_compute: int | None = None
         self._since_collective = 0.0  # compute-stream seconds since the last collective
         self._pending: dict[int, int] = {}  # unit -> its issued, not yet waited all-gather
@@ -286,13 +289,28 @@ class StepProgram:
         )
         self._last_rs = (i, rs)
         self._all_rs.append(rs)
+        last, stream = rs, REDUCE_SCATTER
+        if self.cm.all_reduce is not None:  # HSDP: foreach_reduce's all-reduce of the shard
+            last, stream = self._all_reduce(spec, rs), ALL_REDUCE
+            self._all_rs.append(last)
         if self.offload:  # foreach_reduce: the reduced shard to the host, after the reduction
             d2h = self.cm.host_copy_time(spec.grad_shard_bytes, "to_host")
             self._all_rs.append(
-                self._add(
-                    Op(REDUCE_SCATTER, f"device-to-host {label}", d2h, "copy", (rs,), "backward")
-                )
+                self._add(Op(stream, f"device-to-host {label}", d2h, "copy", (last,), "backward"))
             )
+
+    def _all_reduce(self, spec: UnitSpec, rs: int) -> int:
+        """HSDP's all-reduce (``foreach_reduce``): the reduce-scatter's output, the
+        shard of the gradients in ``reduce_dtype`` (``grad_bytes / shard``), all-reduced
+        across the replicate group after the reduce-scatter, on its own stream (on CPU
+        on the training thread), in place: no memory of its own."""
+        self.all_reduces += 1
+        label = f"all-reduce {spec.label}"
+        seconds = self.cm.all_reduce_time(spec.grad_bytes // self.world_size)
+        if self.sync:
+            return self._collective(ALL_REDUCE, label, seconds, (rs,), "backward")
+        link = "replicate" if self.cm.all_reduce_own_link else ""
+        return self._add(Op(ALL_REDUCE, label, seconds, "comm", (rs,), "backward", link=link))
 
     def _accumulate(self, i: int) -> None:
         """No gradient sync: FSDP2's ``post_backward`` keeps the unsharded gradients,

@@ -10,14 +10,21 @@ checked values and never check them again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from execwrap.util.mesh import MeshShape
 from tracing.checks import check_integral, check_size
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
 
-__all__ = ["AutoOptions", "check_auto_options", "check_memory_budget", "check_world_size"]
+__all__ = [
+    "AutoOptions",
+    "check_auto_options",
+    "check_memory_budget",
+    "check_mesh",
+    "check_world_size",
+]
 
 
 @dataclass(frozen=True)
@@ -33,12 +40,16 @@ class AutoOptions:
             no limit).
         optimizer: the optimizer whose state the memory model counts
             (:data:`execwrap.simulate.OPTIMIZERS`; ``"adamw"`` when not given).
+        mesh: the mesh planned for (:class:`~execwrap.util.mesh.MeshShape` of the
+            ranks), ``"auto"`` (the shard group size is chosen:
+            :mod:`execwrap.planning.auto.mesh`) or ``None`` (FSDP over every rank).
     """
 
     cost_model: CostModel
     world_size: int | None
     memory_budget: int | None
     optimizer: str
+    mesh: MeshShape | Literal["auto"] | None = None
 
 
 def check_memory_budget(memory_budget: Any, where: str) -> int | None:
@@ -86,6 +97,24 @@ def check_world_size(world_size: Any, where: str) -> int | None:
     return check_integral(world_size, f"{where}: world_size", minimum=1, unit="ranks")
 
 
+def check_mesh(mesh: Any, world_size: int, where: str) -> MeshShape | Literal["auto"]:
+    """``mesh`` (``"auto"``, a :class:`~execwrap.util.mesh.MeshShape`, a tuple or a
+    ``DeviceMesh``) checked against ``world_size`` ranks.
+
+    Raises:
+        TypeError: not one of those.
+        ValueError: another string, or a shape whose ranks are not ``world_size``.
+    """
+    if isinstance(mesh, str):
+        if mesh != "auto":
+            raise ValueError(
+                f'{where}: mesh must be "auto", a (replicate, shard) shape or a DeviceMesh, '
+                f"got {mesh!r}"
+            )
+        return "auto"
+    return MeshShape.of(mesh, world_size=world_size, where=where)
+
+
 def check_auto_options(
     where: str,
     bucket_numel: Any,
@@ -94,6 +123,7 @@ def check_auto_options(
     memory_budget: Any,
     *,
     optimizer: Any = None,
+    mesh: Any = None,
 ) -> AutoOptions | None:
     """Check the auto-planner's keywords of ``plan_wrap`` / ``ParamExecOrderWrapPolicy``, once.
 
@@ -135,7 +165,8 @@ def check_auto_options(
             )
         if ranks is not None:  # the device is known only from the order's compute
             cost_model.check_compatible(world_size=ranks, device_type=cost_model.device_type)
-        return AutoOptions(cost_model, ranks, budget, optimizer or "adamw")
+        shape = None if mesh is None else check_mesh(mesh, ranks or cost_model.world_size, where)
+        return AutoOptions(cost_model, ranks, budget, optimizer or "adamw", shape)
     given = [
         name
         for name, value in (
@@ -143,6 +174,7 @@ def check_auto_options(
             ("world_size", world_size),
             ("memory_budget", memory_budget),
             ("optimizer", optimizer),
+            ('mesh="auto"', mesh if isinstance(mesh, str) else None),
         )
         if value is not None
     ]
