@@ -10,18 +10,21 @@ random number generators that dropout and other random ops draw from.
 Symbolic capture and the zero-cost shadow run the model's Python with stand-in
 tensors (Proxies, fake tensors); whatever a forward stores on a module then
 (``self.cache = x``, a buffer reassigned, a submodule registered lazily) must
-not stay behind. :class:`ModuleSnapshot` keeps each module's attributes and its
-``_parameters`` / ``_buffers`` / ``_modules`` entries (references, no copies)
-and puts exactly those back.
+not stay behind. :class:`ModuleSnapshot` lets every module work on copies of
+its attribute dict and its ``_parameters`` / ``_buffers`` / ``_modules`` dicts
+(shallow: references, no tensor copies) and gives it the untouched originals
+back.
 """
 
 from __future__ import annotations
 
-import operator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+from tracing.classes import could_be
 
 __all__ = ["MODULE_INTERNALS", "ModuleSnapshot", "RngState", "SavedModelState"]
 
@@ -94,83 +97,102 @@ class SavedModelState:
 
 
 _SLOTS = ("_parameters", "_buffers", "_modules")
-#: Stands for an empty slot dict (no copy needed).
-_EMPTY: dict[str, Any] = {}
-#: Attributes every ``nn.Module`` has (hook dicts, ``training``, ...): never tensors.
 #: The attributes every ``nn.Module`` has (``_parameters``, ``_buffers``, the hook
-#: dicts, ...): what is left of ``vars(module)`` are the module's own attributes.
+#: dicts, ``training``, ...; never tensors): what is left of ``vars(module)`` are
+#: the module's own attributes.
 MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
-
-def _changed(current: dict[str, Any], saved: dict[str, Any]) -> bool:
-    """Whether ``current`` differs from ``saved`` by keys or by the identity of a value.
-
-    Equal keys in the same order (reassigning a key keeps its place) are
-    compared value by value with ``operator.is_not``, all in C.
-    """
-    if len(current) != len(saved) or current.keys() != saved.keys():
-        return True
-    return any(map(operator.is_not, current.values(), saved.values()))
+_set_attr = object.__setattr__
 
 
 class ModuleSnapshot:
-    """Every module's attributes and parameter/buffer/child entries, by reference.
+    """Every module's attributes and parameter/buffer/child entries, kept untouched.
 
-    :meth:`restore` puts back the same objects under the same names: entries
-    the run added are removed, entries it replaced (a parameter swapped for a
-    stand-in, ``self.count = self.count + 1``) get their old object back. With
-    ``values``, the values of buffers and plain tensor attributes are saved
-    too (a clone each; tensors without data, on the meta device, are
+    From construction until :meth:`restore`, each module works on a copy of
+    its instance dict, whose non-empty ``_parameters`` / ``_buffers`` /
+    ``_modules`` entries are copies too (shallow: the same tensors,
+    submodules and hook dicts). Whatever the run stores on a module
+    (``self.cache = x``, a parameter swapped for a stand-in, a buffer
+    reassigned, ``self.training`` flipped) lands in the copies; :meth:`restore`
+    gives every module its original dict back, the very object it had, never
+    written to. An empty slot dict is not copied: one the run filled is
+    emptied again. Nothing is compared entry by entry: the cost is one
+    shallow copy per module and non-empty slot, and two dict swaps.
+
+    With ``values``, the values of buffers and plain tensor attributes are
+    saved too (a clone each; tensors without data, on the meta device, are
     skipped) and copied back, for code that updates them in place
-    (``self.count += 1`` while fx traces). The cost is one shallow ``dict``
-    copy per module and slot; only what changed is written back.
+    (``self.count += 1`` while fx traces): an in-place update changes the
+    shared tensor, not a dict entry. Plain tensor attributes are found by
+    the classes of the attribute values (:func:`~tracing.classes.could_be`):
+    only when one could be a tensor is each value asked.
 
     Args:
         model: the model; every module reached by ``modules()`` is kept.
         values: also save tensor values (see above).
+        modules: ``model.modules()`` already listed (a capture's one walk,
+            :func:`tracing.walk.walk_modules`), or ``None`` to list them here.
     """
 
-    def __init__(self, model: nn.Module, *, values: bool = False) -> None:
-        # (module.__dict__, its copy, copies of its _parameters/_buffers/_modules)
-        self._saved: list[tuple[dict[str, Any], ...]] = []
-        self._values: list[tuple[torch.Tensor, torch.Tensor]] = []
-        saved = self._saved
-        for module in model.modules():
-            attrs = vars(module)
-            params, buffers, children = attrs["_parameters"], attrs["_buffers"], attrs["_modules"]
-            saved.append(
-                (
-                    attrs,
-                    attrs.copy(),
-                    params.copy() if params else _EMPTY,
-                    buffers.copy() if buffers else _EMPTY,
-                    children.copy() if children else _EMPTY,
-                )
-            )
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        values: bool = False,
+        modules: Iterable[nn.Module] | None = None,
+    ) -> None:
+        self._modules = list(model.modules() if modules is None else modules)
+        self._dicts: list[dict[str, Any]] = []
+        #: slot dicts that were empty (not copied: shared with the working dicts)
+        self._empty: list[dict[str, Any]] = []
+        working: list[dict[str, Any]] = []
+        classes: set[type] = set()  # of the attribute values, with values
+        buffers: list[dict[str, Any]] = []  # the non-empty _buffers, with values
+        for module in self._modules:
+            attrs = module.__dict__
+            work = attrs.copy()
+            for slot in _SLOTS:
+                entries = attrs[slot]
+                if entries:
+                    work[slot] = entries.copy()
+                else:
+                    self._empty.append(entries)
             if values:
-                self._save_values(attrs)
+                classes.update(map(type, attrs.values()))
+                if attrs["_buffers"]:
+                    buffers.append(attrs["_buffers"])
+            self._dicts.append(attrs)
+            working.append(work)
+        self._values: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if values:
+            self._save_values(buffers, classes)
+        try:
+            for module, work in zip(self._modules, working, strict=True):
+                _set_attr(module, "__dict__", work)
+        except BaseException:
+            self._put_back()
+            raise
 
-    def _save_values(self, attrs: dict[str, Any]) -> None:
-        tensors = [b for b in attrs["_buffers"].values() if b is not None]
-        for name in attrs.keys() - MODULE_INTERNALS:  # the module's own attributes only
-            if isinstance(attrs[name], torch.Tensor):
-                tensors.append(attrs[name])
+    def _save_values(self, buffers: list[dict[str, Any]], classes: set[type]) -> None:
+        """Clone every buffer and plain tensor attribute that holds data."""
+        tensors = [b for entries in buffers for b in entries.values() if b is not None]
+        if could_be(classes, torch.Tensor):  # the internals are never tensors
+            values = (v for attrs in self._dicts for v in attrs.values())
+            tensors += [v for v in values if isinstance(v, torch.Tensor)]
         for t in tensors:
             if t.device.type != "meta" and not isinstance(t, nn.Parameter):
                 self._values.append((t, t.detach().clone()))
 
+    def _put_back(self) -> None:
+        for module, attrs in zip(self._modules, self._dicts, strict=True):
+            _set_attr(module, "__dict__", attrs)
+
     def restore(self) -> None:
-        """Put every module's attributes, entries and saved values back."""
-        for attrs, saved, *slots in self._saved:
-            if _changed(attrs, saved):
-                for name in attrs.keys() - saved.keys():
-                    del attrs[name]
-                attrs.update(saved)
-            for slot, entries in zip(_SLOTS, slots, strict=True):
-                current = attrs[slot]
-                if (current or entries) and _changed(current, entries):
-                    current.clear()
-                    current.update(entries)
+        """Give every module its original attributes back, and the saved tensor values."""
+        self._put_back()
+        for entries in self._empty:
+            if entries:
+                entries.clear()
         with torch.no_grad():
             for t, value in self._values:
                 t.copy_(value)

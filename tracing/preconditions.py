@@ -19,12 +19,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.nn as nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from tracing.classes import instance_classes
 from tracing.errors import TracingError
 from tracing.fqn import clean_fqn, module_phrase, original_class_name
 
@@ -38,12 +39,23 @@ _WRAPPER_CLASSES = (
 )
 
 
-def check_no_lazy_modules(model: nn.Module, *, what: str = "capture the execution order") -> None:
+def check_no_lazy_modules(
+    model: nn.Module,
+    *,
+    what: str = "capture the execution order",
+    modules: Iterable[nn.Module] | None = None,
+) -> None:
     """Refuse a model with an uninitialised lazy module.
+
+    The modules' classes (:func:`~tracing.classes.instance_classes`, one
+    ``type()`` per module, in C) are looked at first; only when one is a lazy
+    module class are the modules walked again by name to find it.
 
     Args:
         model: the model.
         what: the action refused, for the message.
+        modules: ``model.modules()`` already listed (a capture's one walk,
+            :func:`tracing.walk.walk_modules`), or ``None`` to list them here.
 
     Raises:
         TracingError: the first such module in ``named_modules()`` order; the
@@ -56,6 +68,9 @@ def check_no_lazy_modules(model: nn.Module, *, what: str = "capture the executio
         ...
         tracing.errors.TracingError: cannot capture the execution order: module '0' (LazyLinear) ...
     """
+    listed = model.modules() if modules is None else modules
+    if not any(issubclass(cls, LazyModuleMixin) for cls in instance_classes(listed)):
+        return
     for fqn, module in model.named_modules():
         if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():  # type: ignore[misc]
             cls = type(module).__name__
@@ -70,8 +85,19 @@ def check_no_lazy_modules(model: nn.Module, *, what: str = "capture the executio
             )
 
 
-def distributed_wrapper(model: nn.Module) -> tuple[str, str, str] | None:
+def distributed_wrapper(
+    model: nn.Module, *, modules: Iterable[nn.Module] | None = None
+) -> tuple[str, str, str] | None:
     """The first module wrapped by FSDP1, FSDP2 or DDP, if any.
+
+    The modules' classes (:func:`~tracing.classes.instance_classes`, one
+    ``type()`` per module, in C) are looked at first; only when one is a
+    loaded wrapper class are the modules walked again by name to find it.
+
+    Args:
+        model: the model.
+        modules: ``model.modules()`` already listed (a capture's one walk,
+            :func:`tracing.walk.walk_modules`), or ``None`` to list them here.
 
     Returns:
         ``(FQN in the original model, original class name, wrapper)``, e.g.
@@ -86,10 +112,14 @@ def distributed_wrapper(model: nn.Module) -> tuple[str, str, str] | None:
     if not classes:
         return None
     if "torch.distributed.fsdp" not in sys.modules:  # DDP only: it must be the root
-        modules: Any = [("", model)]
+        named: Any = [("", model)]
     else:
-        modules = model.named_modules()
-    for fqn, module in modules:
+        listed = model.modules() if modules is None else modules
+        wrappers = tuple(cls for cls, _ in classes)
+        if not any(issubclass(cls, wrappers) for cls in instance_classes(listed)):
+            return None
+        named = model.named_modules()
+    for fqn, module in named:
         for cls, label in classes:
             if isinstance(module, cls):
                 inner = getattr(module, "module", module) if label.startswith("DDP") else module

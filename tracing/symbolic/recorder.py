@@ -8,18 +8,20 @@ For the duration of exactly one ``tracer.trace()`` call the tracer
   ``forward`` is traced directly). The wrapper appends the module's FQN to the
   forward order and keeps a stack of the modules being traced, so every later
   event knows its innermost module.
-* ``create_proxy`` is called for every graph node. For ``call_function``,
-  ``call_method`` and ``call_module`` nodes, the wrapper looks at the node's
-  input nodes: each ``get_attr`` of a parameter is a use. Looking at the node
+* ``create_proxy`` is called for every graph node. A ``call_function``,
+  ``call_method`` or ``call_module`` node whose input nodes include the
+  ``get_attr`` of a parameter uses that parameter. Looking at the node
   (rather than at the Python arguments) sees parameters at any nesting depth:
   positional, keyword, inside lists/tuples/dicts, and ``nn.Parameter`` objects
   that fx turned into ``get_attr`` nodes itself. Because fx caches one proxy
   per parameter, a use can only be found at the op that consumes it, never at
   the attribute access. A leaf module's ``call_module`` node uses all of that
   module's parameters (recursively), since fx does not trace inside it.
-  During the trace the wrapper only notes such nodes with the innermost module
-  call; the parameter groups are built once the trace has finished, so the
-  trace itself stays within a few percent of a bare ``tracer.trace()``.
+  During the trace the wrapper only notes each such node with the innermost
+  module call (one append); once the trace has finished, the
+  parameters' ``get_attr`` nodes name the nodes that use them (their
+  ``users``) and the parameter groups are built, so the trace itself stays
+  within a few percent of a bare ``tracer.trace()``.
 
 Source: the approach follows torch's 2022 ``ParamExecOrderWrapPolicy`` tracer
 (``torch/distributed/fsdp/_trace_utils.py``, ``_ExecOrderTracer``), which
@@ -34,21 +36,27 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch.fx
 import torch.nn as nn
 from torch.fx.node import Node, Target
 
-from tracing.fqn import join_fqn
 from tracing.order import ExecutionOrder, ParamInfo, ParamUse, param_info
 from tracing.uses import METADATA_METHODS
+from tracing.walk import ModuleWalk, walk_modules
 
 __all__ = ["SymbolicRecorder"]
 
 logger = logging.getLogger(__name__)
 
 _PATCHED_METHODS = ("call_module", "create_proxy")
+_CLASS_NAME = attrgetter("__name__")
+_PARAM_FQNS = attrgetter("param_fqns")
+_GRAPH = attrgetter("graph")
+_PARAMETERS = attrgetter("_parameters")
 _USE_KINDS = frozenset({"call_function", "call_method", "call_module"})
 
 _METADATA_ATTRS = frozenset(
@@ -75,47 +83,55 @@ class SymbolicRecorder:
     in :meth:`result`, after the trace.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, walk: ModuleWalk | None = None) -> None:
         self.model = model
-        # One walk over the module tree, in the order named_parameters() and
-        # named_modules() use (remove_duplicate=False reaches every alias):
-        # id(module) -> FQN (its first name), FQN (every name) -> module,
-        # every parameter FQN (aliases too, i.e. every get_attr target) ->
-        # canonical FQN, canonical FQN -> aliases (tied parameters), and the
-        # ExecutionOrder's params and module_classes (first names, in order).
-        module_fqns: dict[int, str] = {}
-        module_classes: dict[str, str] = {}
+        if walk is None:
+            walk = walk_modules(model)
+        # From the one walk over the module tree (tracing.walk; every alias
+        # reached, as named_modules(remove_duplicate=False)), built in C:
+        # id(module) -> FQN (its first name), the ExecutionOrder's
+        # module_classes (first names, named_modules() order), and every FQN
+        # -> module.
+        first_names = walk.first_names
+        self.module_fqns = dict(zip(map(id, walk.modules), first_names, strict=True))
+        classes = map(_CLASS_NAME, map(type, walk.modules))
+        self.module_classes = dict(zip(first_names, classes, strict=True))
+        self.modules_by_fqn = dict(walk.named)
+        # Then, over the modules that hold parameters: every parameter FQN
+        # (aliases too, i.e. every get_attr target) -> canonical FQN,
+        # canonical FQN -> aliases (tied parameters), and the ExecutionOrder's
+        # params (first names, named_parameters() order).
         params: dict[str, ParamInfo] = {}
-        modules_by_fqn: dict[str, nn.Module] = {}
         id_to_canonical: dict[int, str] = {}
         param_targets: dict[str, str] = {}
         shared: dict[str, list[str]] = {}
         leaf_params: dict[str, tuple[str, ...]] = {}
-        for module_fqn, module in model.named_modules(remove_duplicate=False):
-            if module_fqns.setdefault(id(module), module_fqn) == module_fqn:
-                module_classes[module_fqn] = type(module).__name__
-            modules_by_fqn.setdefault(module_fqn, module)
-            if not module._parameters:
-                continue
+        # ParamInfo is frozen: parameters alike (the blocks of a transformer)
+        # share one, built once per (shape, dtype, requires_grad).
+        infos: dict[tuple[Any, ...], ParamInfo] = {}
+        holders = map(_PARAMETERS, map(itemgetter(1), walk.named))
+        for module_fqn, module in compress(walk.named, holders):
             own: list[str] = []
+            prefix = module_fqn + "." if module_fqn else ""
             for name, p in module._parameters.items():
                 if p is None:
                     continue
-                fqn = join_fqn(module_fqn, name)
+                fqn = prefix + name
                 canonical = id_to_canonical.setdefault(id(p), fqn)
                 param_targets[fqn] = canonical
                 own.append(canonical)
                 if canonical == fqn:
-                    params[fqn] = param_info(p)
+                    key = (p.shape, p.dtype, p.requires_grad)
+                    info = infos.get(key)
+                    if info is None:
+                        info = infos[key] = param_info(p)
+                    params[fqn] = info
                 else:
                     shared.setdefault(canonical, []).append(fqn)
             if not module._modules:
                 # A module without children: its leaf parameter group.
                 leaf_params[module_fqn] = tuple(dict.fromkeys(own))
-        self.module_fqns = module_fqns
-        self.module_classes = module_classes
         self.params = params
-        self.modules_by_fqn = modules_by_fqn
         self.id_to_canonical = id_to_canonical
         self.param_targets = param_targets
         self.shared = shared
@@ -127,11 +143,14 @@ class SymbolicRecorder:
         self.module_forward_order: list[str] = [""]
         #: per call, how many recorded calls enclose it (the stack's height)
         self.module_call_depths: list[int] = [0]
-        self.stack: list[tuple[str, int]] = [("", 0)]
-        # Nodes that use parameters, with the (module FQN, call index) on top
-        # of the stack when they were created. They are turned into ParamUses
-        # after the trace, so the trace itself pays one append per such node.
-        self.pending: list[tuple[Node, tuple[str, int]]] = []
+        #: the calls being traced, innermost last (indices into module_forward_order)
+        self.stack: list[int] = [0]
+        # Every op and module-call node, and the call on top of the stack when
+        # it was created (two lists: nothing allocated per node). They are
+        # turned into ParamUses after the trace, so the trace itself pays two
+        # appends per node.
+        self.nodes: list[Any] = []
+        self.node_calls: list[int] = []
         # The innermost module when an exception first passed through a
         # module call, keyed by the exception object.
         self._failed_exc: BaseException | None = None
@@ -179,7 +198,7 @@ class SymbolicRecorder:
             call_index = len(module_forward_order)
             module_forward_order.append(fqn)
             depths.append(len(stack))
-            stack.append((fqn, call_index))
+            stack.append(call_index)
             if debug:
                 logger.debug("call %d: %s (%s)", call_index, fqn, type(m).__name__)
             try:
@@ -197,10 +216,10 @@ class SymbolicRecorder:
     def _wrap_create_proxy(
         self, orig_create_proxy: Callable[..., torch.fx.Proxy]
     ) -> Callable[..., torch.fx.Proxy]:
-        """``create_proxy`` that notes each node using a parameter with its module call."""
+        """``create_proxy`` that notes each op or module-call node with its module call."""
         stack = self.stack
-        pending_append = self.pending.append
-        param_targets = self.param_targets
+        nodes_append = self.nodes.append
+        calls_append = self.node_calls.append
         use_kinds = _USE_KINDS
 
         def create_proxy(
@@ -219,21 +238,11 @@ class SymbolicRecorder:
                     kind, target, args, kwargs, name, type_expr, proxy_factory_fn
                 )
             if kind in use_kinds:
-                node = getattr(proxy, "node", None)
-                if isinstance(node, Node):
-                    if kind == "call_module":
-                        pending_append((node, stack[-1]))
-                    else:
-                        # fx keeps a node's inputs in the dict `_input_nodes`;
-                        # iterating it avoids the list `all_input_nodes` builds
-                        # per node (this runs once per traced op).
-                        inputs = getattr(node, "_input_nodes", None)
-                        if inputs is None:
-                            inputs = node.all_input_nodes
-                        for n in inputs:
-                            if n.op == "get_attr" and n.target in param_targets:
-                                pending_append((node, stack[-1]))
-                                break
+                try:
+                    nodes_append(proxy.node)
+                except AttributeError:  # a custom proxy factory's object, without a node
+                    return proxy
+                calls_append(stack[-1])
             return proxy
 
         return create_proxy
@@ -241,26 +250,41 @@ class SymbolicRecorder:
     # -------------------------------------------------------------- results
     def result(self) -> ExecutionOrder:
         """The recorded order (call after a successful trace)."""
+        nodes, node_calls = self._graph_nodes()
+        using = self._param_users(nodes)
+        leaf_params = self.leaf_params
+        module_forward_order = self.module_forward_order
         param_uses: list[ParamUse] = []
-        param_forward_order: list[str] = []
-        seen: set[str] = set()
-        for node, (module_fqn, call_index) in self.pending:
-            use = self._param_use(node, module_fqn, call_index)
-            if use is None:
+        for node, call_index in zip(nodes, node_calls, strict=True):
+            module_fqn = module_forward_order[call_index]
+            if node.op == "call_module":
+                # A leaf module's own parameters, and any passed to it.
+                group = leaf_params.get(node.target)  # type: ignore[arg-type]
+                if group is None:
+                    group = self._leaf_params(node.target, module_fqn)
+                if node in using:
+                    group = tuple(dict.fromkeys(group + self._direct_params(node)))
+                if not group:
+                    continue
+                use = ParamUse(module_fqn, call_index, group, "call_module")
+            elif node in using:
+                if _is_metadata_access(node.op, node.target, node):
+                    continue
+                group = tuple(dict.fromkeys(self._direct_params(node)))
+                use = ParamUse(module_fqn, call_index, group, _op_name(node.target))
+            else:
                 continue
             param_uses.append(use)
-            for fqn in use.param_fqns:
-                if fqn not in seen:
-                    seen.add(fqn)
-                    param_forward_order.append(fqn)
             if self.debug:
                 logger.debug(
                     "call %d (%s): %s uses %s", call_index, module_fqn, use.op, use.param_fqns
                 )
+        # Each parameter's first use: dict keys keep the first insertion.
+        first_uses = dict.fromkeys(chain.from_iterable(map(_PARAM_FQNS, param_uses)))
         return ExecutionOrder(
             module_forward_order=list(self.module_forward_order),
             module_call_depths=list(self.module_call_depths),
-            param_forward_order=param_forward_order,
+            param_forward_order=list(first_uses),
             param_uses=param_uses,
             param_backward_order=[],
             shared_params=self.shared,
@@ -269,26 +293,40 @@ class SymbolicRecorder:
             method="symbolic",
         )
 
-    def _param_use(self, node: Node, module_fqn: str, call_index: int) -> ParamUse | None:
-        """The parameters that ``node`` (an op or a leaf-module call) uses."""
-        kind, target = node.op, node.target
-        if kind != "call_module" and _is_metadata_access(kind, target, node):
-            return None
+    def _graph_nodes(self) -> tuple[list[Node], list[int]]:
+        """The recorded nodes and their calls, in creation order (anything a custom
+        proxy factory hung on ``.node`` that is not a graph node left out)."""
+        if all(map(isinstance, self.nodes, repeat(Node))):
+            return self.nodes, self.node_calls
+        kept = list(map(isinstance, self.nodes, repeat(Node)))
+        return list(compress(self.nodes, kept)), list(compress(self.node_calls, kept))
+
+    def _param_users(self, nodes: list[Node]) -> set[Node]:
+        """The nodes that take a parameter's ``get_attr`` node as an input.
+
+        The ``get_attr`` nodes of the graphs ``nodes`` belong to are few (fx
+        makes one per parameter and trace), and each knows its users, so
+        this finds every node using a parameter at any nesting depth of its
+        arguments (fx records a node's inputs wherever they sit: positional,
+        keyword, inside lists, tuples and dicts) without looking at the
+        inputs of every node.
+        """
         param_targets = self.param_targets
-        direct = [
+        users: set[Node] = set()
+        for graph in set(map(_GRAPH, nodes)):
+            for n in _get_attr_nodes(graph):
+                if n.target in param_targets:
+                    users.update(n.users)
+        return users
+
+    def _direct_params(self, node: Node) -> tuple[str, ...]:
+        """Canonical FQNs of the parameters among ``node``'s input nodes, in order."""
+        param_targets = self.param_targets
+        return tuple(
             param_targets[n.target]  # type: ignore[index]
             for n in node.all_input_nodes
             if n.op == "get_attr" and n.target in param_targets
-        ]
-        if kind == "call_module":
-            group = self._leaf_params(target, module_fqn)
-            if direct:
-                group = tuple(dict.fromkeys(group + tuple(direct)))
-            op = "call_module"
-        else:
-            group = tuple(dict.fromkeys(direct))
-            op = _op_name(target)
-        return ParamUse(module_fqn, call_index, group, op) if group else None
+        )
 
     def _leaf_params(self, target: Target, module_fqn: str) -> tuple[str, ...]:
         """Canonical FQNs of all parameters (recursively) of a leaf module.
@@ -318,6 +356,15 @@ class SymbolicRecorder:
             cause = cause.__cause__ or cause.__context__
         module = self.modules_by_fqn.get(fqn, self.model)
         return fqn, type(module).__name__
+
+
+def _get_attr_nodes(graph: torch.fx.Graph) -> list[Node]:
+    """The ``get_attr`` nodes of ``graph``: from fx's lookup table where this torch
+    has ``Graph.find_nodes``, else by walking the graph."""
+    try:
+        return list(graph.find_nodes(op="get_attr", sort=False))
+    except (AttributeError, TypeError):  # a torch without find_nodes, or another signature
+        return [n for n in graph.nodes if n.op == "get_attr"]
 
 
 def _op_name(target: Target) -> str:

@@ -49,6 +49,7 @@ from tracing.source_line import source_line
 from tracing.symbolic.diagnosis import ConcreteValueWatch, Diagnosis, diagnose
 from tracing.symbolic.recorder import SymbolicRecorder
 from tracing.symbolic.signature import as_args, bind_root, root_patched
+from tracing.walk import walk_modules
 
 __all__ = ["trace_execution_order"]
 
@@ -108,12 +109,17 @@ def trace_execution_order(
         ['', '0', '1', '2']
     """
     config = _checked_config(config)
-    _check_traceable(model)
+    walk = walk_modules(model)
+    _check_traceable(model, walk.modules)
     has_inputs = example_inputs is not None or example_kwargs is not None
     args = as_args(example_inputs) if has_inputs else None
     root = bind_root(model, args=args, kwargs=example_kwargs, concrete_args=config.concrete_args)
-    recorder, watch, tracer = SymbolicRecorder(model), ConcreteValueWatch(), config.tracer
-    rng, snapshot = RngState(), ModuleSnapshot(model, values=True)
+    recorder, watch, tracer = (
+        SymbolicRecorder(model, walk),
+        ConcreteValueWatch(),
+        config.tracer,
+    )
+    rng, snapshot = RngState(), ModuleSnapshot(model, values=True, modules=walk.modules)
     try:
         with recorder.patched(tracer), root_patched(tracer, root), watch.patched(tracer):
             tracer.trace(model, concrete_args=root.fx_concrete_args)
@@ -142,10 +148,13 @@ def _finished(order: ExecutionOrder, model: nn.Module, proxied: tuple[str, ...])
     return order
 
 
-def _check_traceable(model: nn.Module) -> None:
-    """Refuse, before anything runs, what a trace would break or cannot trace."""
-    check_no_lazy_modules(model)
-    wrapped = distributed_wrapper(model)
+def _check_traceable(model: nn.Module, modules: list[nn.Module]) -> None:
+    """Refuse, before anything runs, what a trace would break or cannot trace.
+
+    ``modules`` is ``model.modules()``, listed once for the whole capture.
+    """
+    check_no_lazy_modules(model, modules=modules)
+    wrapped = distributed_wrapper(model, modules=modules)
     if wrapped is not None:
         raise wrapped_error(
             wrapped,
