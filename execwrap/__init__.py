@@ -61,9 +61,11 @@ if TYPE_CHECKING:
     from execwrap.plan.prefetch import prefetch_schedule
     from execwrap.plan.search_record import PlanSearch
     from execwrap.plan.stats import PlanStats, TimelineStep
+    from execwrap.plan.training_step import Precision, TrainingStep
     from execwrap.plan.unit import WrapUnit
     from execwrap.plan.wrap_plan import WrapPlan
     from execwrap.planning.bucketing import min_contiguous_groups
+    from execwrap.planning.micro_batch import MicroBatchFit, largest_micro_batch
     from execwrap.planning.planner import plan_wrap, policy_units
     from execwrap.report.writer import write_report
     from execwrap.simulate import (
@@ -137,6 +139,11 @@ _EXPORTS: dict[str, str] = {
     "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
     "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
     "accumulate_gradients": "execwrap.fsdp.accumulation",
+    # issue 31: the training step as part of the plan, planned together
+    "Precision": "execwrap.plan.training_step",
+    "TrainingStep": "execwrap.plan.training_step",
+    "MicroBatchFit": "execwrap.planning.micro_batch",
+    "largest_micro_batch": "execwrap.planning.micro_batch",
 }
 
 __all__ = [
@@ -150,6 +157,7 @@ __all__ = [
     "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
+    "MicroBatchFit",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "ParamMismatchError",
@@ -158,11 +166,13 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "Precision",
     "RankFailure",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
     "TracingError",
+    "TrainingStep",
     "UnitCompute",
     "WrapPlan",
     "WrapUnit",
@@ -175,6 +185,7 @@ __all__ = [
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "largest_micro_batch",
     "load_checkpoint",
     "load_plan",
     "min_contiguous_groups",

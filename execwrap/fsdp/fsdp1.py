@@ -50,18 +50,20 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import is_recording, record_first_step
 from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
 from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
-from execwrap.fsdp.offload import check_offload
-from execwrap.fsdp.precision import check_mixed_precision
+from execwrap.fsdp.plan_step import fsdp1_step, planned_choices, planned_step
+from execwrap.fsdp.policy_helpers import check_bucket_numel, check_step_kwargs, short_repr
 from execwrap.fsdp.ranks import check_order_across_ranks
 from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
 from execwrap.plan.pinned import check_pinned_options, check_plan_fits
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import check_auto_options
+from execwrap.planning.auto.options import (
+    check_auto_options,
+)
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.watch.registry import mark_applied, unwatched_if_refused, watch
 from tracing import TracingConfig, capture_execution_order
-from tracing.checks import check_size
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
@@ -146,6 +148,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             module or parameter that differs is named). Not combined with
             ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
             ``groups`` or the auto-planner's options.
+        training: the :class:`execwrap.TrainingStep` to plan for (``plan.training``):
+            with ``"auto"``, its precision and micro-batch count are planned for and the
+            planner chooses the rest (``choose``); ``checkpointing`` above is part of it.
+            Its checkpointing is applied; FSDP1 must be given its precision and offload.
+        choose: ``"auto"`` only: what of the step the planner chooses (see
+            :func:`execwrap.plan_wrap`).
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -210,6 +218,8 @@ class ParamExecOrderWrapPolicy(_Policy):
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
     pinned_plan: WrapPlan | None = None
+    training: TrainingStep | None = None
+    choose: Sequence[str] | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -224,16 +234,10 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.tracing_config must be a tracing.TracingConfig "
                 f"or None; got {type(self.tracing_config).__name__}"
             )
-        if self.bucket_numel is not None and not (
-            isinstance(self.bucket_numel, str) and self.bucket_numel == "auto"
-        ):
-            try:  # an int, a NumPy integer or a whole float (1e8), kept as an int
-                self.bucket_numel = check_size(self.bucket_numel, "bucket_numel")
-            except (TypeError, ValueError) as e:
-                raise ValueError(
-                    "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
-                    f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
-                ) from e
+        self.bucket_numel = check_bucket_numel(self.bucket_numel)
+        check_checkpointing(
+            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
+        )
         auto = check_auto_options(
             "ParamExecOrderWrapPolicy",
             self.bucket_numel,
@@ -241,6 +245,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.world_size,
             self.memory_budget,
             optimizer=self.optimizer,
+            training=self.planned_step(),
+            choose=self._choices(),
         )
         if auto is not None:  # keep the checked values (an int budget for 40e9)
             self.world_size, self.memory_budget = auto.world_size, auto.memory_budget
@@ -254,9 +260,6 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.example_kwargs must be a dict of forward keyword "
                 f"arguments or None; got {type(self.example_kwargs).__name__}"
             )
-        check_checkpointing(
-            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
-        )
         check_pinned_options(
             self.pinned_plan,
             order=self.order,
@@ -285,7 +288,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         for f in dataclasses.fields(self)[1:]:
             value = getattr(self, f.name)
             if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
-                parts.append(f"{f.name}={_short_repr(value)}")
+                parts.append(f"{f.name}={short_repr(value)}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
     def _use_pinned(self, model: nn.Module, group: dist.ProcessGroup | None) -> WrapPlan:
@@ -301,6 +304,21 @@ class ParamExecOrderWrapPolicy(_Policy):
         return plan
 
     # ---------------------------------------------------------------- planning
+    def planned_step(self) -> TrainingStep | None:
+        """The training step planned for: :attr:`training` with :attr:`checkpointing`
+        in it (``None`` when neither is set, or only ``checkpointing`` without "auto").
+
+        Raises:
+            ValueError: both set the checkpointing.
+        """
+        return planned_step(
+            self.training, self.checkpointing, self.checkpoint_every, self.bucket_numel
+        )
+
+    def _choices(self) -> tuple[str, ...] | None:
+        """:attr:`choose`, without ``"checkpointing"`` when :attr:`checkpointing` fixes it."""
+        return planned_choices(self.choose, self.checkpointing, self.bucket_numel)
+
     @property
     def recording(self) -> bool:
         """Whether the order is still to be recorded during the first step."""
@@ -384,6 +402,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             optimizer=self.optimizer,
             group=group,
             across_ranks=ranks,
+            training=self.planned_step(),
+            choose=self._choices(),
         )
         return self.plan
 
@@ -445,12 +465,15 @@ class ParamExecOrderWrapPolicy(_Policy):
                 check_uniform_requires_grad(root_module, plan)
             ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
             check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
-            _check_step_kwargs(root_kwargs)
+            check_step_kwargs(root_kwargs)
+            checkpointing, every = fsdp1_step(
+                root_module, plan, root_kwargs, self.checkpointing, self.checkpoint_every
+            )
             targets = checkpoint_targets(
                 root_module,
                 plan.groups,
-                self.checkpointing,
-                every=self.checkpoint_every,
+                checkpointing,
+                every=every,
                 where="ParamExecOrderWrapPolicy",
             )
         checkpoint_modules(root_module, targets)
@@ -467,30 +490,3 @@ class ParamExecOrderWrapPolicy(_Policy):
             record_first_step(self, root_module, start_now=False, group=pg)
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
-
-
-# ------------------------------------------------------------------ helpers
-def _check_step_kwargs(root_kwargs: dict[str, Any]) -> None:
-    """FSDP1's ``mixed_precision`` and ``cpu_offload`` it would refuse later."""
-    where = "ParamExecOrderWrapPolicy"
-    check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
-    device_id = root_kwargs.get("device_id")
-    check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)
-
-
-def _short_repr(value: Any) -> str:
-    """``repr(value)``, but one short line for a cost model, an order or a plan."""
-    from execwrap.cost import CostModel
-
-    if isinstance(value, CostModel):
-        origin = value.source.split(";")[0].split(":")[0].strip() or "unnamed"
-        origin = origin if len(origin) <= 60 else origin[:59] + "…"
-        return (
-            f"CostModel({origin}, {value.device_type}, {value.backend}, {value.world_size} ranks)"
-        )
-    if isinstance(value, ExecutionOrder):
-        calls, params = len(value.module_forward_order), len(value.params)
-        return f"ExecutionOrder({value.method}, {calls} calls, {params} params)"
-    if isinstance(value, WrapPlan):
-        return f"WrapPlan({value.policy_name}, {len(value.units)} groups)"
-    return repr(value)

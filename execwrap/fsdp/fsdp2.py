@@ -53,6 +53,7 @@ from execwrap.fsdp.first_step import record_first_step
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.groups import kwargs_by_group, plan_groups, shard_groups
 from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.plan_step import fsdp2_step
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_group, check_plan_before_sharding
 from execwrap.fsdp.shardable import check_shardable
@@ -94,13 +95,14 @@ def apply_fully_shard(
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root), it returns kwargs merged over
             ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
-        checkpointing: activation checkpointing applied before sharding, a mode for
-            every unit or ``{module FQN: mode}`` (default: a policy's own).
+        checkpointing: applied before sharding: a mode for every unit or ``{module FQN:
+            mode}`` (default: a policy's, else ``plan.training``'s; :func:`apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
-            ``reshard_after_forward``, ``ignored_params``, ...). Without
-            ``reshard_after_forward``, an auto plan's per-group choices apply.
+            ``reshard_after_forward``, ``ignored_params``, ...). Without them, the
+            plan's own (``reshard_after_forward``, ``plan.training``'s precision and
+            offload: :mod:`execwrap.fsdp.plan_step`); given ones that differ, one WARNING.
 
     Returns:
         The plan applied (a policy recording during the first step replaces
@@ -132,9 +134,9 @@ def apply_fully_shard(
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
     _check_arguments(model, prefetch)
-    checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
-    _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
-    plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    plan, fully_shard_kwargs, checkpointing, every = _plan_and_step(
+        model, policy_or_plan, mesh, fully_shard_kwargs, checkpointing, checkpoint_every
+    )
     with _together("apply_fully_shard: the checks before sharding", mesh):
         depth, groups, reshard = _prepare(model, policy_or_plan, plan, prefetch, fully_shard_kwargs)
         sharding = kwargs_by_group(
@@ -168,6 +170,22 @@ def _prepare(
 
 
 # ------------------------------------------------------------------ apply_fully_shard helpers
+def _plan_and_step(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    mesh: DeviceMesh | None,
+    kwargs: dict[str, Any],
+    checkpointing: Checkpointing,
+    checkpoint_every: int,
+) -> tuple[WrapPlan, dict[str, Any], Checkpointing, int]:
+    """The plan (checked settings first), and the ``fully_shard`` kwargs and
+    checkpointing with the plan's training step filled in (:func:`fsdp2_step`)."""
+    checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
+    _check_step_kwargs(kwargs, mesh, model, checkpointing, every)
+    plan = _build_plan(model, policy_or_plan, mesh, kwargs.get("ignored_params"))
+    return (plan, *fsdp2_step(model, plan, kwargs, checkpointing, every))
+
+
 def _check_arguments(model: nn.Module, prefetch: int | str) -> None:
     if prefetch != "auto":
         check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)

@@ -94,6 +94,13 @@ class Candidate:
         peak_memory_bytes: predicted peak memory per rank, bytes.
         fits: whether the peak is within the search's memory budget
             (always ``True`` without a budget).
+        checkpointing: each group's activation checkpointing (``"none"``,
+            ``"selective"``, ``"full"``), one per entry of ``group_sizes``; empty:
+            none anywhere (and candidates saved before the training step was searched).
+        offload: ``"none"`` or ``"cpu"`` (FSDP2's ``CPUOffloadPolicy``).
+        gradient_sync: ``"every"`` or ``"last"`` micro-batch reduce-scatters.
+        reshard_after_backward: whether micro-batches before the last reshard after
+            their backward.
     """
 
     label: str
@@ -104,10 +111,18 @@ class Candidate:
     step_time_s: float
     peak_memory_bytes: int
     fits: bool
+    checkpointing: tuple[str, ...] = ()
+    offload: str = "none"
+    gradient_sync: str = "every"
+    reshard_after_backward: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"Candidate.kind must be one of {_KINDS}, got {self.kind!r}")
+
+    def checkpointed(self) -> int:
+        """Groups with activation checkpointing (``"full"`` or ``"selective"``)."""
+        return sum(1 for m in self.checkpointing if m != "none")
 
     @property
     def num_groups(self) -> int:
@@ -125,6 +140,10 @@ class Candidate:
             "step_time_s": self.step_time_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "fits": self.fits,
+            "checkpointing": list(self.checkpointing),
+            "offload": self.offload,
+            "gradient_sync": self.gradient_sync,
+            "reshard_after_backward": self.reshard_after_backward,
         }
 
     @classmethod
@@ -139,6 +158,10 @@ class Candidate:
             step_time_s=float(data["step_time_s"]),
             peak_memory_bytes=int(data["peak_memory_bytes"]),
             fits=bool(data["fits"]),
+            checkpointing=tuple(str(m) for m in data.get("checkpointing", ())),
+            offload=str(data.get("offload", "none")),
+            gradient_sync=str(data.get("gradient_sync", "every")),
+            reshard_after_backward=bool(data.get("reshard_after_backward", True)),
         )
 
 

@@ -81,7 +81,7 @@ from execwrap.plan.notes import (
     fsdp1_split_note,
 )
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import AutoOptions, check_auto_options
+from execwrap.planning.auto.options import AutoOptions, check_auto_options, check_training
 from execwrap.planning.auto.search import search_checked
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
@@ -105,6 +105,7 @@ from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
+    from execwrap.plan.training_step import TrainingStep
 
 __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
@@ -169,6 +170,8 @@ def plan_wrap(
     optimizer: str | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -180,9 +183,9 @@ def plan_wrap(
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
             ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the
-            groups, the prefetch depth and ``reshard_after_forward`` per group
-            (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,
-            ``plan.search``).
+            groups, the prefetch depth, ``reshard_after_forward`` per group and the
+            training step's checkpointing per group, offload and accumulation mode
+            (``plan.prefetch``, ``.reshard_after_forward``, ``.training``, ``.estimate``, ``.search``).
         ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
             objects or module FQN strings); their parameters are in no unit.
         groups: stated groups, each a list of module FQNs made one FSDP group
@@ -199,6 +202,10 @@ def plan_wrap(
             compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
             the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
+        training: the :class:`execwrap.TrainingStep` the plan is for (``plan.training``);
+            ``"auto"`` keeps its precision and micro-batch count, and chooses ``choose``.
+        choose: ``"auto"`` only: what of the step the planner chooses (default: all of
+            ``"checkpointing"``, ``"offload"``, ``"accumulation"``); the rest is ``training``'s.
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -208,8 +215,8 @@ def plan_wrap(
         TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
             ``ignored_modules`` has the wrong type.
         ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (:func:`execwrap.planning.auto.search.check_auto_options`: a cost model
-            for another world size or device type, ``groups`` with ``"auto"``);
+            keywords (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups``
+            with ``"auto"``, a step the capture or cost model cannot price);
             an ignored module is not part of ``model``; a stated group cannot
             be formed (naming the member and why); or the order does not fit
             ``model`` (other modules, parameters, numels or shapes than
@@ -230,6 +237,7 @@ def plan_wrap(
         model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
         groups=groups, target=target, cost_model=cost_model, world_size=world_size,
         memory_budget=memory_budget, optimizer=optimizer, group=group, across_ranks=across_ranks,
+        training=training, choose=choose,
     )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -250,6 +258,8 @@ def plan_wrap_unwatched(
     optimizer: str | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
@@ -262,6 +272,8 @@ def plan_wrap_unwatched(
         world_size=world_size,
         memory_budget=memory_budget,
         optimizer=optimizer,
+        training=training,
+        choose=choose,
     )
     auto = isinstance(bucket_numel, str) and bucket_numel == "auto"
     if not (across_ranks or (across_ranks is None and auto)) or not is_distributed(group):
@@ -285,13 +297,22 @@ def _plan_here(
     world_size: int | None,
     memory_budget: int | None,
     optimizer: str | None,
+    training: TrainingStep | None,
+    choose: Iterable[str] | None,
 ) -> WrapPlan:
     """The plan of ``plan_wrap``, made on this rank alone."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     auto = check_auto_options(
-        "plan_wrap", bucket_numel, cost_model, world_size, memory_budget, optimizer=optimizer
+        "plan_wrap",
+        bucket_numel,
+        cost_model,
+        world_size,
+        memory_budget,
+        optimizer=optimizer,
+        training=training,
+        choose=choose,
     )
     if groups is not None and bucket_numel == "auto":
         raise ValueError(
@@ -316,6 +337,8 @@ def _plan_here(
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
         plan = _auto_plan(plan, auto, planner)
+    elif training is not None:
+        plan.training = check_training(training, "plan_wrap").for_plan(plan)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)

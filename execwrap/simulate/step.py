@@ -291,7 +291,7 @@ def _simulate(
     """The checked inputs' program, run (see :func:`simulate_step`)."""
     world_size = facts.world_size
     kept = facts.plan(plan)
-    specs = [s.with_precision(step.precision, world_size) for s in kept.unit_specs(reshard)]
+    specs = kept.unit_specs(reshard, step.precision, world_size)
     work = unit_work(compute, step.checkpoint_modes(plan), [s.label for s in specs])
     program = _program(plan, kept, specs, compute, cost_model, prefetch, facts, work, step)
     offloaded = step.offload == "cpu"

@@ -197,7 +197,7 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "  compute times  " in text and "measured (cpu)" in text  # timed on this CPU
     data = json.loads((out / "report.json").read_text())
     plan = data["plan"]
-    assert plan["schema_version"] == 2
+    assert plan["schema_version"] == 3
     assert plan["search"]["memory_budget"] == 10 * 2**20
     assert plan["search"]["world_size"] == 2
     assert plan["estimate"]["peak_memory_bytes"] <= 10 * 2**20

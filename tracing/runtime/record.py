@@ -71,7 +71,9 @@ def record_execution_order(
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
     their warm-up) and keeps the median one's per-call times and saved bytes
-    (``"measured"``); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
+    (``"measured"``); the recorded step's ops give the matmul and attention
+    outputs with their measured seconds and each call's transient memory
+    (:mod:`tracing.runtime.op_record`); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
     e.g. ``cost_model.compute``) estimates the recorded step op by op
     (``"estimated"``): the way for meta or fake models.
 
@@ -114,7 +116,7 @@ def record_execution_order(
     try:
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
-        recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
+        recorder = RuntimeRecorder(model, timing)
         steps = (backward, loss_fn, param_dtype, clock, saved)
         order = _record_and_time(recorder, model, args, kwargs, *steps)
     except Exception as e:
@@ -195,7 +197,7 @@ def _timed_step(
                     timer.num_calls,
                     len(order.module_forward_order),
                 )
-                return order
+                return _without_timing(order)
             timed.append(timer.fields("measured"))
     finally:
         params.clear()
@@ -212,6 +214,27 @@ def _timed_step(
             slowest / fastest,
         )
     return dataclasses.replace(order, **timed[len(timed) // 2])
+
+
+def _without_timing(order: ExecutionOrder) -> ExecutionOrder:
+    """``order`` without what the recorded step's own timer measured (its times carry
+    the recorder's overhead): the fields of an order captured without timing."""
+    empty = ExecutionOrder()
+    names = (
+        "forward_times_s",
+        "forward_start_s",
+        "backward_start_s",
+        "backward_end_s",
+        "backward_times_s",
+        "saved_activation_bytes",
+        "input_activation_bytes",
+        "compute_ops",
+        "forward_transient_bytes",
+        "backward_transient_bytes",
+        "timing_device",
+        "timing_method",
+    )
+    return dataclasses.replace(order, **{n: getattr(empty, n) for n in names})
 
 
 def _step_seconds(fields: dict[str, Any]) -> float:
