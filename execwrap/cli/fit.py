@@ -67,10 +67,14 @@ def run_fit(options: FitOptions) -> int:
     if result.plan is not None:
         names = RECIPE_FRAMEWORKS if options.framework == "all" else (options.framework,)
         for name in names:
-            echo(f"\nrecipe ({name}; the plan file: --out DIR writes DIR/plan.json):\n")
-            echo(recipe(result, name, plan_path=plan_path))
+            echo()
+            echo(f"recipe ({name}; the plan file: --out DIR writes DIR/plan.json):")
+            echo()
+            for line in recipe(result, name, plan_path=plan_path).splitlines():
+                echo(line)
     elif result.reason:
-        echo(f"\nwhy: {result.reason}")
+        echo()
+        echo(f"why: {result.reason}")
     return EXIT_OK
 
 

@@ -6,7 +6,9 @@ checkpointed, and, where the device has host memory to offload to, CPU offload (
 configurations the joint auto-planner keeps as its least-memory baselines:
 :mod:`execwrap.planning.auto.search`). :func:`largest_fitting` finds the largest
 size whose least-memory plan is within the budget with one simulation per size tried
-(doubling from 1, then bisecting), instead of a full search per size
+(sizes 1 and 2, the size the line through their peaks reaches the budget at and the
+next, then doubling and bisecting where the peaks are not on that line), instead of a
+full search per size
 (:func:`execwrap.largest_micro_batch`, which also returns the fastest plan at that
 size). The peak of the least-memory plan only grows with the micro-batch.
 """
@@ -22,7 +24,7 @@ import torch.nn as nn
 from execwrap.cost import CostModel
 from execwrap.plan.training_step import TrainingStep
 from execwrap.planning.planner import plan_wrap_unwatched
-from execwrap.simulate import simulate_step
+from execwrap.simulate.step import step_estimate
 from tracing.order import ExecutionOrder
 
 __all__ = ["least_memory_peak", "largest_fitting"]
@@ -48,7 +50,7 @@ def least_memory_peak(
         steps.append(dataclasses.replace(step, offload="cpu"))
     peaks = [
         int(
-            simulate_step(
+            step_estimate(  # no WARNING for trials over the device's memory
                 plan,
                 cost_model,
                 world_size=world_size,
@@ -79,7 +81,9 @@ def largest_fitting(
         its peak, in the order tried.
 
     >>> largest_fitting(lambda b: 10 * b, 55)
-    (5, ((1, 10), (2, 20), (4, 40), (8, 80), (6, 60), (5, 50)))
+    (5, ((1, 10), (2, 20), (5, 50), (6, 60)))
+    >>> largest_fitting(lambda b: 10 * b + b * b, 200)  # not on the line: bisected
+    (10, ((1, 11), (2, 24), (15, 375), (8, 144), (11, 231), (9, 171), (10, 200)))
     """
     tried: list[tuple[int, int]] = []
 
@@ -91,6 +95,24 @@ def largest_fitting(
     if not fits(1):
         return 0, tuple(tried)
     good, bad = 1, None
+    if (
+        max_micro_batch >= 2
+    ):  # peaks grow about linearly: try the size the line through 1 and 2 gives
+        if not fits(2):
+            return 1, tuple(tried)
+        good, slope = 2, tried[1][1] - tried[0][1]
+        guess = (
+            min(max_micro_batch, 1 + (budget - tried[0][1]) // slope)
+            if slope > 0
+            else max_micro_batch
+        )
+        if guess > 2:
+            if fits(guess):
+                good = guess
+                if guess < max_micro_batch and not fits(guess + 1):
+                    return guess, tuple(tried)
+            else:
+                bad = guess
     while bad is None and good < max_micro_batch:
         size = min(2 * good, max_micro_batch)
         if fits(size):

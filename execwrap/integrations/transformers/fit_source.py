@@ -44,10 +44,10 @@ def load_config(source: str | os.PathLike[str]) -> tuple[PretrainedConfig, str]:
     if path.is_file() or path.is_dir():
         try:
             return AutoConfig.from_pretrained(text), text
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # transformers raises many kinds for a config it cannot read
             raise ValueError(
-                f"{text!r} is not a transformers config ({type(exc).__name__}: "
-                f"{_first_line(exc)}); pass a model's config.json (with its model_type) or "
+                f"transformers cannot read the config {text!r} ({type(exc).__name__}: "
+                f"{_first_line(exc)}); check its fields, or pass a model's config.json (with its model_type) or "
                 "the folder holding it"
             ) from exc
     if text.endswith(".json") or os.sep in text.strip("/") and not _looks_like_id(text):
