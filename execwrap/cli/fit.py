@@ -58,7 +58,7 @@ def run_fit(options: FitOptions) -> int:
     if options.out is not None:
         _write(result, options.out)
     if options.json:
-        echo(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result.to_dict(), indent=2))  # ASCII JSON: nothing to escape
         return EXIT_OK
     print_table(summary_rows(result))
     if result.memory is not None:
