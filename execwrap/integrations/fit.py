@@ -48,8 +48,14 @@ def fit(
             ``config.json`` or the folder holding it, a transformers ``PretrainedConfig``,
             a factory ``"module:function"``, a callable returning the model, or the model
             (built on the meta device: no weights are needed).
-        cluster, nodes, sequence_length, micro_batch, precision, memory_budget, plan,
-            optimizer: see :func:`execwrap.sizing.job.size_job`.
+        cluster: a preset, a calibrated cost model file or a cost model.
+        nodes: nodes of the job (one flat mesh over their GPUs).
+        sequence_length: tokens per sequence.
+        micro_batch: sequences per GPU per step.
+        precision: ``"bf16"``, ``"bf16-reduce"``, ``"fp32"`` or a :class:`~execwrap.Precision`.
+        memory_budget: bytes per GPU (``None``: the device's memory minus a reserve).
+        plan: a plan to price instead of searching (checked against the model).
+        optimizer: the optimizer priced.
 
     Returns:
         A :class:`~execwrap.sizing.result.FitResult` (``.fits``, ``.plan``,

@@ -65,7 +65,7 @@ class FitResult:
 
     @property
     def step_time_s(self) -> float | None:
-        """Predicted seconds of one training step of the plan (``None``: nothing fits)."""
+        """The predicted seconds of one training step of the plan (``None``: nothing fits)."""
         return (
             None
             if self.plan is None or self.plan.estimate is None
@@ -74,14 +74,14 @@ class FitResult:
 
     @property
     def tokens_per_s_per_gpu(self) -> float | None:
-        """Predicted tokens per second per GPU: ``micro_batch x sequence_length /
+        """The predicted tokens per second per GPU, ``micro_batch x sequence_length /
         step_time_s`` (each rank trains its own micro-batch)."""
         step = self.step_time_s
         return None if step is None else self.micro_batch * self.sequence_length / step
 
     @property
     def peak_memory_bytes(self) -> int | None:
-        """Predicted peak bytes per rank of the plan."""
+        """The predicted peak bytes per rank of the plan."""
         return (
             None
             if self.plan is None or self.plan.estimate is None

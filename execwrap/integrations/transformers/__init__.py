@@ -8,7 +8,9 @@
 * :mod:`~execwrap.integrations.transformers.apply`: :func:`applying_plan` (any plan
   through ``from_pretrained``), :func:`set_prefetch`;
 * :mod:`~execwrap.integrations.transformers.pretrained`: :func:`plan_from_pretrained`
-  and :func:`plan_from_config`, one call from a model id, folder or config.
+  and :func:`plan_from_config`, one call from a model id, folder or config;
+* :mod:`~execwrap.integrations.transformers.fit_source`: :func:`transformers_target`
+  and :func:`load_config`, a model to size with ``execwrap fit`` (:func:`execwrap.fit`).
 
 Importing this package imports transformers.
 """
@@ -16,6 +18,7 @@ Importing this package imports transformers.
 from __future__ import annotations
 
 from execwrap.integrations.transformers.apply import AppliedPlans, applying_plan, set_prefetch
+from execwrap.integrations.transformers.fit_source import load_config, transformers_target
 from execwrap.integrations.transformers.fsdp_plan import (
     distributed_config_for,
     load_fsdp_plan,
@@ -35,6 +38,7 @@ __all__ = [
     "TransformersPlan",
     "applying_plan",
     "distributed_config_for",
+    "load_config",
     "load_fsdp_plan",
     "model_order",
     "plan_from_config",
@@ -42,4 +46,5 @@ __all__ = [
     "resolve_fsdp_plan",
     "set_prefetch",
     "to_fsdp_plan",
+    "transformers_target",
 ]
