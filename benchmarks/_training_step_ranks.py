@@ -87,20 +87,25 @@ class _Trainer:
         self.x, self.y = batch
         self.loss = float("nan")
 
-    def step(self) -> None:
-        """One optimizer step over the step's micro-batches (each the captured batch)."""
+    def step(self, between: Any = None) -> None:
+        """One optimizer step over the step's micro-batches (each the captured batch);
+        ``between()`` runs before each micro-batch but the first."""
         from execwrap import accumulate_gradients
 
         s = self.step_of
         n = s.micro_batches
         self.opt.zero_grad(set_to_none=True)
         batches = [self.x] * n
-        for x in accumulate_gradients(
-            self.model,
-            batches,
-            sync=s.gradient_sync,
-            reshard_after_backward=s.reshard_after_backward,
+        for k, x in enumerate(
+            accumulate_gradients(
+                self.model,
+                batches,
+                sync=s.gradient_sync,
+                reshard_after_backward=s.reshard_after_backward,
+            )
         ):
+            if k and between is not None:
+                between()
             loss = _loss(self.spec, self.model(x), self.y) / n
             loss.backward()
         self.opt.step()
@@ -109,7 +114,10 @@ class _Trainer:
 
 def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
     """Peak bytes of one optimizer step under FSDPMemTracker (torch's generic
-    MemTracker for a plan with a group of several modules, which FSDPMemTracker breaks)."""
+    MemTracker for a plan with a group of several modules, which FSDPMemTracker breaks);
+    the trackers' module statistics are reset before each micro-batch but the first
+    (they refuse a module's second forward otherwise), their peak over all tensors is
+    kept across the reset."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -121,8 +129,8 @@ def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
     else:
         tracker = FSDPMemTracker(trainer.model, trainer.opt)
         tracker.track_inputs((trainer.x,))
-    with tracker:
-        trainer.step()
+    with tracker:  # the trackers refuse a second forward of a module unless reset
+        trainer.step(between=tracker.reset_mod_stats)
     peak = tracker.get_tracker_snapshot("peak")
     return max(int(v.get("Total", 0)) for v in peak.values())
 

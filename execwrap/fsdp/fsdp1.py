@@ -50,8 +50,8 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import is_recording, record_first_step
 from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
 from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
-from execwrap.fsdp.plan_step import fsdp1_step, planned_choices, planned_step
-from execwrap.fsdp.policy_helpers import check_bucket_numel, check_step_kwargs, short_repr
+from execwrap.fsdp.plan_step import check_fsdp1_kwargs, fsdp1_step, policy_choices, policy_step
+from execwrap.fsdp.policy_helpers import short_repr
 from execwrap.fsdp.ranks import check_order_across_ranks
 from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
 from execwrap.plan.pinned import check_pinned_options, check_plan_fits
@@ -64,6 +64,7 @@ from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.watch.registry import mark_applied, unwatched_if_refused, watch
 from tracing import TracingConfig, capture_execution_order
+from tracing.checks import check_size
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
@@ -142,18 +143,18 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
-        pinned_plan: a plan to apply as it is, with its order (a restart:
-            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no
-            planning; checked against the model when wrapping (the first
-            module or parameter that differs is named). Not combined with
-            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
-            ``groups`` or the auto-planner's options.
         training: the :class:`execwrap.TrainingStep` to plan for (``plan.training``):
             with ``"auto"``, its precision and micro-batch count are planned for and the
             planner chooses the rest (``choose``); ``checkpointing`` above is part of it.
             Its checkpointing is applied; FSDP1 must be given its precision and offload.
         choose: ``"auto"`` only: what of the step the planner chooses (see
             :func:`execwrap.plan_wrap`).
+        pinned_plan: a plan to apply as it is, with its order (a restart:
+            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no
+            planning; checked against the model when wrapping (the first
+            module or parameter that differs is named). Not combined with
+            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
+            ``groups`` or the auto-planner's options.
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -217,9 +218,9 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
-    pinned_plan: WrapPlan | None = None
     training: TrainingStep | None = None
     choose: Sequence[str] | None = None
+    pinned_plan: WrapPlan | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -234,7 +235,16 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.tracing_config must be a tracing.TracingConfig "
                 f"or None; got {type(self.tracing_config).__name__}"
             )
-        self.bucket_numel = check_bucket_numel(self.bucket_numel)
+        if self.bucket_numel is not None and not (
+            isinstance(self.bucket_numel, str) and self.bucket_numel == "auto"
+        ):
+            try:  # an int, a NumPy integer or a whole float (1e8), kept as an int
+                self.bucket_numel = check_size(self.bucket_numel, "bucket_numel")
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
+                    f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
+                ) from e
         check_checkpointing(
             self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
         )
@@ -306,18 +316,18 @@ class ParamExecOrderWrapPolicy(_Policy):
     # ---------------------------------------------------------------- planning
     def planned_step(self) -> TrainingStep | None:
         """The training step planned for: :attr:`training` with :attr:`checkpointing`
-        in it (``None`` when neither is set, or only ``checkpointing`` without "auto").
+        in it (:func:`~execwrap.fsdp.plan_step.policy_step`).
 
         Raises:
             ValueError: both set the checkpointing.
         """
-        return planned_step(
+        return policy_step(
             self.training, self.checkpointing, self.checkpoint_every, self.bucket_numel
         )
 
     def _choices(self) -> tuple[str, ...] | None:
         """:attr:`choose`, without ``"checkpointing"`` when :attr:`checkpointing` fixes it."""
-        return planned_choices(self.choose, self.checkpointing, self.bucket_numel)
+        return policy_choices(self.choose, self.checkpointing, self.bucket_numel)
 
     @property
     def recording(self) -> bool:
@@ -334,11 +344,9 @@ class ParamExecOrderWrapPolicy(_Policy):
     ) -> WrapPlan:
         """Get the order (saved, captured, or none yet) and plan ``model``'s units.
 
-        Sets :attr:`order` and :attr:`plan`. Without any way to get an order
-        now (no ``order``, no ``tracing_config``, no ``example_inputs``), the
-        plan's units come from ``init_policy`` alone, in definition order, and
-        :attr:`order` stays ``None`` until recorded (see
-        :func:`execwrap.fsdp.first_step.record_first_step`).
+        Sets :attr:`order` and :attr:`plan`. With no way to an order now, the units
+        come from ``init_policy`` alone, in definition order, and :attr:`order` stays
+        ``None`` until recorded (:func:`execwrap.fsdp.first_step.record_first_step`).
 
         Args:
             model: the unwrapped model (the FSDP root).
@@ -400,10 +408,10 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
-            group=group,
-            across_ranks=ranks,
             training=self.planned_step(),
             choose=self._choices(),
+            group=group,
+            across_ranks=ranks,
         )
         return self.plan
 
@@ -465,16 +473,13 @@ class ParamExecOrderWrapPolicy(_Policy):
                 check_uniform_requires_grad(root_module, plan)
             ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
             check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
-            check_step_kwargs(root_kwargs)
+            check_fsdp1_kwargs(root_kwargs)
             checkpointing, every = fsdp1_step(
                 root_module, plan, root_kwargs, self.checkpointing, self.checkpoint_every
             )
+            where = "ParamExecOrderWrapPolicy"
             targets = checkpoint_targets(
-                root_module,
-                plan.groups,
-                checkpointing,
-                every=every,
-                where="ParamExecOrderWrapPolicy",
+                root_module, plan.groups, checkpointing, every=every, where=where
             )
         checkpoint_modules(root_module, targets)
         mark_applied(self)

@@ -95,9 +95,8 @@ def apply_fully_shard(
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root), it returns kwargs merged over
             ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
-        checkpointing: applied before sharding: a mode for every unit or ``{module FQN:
-            mode}`` (default: a policy's, else ``plan.training``'s; :func:`apply_checkpointing`).
-        checkpoint_every: with one mode, checkpoint every N-th unit only.
+        checkpointing, checkpoint_every: applied before sharding: a mode for every (N-th)
+            unit or ``{module FQN: mode}`` (default: a policy's, else ``plan.training``'s).
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
             ``reshard_after_forward``, ``ignored_params``, ...). Without them, the

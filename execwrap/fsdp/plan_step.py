@@ -30,11 +30,13 @@ from typing import Any, cast
 import torch.nn as nn
 
 from execwrap.fsdp.checkpointing import Checkpointing, checkpoint_targets
+from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.plan.training_step import Precision, TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import STEP_CHOICES, check_training
 
-__all__ = ["fsdp1_step", "fsdp2_step", "planned_choices", "planned_step"]
+__all__ = ["check_fsdp1_kwargs", "fsdp1_step", "fsdp2_step", "policy_choices", "policy_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +180,12 @@ def _warn_checkpointing(given: Mapping[str, str], mine: Mapping[str, str], where
         )
 
 
-def planned_step(
+def policy_step(
     training: TrainingStep | None, mode: Checkpointing, every: int, bucket_numel: Any
 ) -> TrainingStep | None:
-    """:meth:`ParamExecOrderWrapPolicy.planned_step <execwrap.ParamExecOrderWrapPolicy.planned_step>`:
-    ``training`` with the policy's checkpointing ``mode`` in it (``None`` when neither is
-    set, or only ``mode`` without ``bucket_numel="auto"``).
+    """The step a :class:`~execwrap.ParamExecOrderWrapPolicy` plans for: ``training``
+    with the policy's ``checkpointing=`` in it (``None`` when neither is set, or only
+    ``checkpointing`` without ``bucket_numel="auto"``).
 
     Raises:
         ValueError: both set the checkpointing.
@@ -204,12 +206,20 @@ def planned_step(
     return dataclasses.replace(step, unit_checkpointing=per_module)
 
 
-def planned_choices(
+def policy_choices(
     choose: Sequence[str] | None, mode: Checkpointing, bucket_numel: Any
 ) -> tuple[str, ...] | None:
-    """What the auto-planner chooses of the step: ``choose``, without
-    ``"checkpointing"`` when the policy's checkpointing ``mode`` fixes it."""
+    """What the auto-planner chooses for a policy: ``choose``, without
+    ``"checkpointing"`` when the policy's ``checkpointing=`` fixes it."""
     if mode is None or bucket_numel != "auto":
         return None if choose is None else tuple(choose)
     chosen = STEP_CHOICES if choose is None else tuple(choose)
     return tuple(c for c in chosen if c != "checkpointing")
+
+
+def check_fsdp1_kwargs(root_kwargs: Mapping[str, Any]) -> None:
+    """FSDP1's ``mixed_precision`` and ``cpu_offload`` that it would refuse later."""
+    where = "ParamExecOrderWrapPolicy"
+    check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
+    device_id = root_kwargs.get("device_id")
+    check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)

@@ -83,9 +83,8 @@ def largest_micro_batch(
 
     Args:
         model: the unwrapped model (the meta device is fine).
-        capture: ``capture(size)`` returns the model's order for a micro-batch of
-            ``size`` sequences, with timing (estimated on the meta device with
-            ``timing=cost_model.compute``, in the step's precision).
+        capture: ``capture(size)``: the model's order for a micro-batch of ``size``
+            sequences, with timing (on meta: ``timing=cost_model.compute``).
         init_policy: the units' policy (:func:`execwrap.plan_wrap`'s).
         cost_model, memory_budget, world_size, training, optimizer, choose: as for
             :func:`execwrap.plan_wrap` with ``bucket_numel="auto"`` (``training``'s
@@ -123,20 +122,14 @@ def largest_micro_batch(
     tried: list[tuple[int, int | None]] = []
     plans: dict[int, WrapPlan] = {}
 
+    planning: dict[str, Any] = dict(
+        bucket_numel="auto", cost_model=cost_model, world_size=world_size,
+        memory_budget=memory_budget, optimizer=optimizer, training=training, choose=choose,
+    )  # fmt: skip
+
     def fits(size: int) -> bool:
         try:
-            plan = plan_wrap_unwatched(
-                model,
-                order_of(size),
-                init_policy,
-                bucket_numel="auto",
-                cost_model=cost_model,
-                world_size=world_size,
-                memory_budget=memory_budget,
-                optimizer=optimizer,
-                training=training,
-                choose=choose,
-            )
+            plan = plan_wrap_unwatched(model, order_of(size), init_policy, **planning)
         except MemoryBudgetError:
             if size == 1:
                 raise

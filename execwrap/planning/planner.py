@@ -168,10 +168,10 @@ def plan_wrap(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
-    group: dist.ProcessGroup | None = None,
-    across_ranks: bool | None = None,
     training: TrainingStep | None = None,
     choose: Iterable[str] | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -192,35 +192,29 @@ def plan_wrap(
             (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
-        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
-        optimizer: ``"auto"`` only: the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
+            rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
+        training, choose: the :class:`execwrap.TrainingStep` the plan is for
+            (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
+            chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
         group, across_ranks: with a process group initialised, planning is a collective
             of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
             compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
             the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
-        training: the :class:`execwrap.TrainingStep` the plan is for (``plan.training``);
-            ``"auto"`` keeps its precision and micro-batch count, and chooses ``choose``.
-        choose: ``"auto"`` only: what of the step the planner chooses (default: all of
-            ``"checkpointing"``, ``"offload"``, ``"accumulation"``); the rest is ``training``'s.
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
         a WARNING naming it (:mod:`execwrap.watch.registry`).
 
     Raises:
-        TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
-            ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups``
-            with ``"auto"``, a step the capture or cost model cannot price);
-            an ignored module is not part of ``model``; a stated group cannot
-            be formed (naming the member and why); or the order does not fit
-            ``model`` (other modules, parameters, numels or shapes than
-            ``model``'s: a stale order, capture it again).
+        TypeError: an argument of the wrong type.
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner keywords
+            (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups`` with
+            ``"auto"``, a step the capture or cost model cannot price); an ignored module
+            not in ``model``; a stated group that cannot be formed (naming the member and
+            why); an order that does not fit ``model`` (a stale order: capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
             reached and what dominates it); the plan failed its own check.
 
@@ -236,8 +230,8 @@ def plan_wrap(
     plan = plan_wrap_unwatched(
         model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
         groups=groups, target=target, cost_model=cost_model, world_size=world_size,
-        memory_budget=memory_budget, optimizer=optimizer, group=group, across_ranks=across_ranks,
-        training=training, choose=choose,
+        memory_budget=memory_budget, optimizer=optimizer, training=training, choose=choose,
+        group=group, across_ranks=across_ranks,
     )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -256,10 +250,10 @@ def plan_wrap_unwatched(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
-    group: dist.ProcessGroup | None = None,
-    across_ranks: bool | None = None,
     training: TrainingStep | None = None,
     choose: Iterable[str] | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""

@@ -66,7 +66,7 @@ sets, and nothing else:
   group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
-The training step around the plan (:class:`~execwrap.simulate.training.TrainingStep`,
+The training step around the plan (:class:`~execwrap.TrainingStep`,
 each field also a keyword of :func:`simulate_step`):
 
 * precision: all-gathers, unsharded parameters and their gradients in
@@ -190,8 +190,9 @@ def simulate_step(
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
-        training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
-            default: float32, no checkpointing, no offload, one micro-batch).
+        training: the training step (:class:`~execwrap.TrainingStep`;
+            default: ``plan.training``, the step a plan was planned for or given, else
+            float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
 
@@ -246,7 +247,7 @@ def step_estimate(
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
-    step = resolve_training(training, **given)
+    step = resolve_training(plan.training if training is None else training, **given)
     check_priceable(plan, cost_model, step, given_compute=compute is not None)
     compute = _checked_compute(plan, cost_model, compute)
     facts = _checked_facts(plan, world_size, facts)

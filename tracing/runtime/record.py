@@ -65,17 +65,15 @@ def record_execution_order(
     attributes). The training flag, ``requires_grad`` and autograd's mode are never
     touched (under ``torch.no_grad()`` no backward runs; ``order.warnings`` says so).
 
-    Runs on the meta device too (meta model and inputs: nothing allocated for
-    weights or activations), provided the model's control flow depends on shapes only.
+    Runs on the meta device too (nothing allocated), if control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
     their warm-up) and keeps the median one's per-call times and saved bytes
-    (``"measured"``); the recorded step's ops give the matmul and attention
-    outputs with their measured seconds and each call's transient memory
-    (:mod:`tracing.runtime.op_record`); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
-    e.g. ``cost_model.compute``) estimates the recorded step op by op
-    (``"estimated"``): the way for meta or fake models.
+    (``"measured"``), with the matmul/attention outputs and transient memory of the
+    recorded step's ops (:mod:`tracing.runtime.op_record`); ``timing=rates``
+    (:class:`~tracing.rates.ComputeRates`, e.g. ``cost_model.compute``) estimates the
+    recorded step op by op (``"estimated"``): the way for meta or fake models.
 
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see

@@ -25,8 +25,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from execwrap.plan.search_record import Candidate, CandidateKind
-from execwrap.plan.search_record import candidate_label as search_record_label
+from execwrap.plan.search_record import Candidate, CandidateKind, candidate_label
 from execwrap.planning.auto.checkpoint_fill import apply_steps, downgrade_steps, steps_to_free
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     from execwrap.planning.auto.space import Grouping, SearchSpace
     from execwrap.simulate import StepEstimate
 
-__all__ = ["FILL_ROUNDS", "Evaluations", "Key", "candidate_label", "rank_key", "step_suffix"]
+__all__ = ["FILL_ROUNDS", "Evaluations", "Key", "joint_label", "rank_key", "step_suffix"]
 
 #: Simulations spent at most on choosing one configuration's checkpointing.
 FILL_ROUNDS = 3
@@ -115,7 +114,7 @@ class Evaluations:
         peak = int(estimate.peak_memory_bytes)
         s = self.step
         candidate = Candidate(
-            label=label or candidate_label(groups, prefetch, flags, modes, s),
+            label=label or joint_label(groups, prefetch, flags, modes, s),
             kind=kind,
             group_sizes=tuple(j - i for i, j in groups),
             prefetch=prefetch,
@@ -189,17 +188,17 @@ def rank_key(c: Candidate) -> tuple[int, float]:
     return (0, c.step_time_s) if c.fits else (1, float(c.peak_memory_bytes))
 
 
-def candidate_label(
+def joint_label(
     groups: Sequence[tuple[int, int]],
     prefetch: int,
     flags: Sequence[bool],
     modes: Sequence[str] = (),
     step: TrainingStep | None = None,
 ) -> str:
-    """``"root + 4 groups of 2 units, prefetch 1, no reshard: last 1; checkpointing: 3 full"``:
-    the grouping (:func:`execwrap.plan.search_record.candidate_label`), then what differs
-    from FSDP2's defaults."""
-    text = search_record_label([j - i for i, j in groups], prefetch, flags)
+    """``"root + 4 groups of 2 units, prefetch 1, no reshard: last 1; checkpointing: 3
+    full"``: :func:`~execwrap.plan.search_record.candidate_label` of the grouping, then
+    what of the training step differs from FSDP2's defaults."""
+    text = candidate_label([j - i for i, j in groups], prefetch, flags)
     counts = {m: sum(1 for x in modes if x == m) for m in ("full", "selective")}
     if any(counts.values()):
         text += "; checkpointing: " + ", ".join(f"{n} {m}" for m, n in counts.items() if n)

@@ -138,7 +138,7 @@ def check_auto_options(
             number; a cost model that
             is not a :class:`~execwrap.cost.CostModel` (a path or preset name:
             the message says how to load one); ``training`` is not a
-            :class:`~execwrap.simulate.TrainingStep`.
+            :class:`~execwrap.TrainingStep`.
     """
     from execwrap.cost import CostModel
     from execwrap.simulate.step import OPTIMIZERS

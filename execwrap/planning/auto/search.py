@@ -23,7 +23,7 @@ Search space:
 * Per plan: CPU offload (only where the cost model's device has host memory to offload
   to and the host link's rates), and the accumulation mode of ``N > 1`` micro-batches:
   a reduce-scatter after every micro-batch or only after the last, resharding after
-  each backward or not (:data:`ACCUMULATION_MODES`). ``choose=`` limits which of
+  each backward or not (:data:`~execwrap.planning.auto.variants.ACCUMULATION_MODES`). ``choose=`` limits which of
   checkpointing, offload and accumulation are searched.
 
 Search:
@@ -65,7 +65,7 @@ Search:
    refined by the simulator (:meth:`execwrap.planning.auto.evaluations.Evaluations.fill`),
    until one without checkpointing is no faster than the fastest that fits.
 4. Step variants: the search above runs for FSDP2's default step (no offload, a
-   reduce-scatter per micro-batch); the :data:`VARIANT_TOP` best configurations are
+   reduce-scatter per micro-batch); the :data:`~execwrap.planning.auto.variants.VARIANT_TOP` best configurations are
    then simulated under each other accumulation mode, and, where offload may be
    chosen and the budget binds (a faster candidate did not fit, or the best one
    checkpoints), with CPU offload: offload frees device memory but only adds time.
@@ -91,13 +91,17 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from execwrap.plan.search_record import Candidate, PlanSearch
+from execwrap.plan.search_record import PlanSearch
 from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.evaluations import Evaluations, rank_key, step_suffix
+from execwrap.planning.auto.evaluations import Evaluations, rank_key
 from execwrap.planning.auto.messages import cost_model_line, nothing_fits
 from execwrap.planning.auto.options import AutoOptions, check_auto_options
 from execwrap.planning.auto.partition import best_labelled_partition
+from execwrap.planning.auto.variants import (
+    fastest_fit,
+    other_variants,
+)
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -105,12 +109,10 @@ if TYPE_CHECKING:
     from execwrap.simulate import UnitCompute
 
 __all__ = [
-    "ACCUMULATION_MODES",
     "DP_MAX_GROUP",
     "EXHAUSTIVE_LIMIT",
     "PREFETCH_DEPTHS",
     "REFINE_TOP",
-    "VARIANT_TOP",
     "search_checked",
     "search_plan",
 ]
@@ -125,16 +127,6 @@ EXHAUSTIVE_LIMIT = 400
 DP_MAX_GROUP = 64
 #: Groupings (with their best prefetch depth) whose reshard choices are refined.
 REFINE_TOP = 4
-#: Configurations of the default step simulated again under each other step variant.
-VARIANT_TOP = 6
-#: Accumulation modes of several micro-batches: ``(gradient_sync,
-#: reshard_after_backward)``, FSDP2's default first.
-ACCUMULATION_MODES: tuple[tuple[str, bool], ...] = (
-    ("every", True),
-    ("last", True),
-    ("every", False),
-    ("last", False),
-)
 
 
 def search_plan(
@@ -256,7 +248,7 @@ def search_checked(
         _heuristic_search(space, evaluated)
     _add_baselines(space, evaluated)
     evaluated.fill()
-    _other_variants(space, evaluated, options)
+    other_variants(space, evaluated, options)
     return _choose(space, evaluated, budget, time.perf_counter() - started)
 
 
@@ -371,102 +363,12 @@ def _add_baselines(space: SearchSpace, evaluated: Evaluations) -> None:
             evaluated.add(per_unit, p, (True,) * m, "baseline", label=label, modes=full)
 
 
-def _least_memory(space: SearchSpace, evaluated: Evaluations) -> Candidate:
-    """The least-memory configuration under the current variant (per-unit groups at
-    prefetch 0, resharding, every unit it may checkpoint fully checkpointed)."""
-    m = space.size
-    per_unit = tuple((i, i + 1) for i in range(m))
-    cp = space.checkpointing
-    full = tuple(
-        "full" if cp is not None and cp.may_checkpoint(i, j) else "none" for i, j in per_unit
-    )
-    label = "per-unit, prefetch 0" + (", full checkpointing" if "full" in full else "")
-    label += step_suffix(evaluated.step)
-    return evaluated.add(per_unit, 0, (True,) * m, "baseline", label=label, modes=full)
-
-
-def _other_variants(space: SearchSpace, evaluated: Evaluations, options: AutoOptions) -> None:
-    """Step 4 of the module docstring: the best configurations of the default step
-    under each other accumulation mode, then with CPU offload where it may help."""
-    base = evaluated.step
-    order = sorted(
-        range(len(evaluated.candidates)), key=lambda i: rank_key(evaluated.candidates[i])
-    )
-    top: list[tuple[Grouping, int, tuple[bool, ...]]] = []
-    for i in order:
-        _, groups, p, flags, _ = evaluated.keys[i]
-        if (groups, p, flags) not in top:
-            top.append((groups, p, flags))
-        if len(top) == VARIANT_TOP:
-            break
-    steps = [base]
-    if "accumulation" in options.choose and base.micro_batches > 1:
-        steps += [
-            dataclasses.replace(base, gradient_sync=s, reshard_after_backward=r)
-            for s, r in ACCUMULATION_MODES[1:]
-        ]
-    for step in steps[1:]:
-        _try_variant(space, evaluated, step, top)
-    if "offload" in options.choose and _may_offload(space) and _budget_binds(evaluated):
-        best = _fastest_fit(evaluated)
-        start = evaluated.steps[best] if best is not None else base
-        _try_variant(space, evaluated, dataclasses.replace(start, offload="cpu"), top)
-    evaluated.step = base
-
-
-def _try_variant(
-    space: SearchSpace,
-    evaluated: Evaluations,
-    step: TrainingStep,
-    top: list[tuple[Grouping, int, tuple[bool, ...]]],
-) -> None:
-    """Simulate ``top`` under ``step`` when its least-memory configuration fits."""
-    evaluated.step = step
-    if not _least_memory(space, evaluated).fits:
-        logger.debug("auto-plan: %s: nothing fits", step.describe())
-        return
-    for groups, p, flags in top:
-        evaluated.add(groups, p, flags, "searched")
-    evaluated.fill()
-
-
-def _may_offload(space: SearchSpace) -> bool:
-    """Whether the cost model's device has host memory to offload to, and its rates."""
-    cm = space.cost_model
-    return cm.device_type != "cpu" and cm.host is not None
-
-
-def _fastest_fit(evaluated: Evaluations) -> int | None:
-    cands = evaluated.candidates
-    fitting = [i for i, c in enumerate(cands) if c.fits]
-    if not fitting:
-        return None
-    return min(
-        fitting,
-        key=lambda i: (cands[i].step_time_s, cands[i].peak_memory_bytes, cands[i].num_groups, i),
-    )
-
-
-def _budget_binds(evaluated: Evaluations) -> bool:
-    """Whether more memory could make the step faster: nothing fits, a faster candidate
-    does not fit, or the fastest fitting one checkpoints."""
-    best = _fastest_fit(evaluated)
-    if evaluated.budget is None:
-        return False
-    if best is None:
-        return True
-    chosen = evaluated.candidates[best]
-    return chosen.checkpointed() > 0 or any(
-        not c.fits and c.step_time_s < chosen.step_time_s for c in evaluated.candidates
-    )
-
-
 def _choose(
     space: SearchSpace, evaluated: Evaluations, budget: int | None, seconds: float
 ) -> WrapPlan:
     """Step 5 and 6: the best fitting candidate as a plan, or :class:`MemoryBudgetError`."""
     cands = evaluated.candidates
-    best = _fastest_fit(evaluated)
+    best = fastest_fit(evaluated)
     if best is None:
         smallest = min(range(len(cands)), key=lambda i: (cands[i].peak_memory_bytes, i))
         cp = space.checkpointing
