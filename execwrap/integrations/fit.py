@@ -134,4 +134,4 @@ def _is_factory(text: str) -> bool:
 
 
 def _is_config(obj: Any) -> bool:
-    return any(c.__name__ == "PretrainedConfig" for c in type(obj).__mro__)
+    return any(c.__name__.lower() == "pretrainedconfig" for c in type(obj).__mro__)

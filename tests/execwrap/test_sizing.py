@@ -105,7 +105,7 @@ def test_size_job(result: FitResult, model: torch.nn.Module) -> None:
     assert (result.precision, result.memory_budget, result.parameters) == ("bf16", BUDGET, 220_544)
     assert result.plan is not None and result.plan.search is not None
     assert result.plan.search.best.label == "root + 1 group of 4 units, prefetch 0, no reshard"
-    assert result.peak_memory_bytes == 3_739_972
+    assert result.peak_memory_bytes == 3_672_388
     assert result.tokens_per_s_per_gpu == 4 * SEQ / result.step_time_s
     assert result.memory is not None and result.memory.total == result.peak_memory_bytes
 
@@ -125,16 +125,16 @@ def test_largest_micro_batch_is_the_joint_planners(
         model, capture, module_target(model).init_policy, cost_model=cm,
         memory_budget=BUDGET, world_size=8, training=step,
     )  # fmt: skip
-    assert result.largest_micro_batch == joint.micro_batch == 802
+    assert result.largest_micro_batch == joint.micro_batch == 860
 
 
 def test_nothing_fits(model: torch.nn.Module) -> None:
     r = size_job(module_target(model), sequence_length=SEQ, micro_batch=1, memory_budget=100_000)
-    assert (r.fits, r.plan, r.largest_micro_batch, r.tried) == (False, None, 0, ((1, 864_388),))
+    assert (r.fits, r.plan, r.largest_micro_batch, r.tried) == (False, None, 0, ((1, 847_492),))
     assert r.reason is not None and r.reason.startswith(
         "no plan fits the memory budget of 97.66 KiB (100000 bytes) per rank: the smallest "
-        "peak any candidate reaches is 844.1"
-    )  # the least-memory peak of micro-batch 1 above: 864,388 bytes
+        "peak any candidate reaches is 827.63 KiB (847492 bytes)"
+    )  # the least-memory peak of micro-batch 1 above
     assert ("fits", "no: no plan within 97.66 KiB per GPU") in summary_rows(r)
     with pytest.raises(
         ValueError, match=r"no plan fits, so there is no recipe: try --micro-batch 1"
@@ -144,9 +144,9 @@ def test_nothing_fits(model: torch.nn.Module) -> None:
 
 def test_json_and_page(result: FitResult) -> None:
     data = json.loads(json.dumps(result.to_dict()))
-    assert (data["kind"], data["fits"], data["largest_micro_batch"]) == ("execwrap-fit", True, 802)
+    assert (data["kind"], data["fits"], data["largest_micro_batch"]) == ("execwrap-fit", True, 860)
     assert data["plan"]["groups"] == [[""], ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]]
-    assert data["memory"]["total"] == 3_739_972
+    assert data["memory"]["total"] == 3_672_388
     page = render_fit_page(result)
     assert "Memory per GPU at the peak" in page and "execwrap.apply_fully_shard(model, plan" in page
 
