@@ -16,6 +16,7 @@ Then:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,6 +199,7 @@ def _best_plan(
         estimate = simulate_step(
             given, cm, world_size=world, optimizer=optimizer, training=given.training or step
         )
+        given = copy.copy(given)  # the caller's plan stays as it was
         given.estimate = estimate
         over = int(estimate.peak_memory_bytes) > budget
         return given, (
