@@ -52,20 +52,25 @@ TARGET_SECONDS = 2.0
 
 
 def _plan(model: Any, order: Any, cm: Any, step: Any, choose: Any) -> tuple[float, float, Any]:
-    from execwrap import ModuleWrapPolicy, plan_wrap
+    """Wall and CPU seconds of one search, and its plan (or the refusal: a search that
+    finds nothing within the budget has searched all the same)."""
+    from execwrap import MemoryBudgetError, ModuleWrapPolicy, plan_wrap
     from execwrap.demo_models import LlamaBlock
 
     gc.collect()  # untimed
     wall, cpu = time.perf_counter(), time.process_time()
-    plan = plan_wrap(
-        model,
-        order,
-        ModuleWrapPolicy({LlamaBlock}),
-        bucket_numel="auto",
-        cost_model=cm,
-        training=step,
-        choose=choose,
-    )
+    try:
+        plan: Any = plan_wrap(
+            model,
+            order,
+            ModuleWrapPolicy({LlamaBlock}),
+            bucket_numel="auto",
+            cost_model=cm,
+            training=step,
+            choose=choose,
+        )
+    except MemoryBudgetError as e:
+        plan = e
     return time.perf_counter() - wall, time.process_time() - cpu, plan
 
 
@@ -105,18 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, times in runs.items():
         plan = plans[name]
         wall, cpu = median([w for w, _ in times]), median([c for _, c in times])
-        rows.append(
-            [
-                name,
-                f"{wall:.3f}",
-                f"{cpu:.3f}",
-                fmt_ratio(wall / base_wall),
+        if isinstance(plan, Exception):  # refused: what it says instead of a plan
+            found = str(plan).split(": the smallest peak any candidate reaches is ")[-1]
+            chosen = [f"none fits: smallest peak {found.split(' (')[0]}", "-", "-", "-"]
+        else:
+            chosen = [
                 len(plan.search.candidates),
                 plan.search.best.label,
                 f"{plan.estimate.step_time_s:.3f}",
                 fmt_bytes(int(plan.estimate.peak_memory_bytes)),
             ]
-        )
+        rows.append([name, f"{wall:.3f}", f"{cpu:.3f}", fmt_ratio(wall / base_wall), *chosen])
     header = [
         "search",
         f"wall (s) (target < {TARGET_SECONDS:.0f} at 80 layers)",

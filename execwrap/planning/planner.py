@@ -186,21 +186,21 @@ def plan_wrap(
             groups, the prefetch depth, ``reshard_after_forward`` per group and the
             training step's checkpointing per group, offload and accumulation mode
             (``plan.prefetch``, ``.reshard_after_forward``, ``.training``, ``.estimate``, ``.search``).
-        ignored_modules: modules FSDP ignores (``nn.Module`` objects or FQNs): in no unit.
+        ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
+            objects or module FQN strings); their parameters are in no unit.
         groups: stated groups, each a list of module FQNs made one FSDP group
             (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
         target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
             (``None``: of both where they differ).
-        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
-        optimizer: ``"auto"`` only: the optimizer priced (``None``: ``"adamw"``).
-        training: the :class:`execwrap.TrainingStep` the plan is for (``plan.training``).
-        choose: ``"auto"`` only: what of the step it chooses (default: all of checkpointing,
-            offload, accumulation; the rest, and the precision, are ``training``'s).
-        group: with a process group up, planning is a collective of ``group`` (default
-            ``WORLD``): the ranks plan from the slowest rank's compute times and a failing
-            rank is named (:mod:`execwrap.distributed.timing`, ``.status``).
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
+            rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
+        training, choose: the :class:`execwrap.TrainingStep` the plan is for
+            (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
+            chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
+        group: with a process group initialised, planning is a collective of ``group``
+            (default ``WORLD``): every rank plans from the slowest rank's compute times
+            (:mod:`execwrap.distributed.timing`), a failing rank named on the others.
         across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
