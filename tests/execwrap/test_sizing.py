@@ -161,3 +161,18 @@ def test_recipes(result: FitResult) -> None:
         ValueError, match=r"unknown framework 'deepspeed'; choose one of \['fsdp2', "
     ):
         recipe(result, "deepspeed")
+
+
+def test_cli_fit_of_a_factory(capsys) -> None:
+    """``execwrap fit PKG.MODULE:FACTORY``: the model built on the meta device."""
+    from execwrap.cli import main
+
+    argv = ["fit", "execwrap.demo_models:GPT", "--sequence-length", "64", "--micro-batch", "4"]
+    assert main([*argv, "--memory-budget", "200000000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["model"], data["fits"], data["largest_micro_batch"]) == (
+        "GPT (execwrap.demo_models:GPT)",
+        True,
+        860,
+    )
+    assert data["source"] == {"kind": "factory", "factory": "execwrap.demo_models:GPT"}
