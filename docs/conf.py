@@ -67,6 +67,7 @@ public_api_modules = [
     "execwrap",
     "execwrap.cost",
     "execwrap.simulate",
+    "execwrap.sizing",
     "execwrap.report",
     "execwrap.integrations",
     "execwrap.integrations.accelerate",

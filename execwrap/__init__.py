@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from execwrap.fsdp.mesh import applied_mesh
     from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
+    from execwrap.integrations.fit import fit
     from execwrap.order.divergence import Divergence, first_divergence
     from execwrap.order.graph import build_order_graph, order_subgraph
     from execwrap.order.monitor import DriftEvent, OrderMonitor
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         simulate_step,
         unit_compute,
     )
+    from execwrap.sizing.result import FitResult
     from execwrap.util.mesh import MeshShape
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
@@ -149,6 +151,9 @@ _EXPORTS: dict[str, str] = {
     "TrainingStep": "execwrap.plan.training_step",
     "MicroBatchFit": "execwrap.planning.micro_batch",
     "largest_micro_batch": "execwrap.planning.micro_batch",
+    # issue 33: will it fit
+    "FitResult": "execwrap.sizing.result",
+    "fit": "execwrap.integrations.fit",
 }
 
 __all__ = [
@@ -158,6 +163,7 @@ __all__ = [
     "Divergence",
     "DriftEvent",
     "ExecutionOrder",
+    "FitResult",
     "ExecwrapError",
     "GRADIENT_SYNCS",
     "MemoryBreakdown",
@@ -191,6 +197,7 @@ __all__ = [
     "check_order_across_ranks",
     "compare_plans",
     "first_divergence",
+    "fit",
     "lambda_auto_wrap_policy",
     "largest_micro_batch",
     "load_checkpoint",

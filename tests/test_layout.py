@@ -185,7 +185,7 @@ def test_execwrap_top_level_holds_packages_and_four_modules() -> None:
     assert modules == TOP_LEVEL_MODULES
     assert packages == {
         "cli", "cost", "distributed", "fsdp", "integrations", "order", "plan", "planning", "report",
-        "simulate", "util", "watch",
+        "simulate", "sizing", "util", "watch",
     }  # fmt: skip
 
 

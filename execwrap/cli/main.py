@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from execwrap.cli.budget import join_negative_values
 from execwrap.cli.calibrate_args import calibrate_options
 from execwrap.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
+from execwrap.cli.fit_args import fit_options
 from execwrap.cli.options import diff_options, report_options, show_options
 from execwrap.cli.parser import build_parser
 from execwrap.cli.text import echo
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if args.command is None:
         print(
-            f"{PROG}: error: a command is required: report, diff, show or calibrate (see "
+            f"{PROG}: error: a command is required: report, diff, show, fit or calibrate (see "
             f"'{PROG} --help')",
             file=sys.stderr,
         )
@@ -85,6 +86,11 @@ def _run(args: argparse.Namespace) -> int:
         from execwrap.cli.calibrate import run_calibrate
 
         return run_calibrate(calibrate)
+    if args.command == "fit":
+        fit = fit_options(args)
+        from execwrap.cli.fit import run_fit
+
+        return run_fit(fit)
     if args.command == "show":
         show = show_options(args)
         from execwrap.cli.show import run_show

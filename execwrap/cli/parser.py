@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from execwrap.cli.calibrate_args import DEFAULT_COST_FILE
 from execwrap.cli.errors import EXIT_USAGE, PROG
+from execwrap.cli.fit_args import add_fit_parser
 from execwrap.cli.input_spec import INPUT_SPEC_HELP
 from execwrap.cli.options import (
     DEFAULT_DEMO_BUCKET,
@@ -70,7 +71,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``execwrap`` argument parser (subcommands ``report``, ``diff``, ``show``, ``calibrate``).
+    """The ``execwrap`` argument parser (subcommands ``report``, ``diff``, ``show``, ``fit``, ``calibrate``).
 
     The chosen subcommand is ``args.command`` (``None`` when none was given).
     """
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         "ExecutionOrder JSON, or a report folder).",
     )
     show.add_argument("file", metavar="ORDER.json")
+
+    add_fit_parser(sub, [verbose])
 
     calibrate = sub.add_parser(
         "calibrate",

@@ -449,7 +449,7 @@ def test_report_write_failure_is_bad_output(tmp_path, capsys, monkeypatch):
 
 def test_usage_errors(capsys):
     assert main([]) == 2
-    assert "a command is required: report, diff, show or calibrate" in _err_line(capsys)
+    assert "a command is required: report, diff, show, fit or calibrate" in _err_line(capsys)
     assert main(["frobnicate"]) == 2
     assert "invalid choice: 'frobnicate'" in _err_line(capsys)
     assert main(["report", "--nope"]) == 2

@@ -9,7 +9,9 @@
   through ``from_pretrained``), :func:`set_prefetch`;
 * :mod:`~execwrap.integrations.transformers.pretrained`: :func:`plan_from_pretrained`
   and :func:`plan_from_config`, one call from a model id, folder or config, planned
-  for its ``DistributedConfig``'s mesh (:func:`config_mesh`: HSDP's replicas, TP).
+  for its ``DistributedConfig``'s mesh (:func:`config_mesh`: HSDP's replicas, TP);
+* :mod:`~execwrap.integrations.transformers.fit_source`: :func:`transformers_target`
+  and :func:`load_config`, a model to size with ``execwrap fit`` (:func:`execwrap.fit`).
 
 Importing this package imports transformers.
 """
@@ -17,6 +19,7 @@ Importing this package imports transformers.
 from __future__ import annotations
 
 from execwrap.integrations.transformers.apply import AppliedPlans, applying_plan, set_prefetch
+from execwrap.integrations.transformers.fit_source import load_config, transformers_target
 from execwrap.integrations.transformers.fsdp_plan import (
     distributed_config_for,
     load_fsdp_plan,
@@ -38,6 +41,7 @@ __all__ = [
     "applying_plan",
     "config_mesh",
     "distributed_config_for",
+    "load_config",
     "load_fsdp_plan",
     "model_order",
     "plan_from_config",
@@ -45,4 +49,5 @@ __all__ = [
     "resolve_fsdp_plan",
     "set_prefetch",
     "to_fsdp_plan",
+    "transformers_target",
 ]

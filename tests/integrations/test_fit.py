@@ -1,0 +1,151 @@
+"""``execwrap fit`` on a transformers config: the answer, the files, the recipes that
+train, and bad input (exit status 2, one error line).
+
+The plain-FSDP2 and transformers recipes are run as written, by ``torchrun`` on 2 gloo
+ranks on CPU, from the files ``execwrap fit --out`` wrote for a tiny Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwrap.cli import main
+from tests.integrations._frameworks import tiny_llama
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A tiny Llama's weights and config.json (what from_pretrained loads)."""
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def out(folder: Path, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("fit")
+    argv = ["fit", str(folder / "config.json"), "--sequence-length", "16", "--micro-batch", "2"]
+    stdout = _run_main([*argv, "--out", str(out), "--json"])
+    return out, json.loads(stdout)
+
+
+def _run_main(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(argv) == 0
+    return buf.getvalue()
+
+
+def test_fit_answers_and_writes_the_files(out: tuple[Path, dict]) -> None:
+    folder, data = out
+    assert (data["fits"], data["micro_batch"], data["sequence_length"]) == (True, 2, 16)
+    assert (data["precision"], data["cluster"]["world_size"], data["parameters"]) == (
+        "bf16",
+        8,
+        2 * 128 * 32 + 2 * (4 * 32 * 32 - 2 * 32 * 16 + 3 * 32 * 64 + 2 * 32) + 32,
+    )  # embeddings and lm_head, two layers (q, k, v, o; the MLP; two norms), the norm
+    assert data["plan"]["groups"][0] == [""]
+    assert data["tokens_per_s_per_gpu"] == 2 * 16 / data["step_time_s"]
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [
+        "fit.html", "fit.json", "plan.json", "recipe_accelerate.py", "recipe_fsdp2.py",
+        "recipe_lightning.py", "recipe_torchtitan.py", "recipe_transformers.py",
+    ]  # fmt: skip
+    assert json.loads((folder / "fit.json").read_text()) == data
+
+
+@pytest.mark.parametrize("framework", ["fsdp2", "transformers"])
+def test_recipe_trains_on_two_ranks(out: tuple[Path, dict], framework: str) -> None:
+    folder, _ = out
+    script = folder / f"recipe_{framework}.py"
+    text = script.read_text().replace("STEPS = 16, 2, 10", "STEPS = 16, 2, 3")
+    assert text != script.read_text()
+    run = folder / f"run_{framework}.py"
+    run.write_text(text)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(_free_port()), str(run)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"^step \d: loss (\S+)$", done.stdout, re.M)]
+    assert len(losses) == 3, done.stdout
+    assert losses[2] < losses[1] < losses[0]  # the same batch three times: it trains
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("execwrap: error: "), err
+    return err[0]
+
+
+def test_unknown_model_id_offline(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = _error(["fit", "no-such-org/no-such-model"], capsys)
+    assert line.startswith(
+        "execwrap: error: model id 'no-such-org/no-such-model': its config.json is not in the "
+        "Hugging Face cache and could not be fetched (cannot resolve huggingface.co: this "
+        "machine is offline). Only config.json is needed, no weights: download "
+        "https://huggingface.co/no-such-org/no-such-model/resolve/main/config.json on a "
+        "machine that is online and pass its path (execwrap fit path/to/config.json)"
+    )
+
+
+def test_config_transformers_cannot_build(folder: Path, tmp_path: Path, capsys) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "no-such-act"}))
+    line = _error(["fit", str(tmp_path / "config.json")], capsys)
+    assert line == (
+        "execwrap: error: transformers cannot build AutoModelForCausalLM from this LlamaConfig "
+        "(model_type 'llama'): KeyError: 'no-such-act'"
+    )
+
+
+def test_config_file_that_is_not_a_config(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    line = _error(["fit", str(tmp_path / "config.json")], capsys)
+    assert line.startswith(
+        f"execwrap: error: transformers cannot read the config '{tmp_path}/config.json'"
+    )
+
+
+def test_plan_file_for_another_model(
+    folder: Path, out: tuple[Path, dict], tmp_path: Path, capsys
+) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    line = _error(
+        ["fit", str(tmp_path / "config.json"), "--plan", str(out[0] / "plan.json")], capsys
+    )
+    assert line.startswith("execwrap: error: the given plan was made for another model")
+    assert "model.layers.2" in line
+
+
+def test_missing_plan_file_and_bad_counts(capsys) -> None:
+    line = _error(["fit", "x/config.json", "--plan", "no-such-plan.json"], capsys)
+    assert (
+        line
+        == "execwrap: error: --plan 'no-such-plan.json': no such file (a plan.json from execwrap.save_plan)"
+    )
+    assert _error(["fit", "x/config.json", "--micro-batch", "0"], capsys) == (
+        "execwrap: error: --micro-batch must be >= 1, got 0"
+    )
