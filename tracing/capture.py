@@ -19,6 +19,7 @@ import torch.nn as nn
 from tracing.config import TracingConfig
 from tracing.ladder import run_ladder
 from tracing.order import ExecutionOrder
+from tracing.rates import ComputeRates
 from tracing.symbolic.signature import as_args
 
 __all__ = ["capture_execution_order"]
@@ -32,6 +33,7 @@ def capture_execution_order(
     backward: bool = True,
     *,
     check: bool = True,
+    timing: ComputeRates | None = None,
 ) -> ExecutionOrder:
     """Capture ``model``'s execution order: symbolic, zero-cost runtime, or real runtime.
 
@@ -75,6 +77,11 @@ def capture_execution_order(
         check: check a symbolic order against a runtime recording of the
             example inputs: one fake forward/backward (``benchmarks/zero_cost.py``
             measures it), or one real one when the fake run cannot decide.
+        timing: compute rates (``CostModel.preset(...).compute``) to estimate
+            each call's time with on the runtime step (for
+            :func:`execwrap.simulate_step`); needs example inputs. A symbolic
+            order has no times: with ``timing``, the runtime recording that
+            checks it is returned when the two agree.
 
     Returns:
         The :class:`ExecutionOrder`.
@@ -85,7 +92,8 @@ def capture_execution_order(
             ``example_inputs``), or neither a config nor inputs were given, or
             an uninitialised lazy module, or a wrapped model without inputs,
             or real runtime capture on the meta device hit a value-dependent op.
-        ValueError: a ``concrete_args`` name that ``forward`` does not take.
+        ValueError: a ``concrete_args`` name that ``forward`` does not take;
+            ``timing`` without example inputs.
         TypeError: ``tracing_config`` is not a ``TracingConfig``.
         Exception: what the model raises during real runtime capture.
 
@@ -97,5 +105,12 @@ def capture_execution_order(
     has_inputs = example_inputs is not None or example_kwargs is not None
     args, kwargs = as_args(example_inputs), dict(example_kwargs or {})
     return run_ladder(
-        model, tracing_config, args, kwargs, has_inputs=has_inputs, backward=backward, check=check
+        model,
+        tracing_config,
+        args,
+        kwargs,
+        has_inputs=has_inputs,
+        backward=backward,
+        check=check,
+        timing=timing,
     )

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from tests.cases._checks import snapshot
 from tracing import TracingConfig, capture_execution_order, record_execution_order
+from tracing.rates import ComputeRates
 
 
 class IsInstanceBranch(nn.Module):
@@ -179,3 +180,26 @@ def test_config_of_the_wrong_type() -> None:
         TypeError, match="tracing_config must be a TracingConfig or None, got Tracer"
     ):
         capture_execution_order(ShapeBranch(), torch.fx.Tracer())  # type: ignore[arg-type]
+
+
+RATES = ComputeRates("cuda", flops_per_s=1e12, memory_bytes_per_s=1e12)
+
+
+@pytest.mark.parametrize("config", [None, TracingConfig()])
+def test_timing_gives_the_timed_runtime_recording(config: TracingConfig | None) -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    x = torch.randn(4, 8, device="meta")
+    order = capture_execution_order(model, config, example_inputs=x, timing=RATES)
+    # a symbolic trace that agrees with the run is replaced by the run, which has the times
+    assert (order.capture_step, order.fallback_reason) == ("zero-cost runtime", None)
+    assert (order.timing_method, len(order.forward_times_s)) == ("estimated", 3)
+
+
+def test_timing_needs_inputs() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^capture_execution_order: timing needs example_inputs \(the times are estimated "
+        r"op by op on a recorded run; a symbolic trace has none\)$",
+    ):
+        capture_execution_order(nn.Linear(2, 2), TracingConfig(), timing=RATES)
