@@ -52,7 +52,8 @@ def capture_execution_order(
        (:func:`~tracing.runtime.shadow.record_zero_cost`): the recording
        forward/backward on fake tensors (``order.zero_cost``).
     3. Otherwise real runtime capture
-       (:func:`~tracing.runtime.record_execution_order`).
+       (:func:`~tracing.runtime.record_execution_order`); not for a model
+       built under fake tensors.
 
     ``fallback_reason`` has one line (``"; "``-joined) per step that was
     tried and skipped: where it failed (module FQN and class), why, and what
@@ -91,7 +92,9 @@ def capture_execution_order(
             given (the message names the failing module and says to pass
             ``example_inputs``), or neither a config nor inputs were given, or
             an uninitialised lazy module, or a wrapped model without inputs,
-            or real runtime capture on the meta device hit a value-dependent op.
+            or real runtime capture on the meta device hit a value-dependent op,
+            or zero-cost capture failed on a model built under fake tensors
+            (parameters that are ``FakeTensor`` s: there is no real step to run).
         ValueError: a ``concrete_args`` name that ``forward`` does not take;
             ``timing`` without example inputs.
         TypeError: ``tracing_config`` is not a ``TracingConfig``.

@@ -16,7 +16,9 @@ does, step by step:
    :func:`~tracing.runtime.shadow.record_zero_cost`, the recording run on
    fake tensors: no compute, no weight copy.
 3. **real runtime**: :func:`~tracing.runtime.record_execution_order`, one
-   real forward/backward, when step 2 cannot decide (a value-dependent op).
+   real forward/backward, when step 2 cannot decide (a value-dependent op);
+   never for a model built under fake tensors (its parameters are
+   ``FakeTensor`` s: step 2's error is raised).
 
 Every step that was tried and skipped adds one line to ``fallback_reason``
 (module FQN and class, the cause, what would help); one INFO line is logged
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
@@ -128,8 +131,16 @@ def run_ladder(
     if zero is not None:
         return _with_reasons(zero, reasons)
     assert zero_failed is not None
+    if _fake_parameters(model):
+        raise zero_failed
     reasons.append(_line("zero-cost runtime capture", zero_failed) + "; the real model was run")
     return _with_reasons(step.real(), reasons)
+
+
+def _fake_parameters(model: nn.Module) -> bool:
+    """Whether ``model`` was built under fake tensors: it has no real step to run (one
+    would be a fake run without the shadow's known values and shape rules)."""
+    return any(isinstance(p, FakeTensor) for p in model.parameters())
 
 
 def _with_reasons(order: ExecutionOrder, reasons: list[str]) -> ExecutionOrder:

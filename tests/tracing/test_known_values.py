@@ -185,3 +185,21 @@ def test_timing_estimates_every_call() -> None:
         r"CostModel\.preset\(\.\.\.\)\.compute\) or None, got bool$",
     ):
         record_zero_cost(model, torch.randn(32, 64, device="meta"), timing=True)  # type: ignore[arg-type]
+
+
+def test_a_model_under_fake_tensors_has_no_real_step() -> None:
+    from torch._subclasses import FakeTensorMode
+
+    class Router(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            return h if h.sum() > 0 else x
+
+    with FakeTensorMode():
+        model = Router()
+    with pytest.raises(TracingError, match=r"^zero-cost runtime capture \(fake tensors\) failed"):
+        capture_execution_order(model, example_inputs=torch.randn(2, 4))
