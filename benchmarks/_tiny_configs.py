@@ -109,7 +109,9 @@ def _overrides(config: Any, level: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, v in values.items():
         if level == "filled" and v is None:
-            out.update({key: value for pattern, value in _FILL if pattern.match(key)})
+            filled = [value for pattern, value in _FILL if pattern.match(key)]
+            if filled:
+                out[key] = filled[0]
         elif _is_int(v) and v >= 1:
             small = _shrunk(key, v, level)
             if small is not None:
