@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         OrderDivergenceError,
         ParamMismatchError,
         PlanError,
+        RankFailure,
     )
     from execwrap.fsdp.accumulation import GRADIENT_SYNCS, accumulate_gradients
     from execwrap.fsdp.checkpointing import (
@@ -51,10 +52,12 @@ if TYPE_CHECKING:
     from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp.fsdp2 import apply_fully_shard
     from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
+    from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
     from execwrap.order.divergence import Divergence, first_divergence
     from execwrap.order.graph import build_order_graph, order_subgraph
     from execwrap.order.monitor import DriftEvent, OrderMonitor
     from execwrap.plan.compare import compare_plans
+    from execwrap.plan.pinned import load_plan, plan_changes, save_plan
     from execwrap.plan.prefetch import prefetch_schedule
     from execwrap.plan.search_record import PlanSearch
     from execwrap.plan.stats import PlanStats, TimelineStep
@@ -93,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     "OrderDivergenceError": "execwrap.errors",
     "ParamMismatchError": "execwrap.errors",
     "PlanError": "execwrap.errors",
+    "RankFailure": "execwrap.errors",
     "ParamExecOrderWrapPolicy": "execwrap.fsdp.fsdp1",
     "apply_fully_shard": "execwrap.fsdp.fsdp2",
     "prefetch_schedule": "execwrap.plan.prefetch",
@@ -118,6 +122,13 @@ _EXPORTS: dict[str, str] = {
     "UnitCompute": "execwrap.simulate",
     "simulate_step": "execwrap.simulate",
     "unit_compute": "execwrap.simulate",
+    # issue 36: checkpoints across plans
+    "load_checkpoint": "execwrap.fsdp.restart",
+    "restart_fully_shard": "execwrap.fsdp.restart",
+    "save_checkpoint": "execwrap.fsdp.restart",
+    "load_plan": "execwrap.plan.pinned",
+    "plan_changes": "execwrap.plan.pinned",
+    "save_plan": "execwrap.plan.pinned",
     # issue 11: the auto-planner's record (plan_wrap(..., bucket_numel="auto").search)
     "PlanSearch": "execwrap.plan.search_record",
     # issue 31: the training step applied (checkpointing, gradient accumulation)
@@ -147,6 +158,7 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "RankFailure",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
@@ -163,12 +175,18 @@ __all__ = [
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "load_checkpoint",
+    "load_plan",
     "min_contiguous_groups",
     "order_fingerprint",
     "order_subgraph",
+    "plan_changes",
     "plan_wrap",
     "policy_units",
     "prefetch_schedule",
+    "restart_fully_shard",
+    "save_checkpoint",
+    "save_plan",
     "selective_checkpoint_policy",
     "simulate_step",
     "size_based_auto_wrap_policy",

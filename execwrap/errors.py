@@ -15,6 +15,7 @@ __all__ = [
     "OrderDivergenceError",
     "ParamMismatchError",
     "PlanError",
+    "RankFailure",
     "TracingError",
 ]
 
@@ -108,3 +109,27 @@ class ParamMismatchError(OrderDivergenceError):
         super().__init__(message, ranks=ranks, index=index, expected=expected, found=found)
         self.expected_param = expected_param
         self.found_param = found_param
+
+
+class RankFailure(ExecwrapError):
+    """Another rank of the process group failed during a step all ranks take together.
+
+    Raised on every rank that did not fail itself, right after the status exchange
+    that follows the step (:mod:`execwrap.distributed.status`), instead of a backend error
+    ("Connection closed by peer") or a wait until the process group's timeout. A
+    rank that failed raises its own exception, with a note naming the step.
+
+    Attributes:
+        phase: the step, in words (``"capture"``, ``"the cross-rank order check"``,
+            ``"planning"``, ...).
+        failures: ``(global rank, "ExceptionType: message")`` of every rank that
+            failed, lowest rank first; empty when the exchange itself failed (a
+            rank left the job before it).
+        rank: the lowest failing rank, or ``None`` when unknown.
+    """
+
+    def __init__(self, message: str, *, phase: str, failures: tuple[tuple[int, str], ...]) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.failures = failures
+        self.rank = failures[0][0] if failures else None

@@ -184,7 +184,7 @@ def test_execwrap_top_level_holds_packages_and_four_modules() -> None:
     packages = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
     assert modules == TOP_LEVEL_MODULES
     assert packages == {
-        "cli", "cost", "fsdp", "integrations", "order", "plan", "planning", "report",
+        "cli", "cost", "distributed", "fsdp", "integrations", "order", "plan", "planning", "report",
         "simulate", "util", "watch",
     }  # fmt: skip
 

@@ -169,6 +169,15 @@ class ExecutionOrder:
         backward_transient_bytes: the same for its backward ops.
         param_dtype: the dtype the floating-point parameters were cast to for the
             capture (``""``: as the model holds them), so activations are sized in it.
+        training: schema 3: the ``training`` flag of the module whose calls the
+            order holds (the root's, for one step) when it was captured: ``False``
+            for an order captured in eval mode; ``None``: not recorded (symbolic
+            capture, older files, hand-built orders).
+        grad_enabled: schema 3: whether autograd was on during the recorded
+            forward (``torch.is_grad_enabled()``): ``False`` under
+            ``torch.no_grad()`` or ``torch.inference_mode()``, where no backward
+            runs and :attr:`param_backward_order` is empty (:attr:`warnings`
+            says so); ``None`` for symbolic capture (nothing runs) and older files.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")
@@ -207,6 +216,9 @@ class ExecutionOrder:
     zero_cost: bool = False
     warnings: list[str] = field(default_factory=list)
     module_call_depths: list[int] = field(default_factory=list)
+    # ---- the mode of the capture (schema version 3; None: not recorded)
+    training: bool | None = None
+    grad_enabled: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in CAPTURE_METHODS:
@@ -325,6 +337,8 @@ class ExecutionOrder:
             "zero_cost": self.zero_cost,
             "warnings": list(self.warnings),
             "module_call_depths": list(self.module_call_depths),
+            "training": self.training,
+            "grad_enabled": self.grad_enabled,
         }
 
     @classmethod
@@ -370,6 +384,8 @@ class ExecutionOrder:
             zero_cost=f["zero_cost"],
             warnings=f["warnings"],
             module_call_depths=f["module_call_depths"],
+            training=f["training"],
+            grad_enabled=f["grad_enabled"],
             **{name: f[name] for name in TIMING_FIELDS if name != "compute_ops"},
             compute_ops=[ComputeOp.from_dict(op) for op in f["compute_ops"]],
         )

@@ -44,11 +44,12 @@ __all__ = [
 
 #: Version of the JSON layout written by :meth:`ExecutionOrder.to_dict`.
 #: Version 2 added the optional timing fields (``forward_times_s`` ...) and the
-#: capture fields ``zero_cost`` and ``warnings``; version-1 files still load
-#: (those fields get their defaults).
-SCHEMA_VERSION = 2
+#: capture fields ``zero_cost`` and ``warnings``; version 3 the mode of the
+#: capture, ``training`` and ``grad_enabled``. Older files still load (the
+#: fields they lack get their defaults: ``None``, not recorded).
+SCHEMA_VERSION = 3
 #: Layout versions :meth:`ExecutionOrder.from_dict` reads.
-READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 #: ``ExecutionOrder.method`` values.
 CAPTURE_METHODS: tuple[str, ...] = ("symbolic", "runtime")
@@ -78,8 +79,7 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     if not is_int(version):
         raise SchemaError(
             field_path(prefix, "schema_version"),
-            f"expected an int layout version ({' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}), "
-            f"got {type_and_value(version)}",
+            f"expected an int layout version ({_versions()}), got {type_and_value(version)}",
             source,
             "ExecutionOrder",
         )
@@ -97,6 +97,12 @@ def checked_fields(data: Any, *, source: str, prefix: str = "") -> dict[str, Any
     except SchemaError as e:
         raise SchemaError(e.path, e.problem, source, "ExecutionOrder") from None
     return fields
+
+
+def _versions() -> str:
+    """``"1, 2 or 3"``: the readable layout versions, in words."""
+    *head, last = map(str, READABLE_SCHEMA_VERSIONS)
+    return f"{', '.join(head)} or {last}" if head else last
 
 
 def parse_json(text: str, source: str) -> Any:
@@ -195,6 +201,9 @@ ORDER_FIELDS = Record(
         ),
         "param_dtype": Field(_optional_dtype, required=False, default=""),
         "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
+        # schema 3: the mode the order was captured in (absent in older files: not recorded)
+        "training": Field(optional(boolean()), required=False),
+        "grad_enabled": Field(optional(boolean()), required=False),
     }
 )
 

@@ -32,8 +32,9 @@ from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
 from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
+from execwrap.simulate.step import step_estimate
 from execwrap.util.text import plural
 from tracing.order import ExecutionOrder
 from tracing.runtime import record_execution_order
@@ -203,6 +204,6 @@ def estimate_baselines(
         compute = (
             unit_compute(base) if base.order.has_timing else UnitCompute.zeros(len(base.units))
         )
-        estimate = simulate_step(base, cm, world_size=ranks, prefetch=prefetch, compute=compute)
+        estimate = step_estimate(base, cm, world_size=ranks, prefetch=prefetch, compute=compute)
         out[name] = dataclasses.replace(base, estimate=estimate)
     return out

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 
 from execwrap.cli.errors import CLIError
 
-__all__ = ["join_negative_values", "memory_budget_option", "parse_bytes"]
+__all__ = ["MAX_BYTES", "join_negative_values", "memory_budget_option", "parse_bytes"]
 
 _BYTES_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*$")
 _BYTE_UNITS = {
@@ -31,6 +32,8 @@ _BYTE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: The largest size accepted, bytes: torch counts memory in int64.
+MAX_BYTES = 2**63 - 1
 #: Options whose value may start with ``-`` and a digit (a negative size).
 _SIZE_OPTIONS = ("--memory-budget",)
 _NEGATIVE = re.compile(r"^-\.?\d")
@@ -46,8 +49,8 @@ def parse_bytes(text: str) -> int:
     A leading ``-`` gives a negative size, for the caller to refuse in its own words.
 
     Raises:
-        ValueError: not a number with one of these units, or not a whole
-            number of bytes.
+        ValueError: not a number with one of these units, not a whole number
+            of bytes, or more than :data:`MAX_BYTES` (``1e400``).
 
     >>> parse_bytes("40GiB"), parse_bytes("-5GiB")
     (42949672960, -5368709120)
@@ -65,9 +68,14 @@ def parse_bytes(text: str) -> int:
             f"invalid size {text!r}: expected a number of bytes with an optional unit, e.g. "
             f"40GiB, 512MiB or 8GB{hint}"
         )
-    value = float(match.group(1)) * _BYTE_UNITS[unit]
-    if value != int(value):
+    value = Fraction(match.group(1)) * _BYTE_UNITS[unit]  # exact: 1e400 stays a number
+    if value.denominator != 1:
         raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
+    if abs(value) > MAX_BYTES:
+        raise ValueError(
+            f"invalid size {text!r}: more bytes than any device holds (at most 2**63 - 1 "
+            "bytes, 8 EiB, the largest size torch counts)"
+        )
     return int(value)
 
 
@@ -83,7 +91,7 @@ def memory_budget_option(text: str) -> int:
     >>> memory_budget_option("-5GiB")
     Traceback (most recent call last):
     ...
-    execwrap.cli.errors.CLIError: --memory-budget '-5GiB': must be > 0 bytes per rank, got -5368709120; leave --memory-budget out for no limit
+    execwrap.cli.errors.CLIError: --memory-budget '-5GiB': must be > 0 bytes per rank, got -5368709120; leave --memory-budget out to plan within the device's memory
     """
     try:
         budget = parse_bytes(text)
@@ -92,7 +100,7 @@ def memory_budget_option(text: str) -> int:
     if budget <= 0:
         raise CLIError(
             f"--memory-budget {text!r}: must be > 0 bytes per rank, got {budget}; leave "
-            "--memory-budget out for no limit"
+            "--memory-budget out to plan within the device's memory"
         )
     bare = not re.sub(r"[\d.\seE+-]", "", text)  # no unit: bytes
     if bare and budget < 2**20:  # below 1 MiB: a forgotten unit

@@ -10,14 +10,18 @@ destroyed at the end.
 from __future__ import annotations
 
 import gc
+import logging
+import sys
 
 import torch
 import torch.distributed as dist
 
 from execwrap.cli.calibrate_args import CalibrateOptions
 from execwrap.cli.errors import EXIT_OK, CLIError
+from execwrap.cli.progress import ProgressHandler
 from execwrap.cli.text import print_table
 from execwrap.cost import CostModel
+from execwrap.util.formatting import format_bytes
 
 __all__ = ["run_calibrate", "summary_rows"]
 
@@ -43,6 +47,9 @@ def run_calibrate(options: CalibrateOptions) -> int:
         except (RuntimeError, ValueError) as e:
             raise CLIError(f"cannot start the {backend} process group: {e}") from e
         created = True
+    show = dist.get_rank() == 0 and not options.quiet
+    progress = _attach_progress() if show and options.verbose == 0 else None
+    level = _CALIBRATE_LOG.level
     try:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         model = CostModel.calibrate(
@@ -50,14 +57,32 @@ def run_calibrate(options: CalibrateOptions) -> int:
         )
         if dist.get_rank() == 0:
             model.save(options.out)
+        if show:
             print(f"{model.source}")
             print_table(summary_rows(model))
             print(f"wrote {options.out}")
     finally:
+        if progress is not None:
+            _CALIBRATE_LOG.removeHandler(progress)
+            _CALIBRATE_LOG.setLevel(level)
         gc.collect()  # release what holds the group before destroying it (gloo teardown)
         if created:
             dist.destroy_process_group()
     return EXIT_OK
+
+
+#: The logger calibration reports its phases to (:mod:`execwrap.cost.calibrate`).
+_CALIBRATE_LOG = logging.getLogger("execwrap.cost.calibrate")
+
+
+def _attach_progress() -> ProgressHandler:
+    """Show calibration's phases on stderr (a bar on a terminal, a line per phase
+    otherwise): the handler, attached to calibration's logger at INFO."""
+    handler = ProgressHandler(sys.stderr, "calibrating")
+    _CALIBRATE_LOG.addHandler(handler)
+    if _CALIBRATE_LOG.getEffectiveLevel() > logging.INFO:
+        _CALIBRATE_LOG.setLevel(logging.INFO)
+    return handler
 
 
 def summary_rows(model: CostModel) -> list[tuple[str, str]]:
@@ -83,6 +108,10 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
         ("matmul rate", f"{model.compute.flops_per_s / 1e9:.1f} GFLOP/s"),
         ("cost per op", f"{model.compute.op_overhead_s * 1e6:.2f} us"),
         ("optimizer cost per parameter tensor", f"{model.optimizer_param_overhead_s * 1e6:.1f} us"),
+        (
+            "device memory per rank",
+            "-" if model.device_memory_bytes is None else format_bytes(model.device_memory_bytes),
+        ),
     ]
     if model.optimizer_curve is not None:
         rows.append(

@@ -40,6 +40,8 @@ class CalibrateOptions:
         max_bytes: largest collective of the sweep, bytes (``None``: the default).
         threads: intra-op threads per rank (``None``: leave torch's setting).
         repeat: how many times as many runs each measurement takes (``>= 1``).
+        quiet: print nothing on success (no progress, no summary).
+        verbose: ``-v`` count (with ``-v`` the log shows the phases, not the progress).
     """
 
     out: Path
@@ -48,6 +50,8 @@ class CalibrateOptions:
     max_bytes: int | None
     threads: int | None
     repeat: int = 1
+    quiet: bool = False
+    verbose: int = 0
 
 
 def calibrate_options(args: argparse.Namespace) -> CalibrateOptions:
@@ -80,4 +84,6 @@ def calibrate_options(args: argparse.Namespace) -> CalibrateOptions:
         max_bytes=None if args.max_mib is None else args.max_mib * 2**20,
         threads=args.threads,
         repeat=args.repeat,
+        quiet=bool(getattr(args, "quiet", False)),
+        verbose=int(getattr(args, "verbose", 0) or 0),
     )

@@ -122,12 +122,22 @@ def parse_input_spec(spec: str) -> list[InputItem]:
         [(None, 'int64', (2, 16)), ('m', 'bool', (4,))]
 
     Raises:
-        ValueError: the spec is empty or an item is malformed; the message
-            names the item and what was expected.
+        ValueError: the spec is empty, an item is malformed, or two items give
+            the same keyword; the message names the items and what was expected.
     """
     items = [_parse_item(raw.strip()) for raw in spec.split(";") if raw.strip()]
     if not items:
         raise ValueError(f"input spec {spec!r} has no items (e.g. long:2x16)")
+    seen: dict[str, InputItem] = {}
+    for item in items:
+        if item.name is None:
+            continue
+        if item.name in seen:
+            raise ValueError(
+                f"input items {seen[item.name].text!r} and {item.text!r} both give keyword "
+                f"{item.name!r}; give each forward argument once"
+            )
+        seen[item.name] = item
     return items
 
 

@@ -1,7 +1,9 @@
 """What ``execwrap report`` imports by name: the model factory, the tracer, the policy.
 
 ``--model PKG.MODULE:FACTORY`` and ``--tracer PKG.MODULE:CLASS`` are imported
-(modules in the current folder are found, as with ``python -m``);
+(a module the user names that is not installed is found in the current folder,
+whose path is then added to ``sys.path``; the folder is never added otherwise,
+so a file there named like a module torch imports lazily is not imported);
 ``--policy`` becomes an FSDP init policy, its class names looked up among the
 model's modules. The syntax of each was checked already
 (:mod:`execwrap.cli.options`); here the imports and the model can fail, and
@@ -45,10 +47,8 @@ def import_object(path: str, what: str) -> Any:
         CLIError: malformed path, module not importable, or no such name.
     """
     module_name, attr = split_object_path(path, what)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # as `python -m` would: modules in the current folder
     try:
-        module = importlib.import_module(module_name)
+        module = _import_named(module_name)
     except ImportError as exc:
         raise CLIError(f"{what} {path!r}: cannot import module {module_name!r}: {exc}") from exc
     except Exception as exc:
@@ -64,6 +64,27 @@ def import_object(path: str, what: str) -> Any:
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
     return obj
+
+
+def _import_named(module_name: str) -> Any:
+    """Import ``module_name`` as installed; failing that, from the current folder when
+    the module the user named is a file or package there (``./NAME.py``, ``./NAME/``):
+    then, and only then, that folder goes on ``sys.path`` (at its end, so installed
+    modules still come first). A run that names no module of the current folder never
+    puts it on ``sys.path``, so a stray file there named like a module torch imports
+    lazily (``tabulate.py``) is not imported in place of the real one."""
+    top = module_name.split(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        folder = os.getcwd()
+        named_here = os.path.isfile(os.path.join(folder, f"{top}.py")) or os.path.isdir(
+            os.path.join(folder, top)
+        )
+        if exc.name != top or not named_here or folder in sys.path:
+            raise
+    sys.path.append(folder)
+    return importlib.import_module(module_name)
 
 
 def load_model(path: str, device: str) -> nn.Module:
@@ -118,11 +139,6 @@ def tracing_config(tracer_path: str | None, concrete_args: dict[str, Any]) -> Tr
     return TracingConfig(tracer=tracer, concrete_args=concrete_args or None)
 
 
-def _root_only_policy(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
-    """Wrap nothing below the root (every parameter in the root unit)."""
-    return recurse
-
-
 def parse_policy(text: str, model: Any) -> Any:
     """Turn a ``--policy`` value into an FSDP init policy (see
     :data:`~execwrap.cli.options.POLICY_HELP`).
@@ -133,8 +149,8 @@ def parse_policy(text: str, model: Any) -> Any:
     spec = parse_policy_spec(text)
     if spec.kind == "always":
         return always_wrap_policy
-    if spec.kind == "none":
-        return _root_only_policy
+    if spec.kind == "none":  # no policy: the root alone, as asked (plan_wrap does not warn)
+        return None
     if spec.kind == "size":
         return functools.partial(size_based_auto_wrap_policy, min_num_params=spec.min_num_params)
     classes = _resolve_classes(spec.class_names, model, spec.what)
@@ -153,7 +169,7 @@ def baseline_policies(
     if bucket_numel is not None:
         policies[f"{policy_text} (no buckets)"] = init_policy
     if policy_text == "always" and bucket_numel is None:
-        policies["none (root only)"] = _root_only_policy
+        policies["none (root only)"] = None  # plan_wrap's root alone, without a warning
     else:
         policies["always"] = always_wrap_policy
     return policies

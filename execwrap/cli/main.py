@@ -105,6 +105,7 @@ def _configure_logging(verbosity: int) -> Callable[[], None]:
     """
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(level)  # records of sub-loggers set lower (progress) stay out
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     saved: list[tuple[logging.Logger, int]] = []
     for name in ("execwrap", "tracing"):

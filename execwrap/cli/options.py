@@ -26,6 +26,7 @@ from execwrap.cli.budget import memory_budget_option
 from execwrap.cli.errors import CLIError
 from execwrap.cli.input_spec import InputItem, check_input_file, is_arg_name, parse_input_spec
 from execwrap.report.files import REPORT_FILES, REPORT_FORMATS
+from execwrap.report.ownership import foreign_files
 
 __all__ = [
     "DEFAULT_DEMO_BUCKET",
@@ -216,7 +217,7 @@ class ReportOptions:
         formats: report formats, in the order given.
         cost_model: ``--cost-model`` (a file path or a preset name), or ``None``.
         world_size: ``--world-size``, or ``None`` (the cost model's).
-        memory_budget: ``--memory-budget`` in bytes, or ``None`` (no limit).
+        memory_budget: ``--memory-budget`` in bytes, or ``None`` (the device's memory).
         plan_file: ``--plan``: a plan file reported instead of planning, or ``None``.
     """
 
@@ -272,6 +273,11 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     if args.tracer:
         split_object_path(args.tracer, "--tracer")
     policy = parse_policy_spec(args.policy or (DEFAULT_DEMO_POLICY if is_demo else "always"))
+    if not args.out.strip():
+        raise CLIError(
+            "--out '' is empty: name the report folder, e.g. --out execwrap-report (or --out . "
+            "for the current folder)"
+        )
     out_dir = Path(args.out)
     check_out_dir(out_dir, formats)
     return ReportOptions(
@@ -396,7 +402,8 @@ def _input_items(text: str) -> list[InputItem]:
 
 def check_out_dir(out_dir: Path, formats: Sequence[str] = ()) -> None:
     """Fail early, before capture, when ``out_dir`` cannot be a writable folder
-    or a report file of ``formats`` would replace a folder there.
+    or a report file of ``formats`` would replace a folder there, or a file that
+    execwrap did not write (:mod:`execwrap.report.ownership`).
 
     Raises:
         CLIError: naming ``out_dir`` and what is in the way.
@@ -418,6 +425,24 @@ def check_out_dir(out_dir: Path, formats: Sequence[str] = ()) -> None:
                     f"--out {str(out_dir)!r}: {str(target)!r} is a folder, so the report "
                     f"cannot write its {name} there; move it away or choose another --out"
                 )
+    names = [n for fmt in formats for n in REPORT_FILES.get(fmt, {}).values()]
+    if out_dir.is_dir() and (foreign := foreign_files(out_dir, names)):
+        raise CLIError(foreign_files_message(out_dir, foreign))
+
+
+def foreign_files_message(out_dir: Path, names: Sequence[str]) -> str:
+    """The refusal to write over ``names`` in ``out_dir``, with a new ``--out`` to use."""
+    new = next(
+        p
+        for k in range(1, 1000)
+        if not (p := out_dir / ("execwrap-report" if k == 1 else f"execwrap-report-{k}")).exists()
+    )
+    verb = "was" if len(names) == 1 else "were"
+    return (
+        f"--out {str(out_dir)!r}: {', '.join(names)} there {verb} not written by execwrap, and "
+        f"execwrap never replaces or deletes files it did not write: choose a new folder, e.g. "
+        f"--out {str(new)}, or move those files away"
+    )
 
 
 # -------------------------------------------------------------- show, diff

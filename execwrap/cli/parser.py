@@ -9,6 +9,7 @@ values. Imports no torch, so ``--help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from typing import NoReturn
 
@@ -26,7 +27,7 @@ from execwrap.cli.options import (
 from execwrap.cli.text import terminal_safe
 from execwrap.report.files import REPORT_FORMATS
 
-__all__ = ["DEFAULTS_HELP", "build_parser"]
+__all__ = ["DEFAULTS_HELP", "build_parser", "version_line"]
 
 DEFAULTS_HELP = f"""\
 defaults:         built-in model (no --model)   other models (--model)
@@ -43,6 +44,21 @@ _REPORT_DESCRIPTION = (
     "params.csv, order.graphml, report.html). With no arguments: the built-in "
     "GPT-style model into ./execwrap-report/."
 )
+
+
+def version_line() -> str:
+    """``"execwrap 0.1.0 (torch 2.13.0+cpu, Python 3.11.7)"``: the installed versions,
+    read from the package metadata (torch is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(str(v) for v in sys.version_info[:3])
+    return f"{PROG} {installed('execwrap')} (torch {installed('torch')}, Python {python})"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Execution-order FSDP wrap planning: capture, plan, report.",
         epilog="exit status: 0 success, 1 a finding (diff: orders differ), 2 bad usage or input",
         parents=[verbose],
+    )
+    parser.add_argument(
+        "--version", action="version", version=version_line(), help="print the version and exit"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -124,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-budget",
         metavar="BYTES",
         help="for --bucket-size auto: peak memory per rank the plan must fit, e.g. 40GiB, "
-        "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: no limit)",
+        "512MiB, 8GB (binary KiB/MiB/GiB/TiB or decimal KB/MB/GB/TB; default: the cost model's device memory minus a reserve)",
     )
     report.add_argument(
         "--plan",
@@ -202,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         "group this command runs in (every rank, under torchrun) and write the cost model "
         "as JSON on rank 0, for `execwrap report --cost-model FILE` and "
         "CostModel.load. Takes 40-65 s on 2 gloo ranks of a 2-core CPU, longer while the "
-        "host is busy.",
+        "machine is busy (runs that other processes disturb are left out or repeated); "
+        "rank 0 shows each phase on stderr.",
         epilog="example: torchrun --nproc_per_node=2 -m execwrap calibrate --out cost.json",
     )
     calibrate.add_argument(
@@ -245,5 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="intra-op threads per rank (default: as launched; torchrun sets 1 per process)",
+    )
+    calibrate.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print nothing on success: no progress (shown on stderr by default, a bar on "
+        "a terminal) and no summary",
     )
     return parser

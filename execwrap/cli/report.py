@@ -11,6 +11,7 @@ and how to fix it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,20 @@ import execwrap.planning.planner as planning  # plan_wrap is looked up at call t
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
-from execwrap.cli.options import ReportOptions
+from execwrap.cli.options import ReportOptions, foreign_files_message
+from execwrap.cli.summary import print_notes, summary_rows
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
-from execwrap.plan.stats import PlanStats, chosen_collectives
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.report.ownership import ForeignFilesError
 from execwrap.report.writer import write_report
-from execwrap.util.formatting import format_bytes, format_numel, short_reason
 from tracing import ExecutionOrder, TracingConfig, TracingError, capture_execution_order
 from tracing.fqn import module_phrase
 from tracing.symbolic import check_concrete_args
 
 __all__ = ["run_report"]
+
+logger = logging.getLogger(__name__)
 
 #: ``(args, kwargs)`` of one forward, or ``None`` for symbolic capture only.
 _Example = tuple[tuple[Any, ...], dict[str, Any]] | None
@@ -45,6 +48,7 @@ def run_report(options: ReportOptions) -> int:
         CLIError: a step failed (the model, the inputs, the tracer or policy,
             capture, planning, or writing the files).
     """
+    logger.info("building the model %s on %s", options.model_path, options.device)
     model = load_model(options.model_path, options.device)
     try:
         check_concrete_args(model, options.concrete_args)
@@ -56,19 +60,49 @@ def run_report(options: ReportOptions) -> int:
     config = tracing_config(options.tracer_path, options.concrete_args)
     init_policy = parse_policy(options.policy.text, model)
     t0 = time.perf_counter()
+    logger.info(
+        "capturing the execution order of %s (%s)",
+        type(model).__name__,
+        "symbolic trace, inputs " + str(options.input_text) if example else "symbolic trace",
+    )
     order = _capture(model, config, example, options)
+    logger.info(
+        "captured %d module calls, %d parameters (%s) in %.2f s",
+        len(order.module_forward_order),
+        len(order.params),
+        order.method,
+        time.perf_counter() - t0,
+    )
+    device_memory = None
     if options.bucket_numel == "auto":  # the auto-planner weighs compute too
         from execwrap.cli.auto_plan import load_cost_model, timed_order
 
         cost_model = load_cost_model(str(options.cost_model), options.world_size)
+        device_memory = cost_model.device_memory_bytes
         order = timed_order(
             model, order, example, cost_model, lambda: load_model(options.model_path, "meta")
         )
     capture_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    logger.info(
+        "planning with policy %s, bucket size %s", options.policy.text, options.bucket_numel
+    )
     plan, baselines = _plan(model, order, init_policy, options)
+    logger.info(
+        "planned %d groups and %d baseline(s) in %.2f s%s",
+        len(plan.units),
+        len(baselines),
+        time.perf_counter() - t1,
+        "" if plan.search is None else f" ({len(plan.search.candidates)} candidates simulated)",
+    )
+    t2 = time.perf_counter()
     paths = _write(model, plan, baselines, options)
-    rows = _summary_rows(model, order, capture_s, plan, baselines, options)
+    logger.info(
+        "wrote %s in %.2f s", ", ".join(str(p) for p in paths.values()), time.perf_counter() - t2
+    )
+    rows = summary_rows(model, order, capture_s, plan, baselines, options, device_memory)
     print_table(rows + [(key, str(path)) for key, path in paths.items()])
+    print_notes(plan, "html" in paths)
     if "html" in paths:
         echo(f"open {paths['html']} in a browser to see the charts and tables")
     return EXIT_OK
@@ -164,101 +198,10 @@ def _write(
             baselines=baselines,
             title=title,
         )
+    except ForeignFilesError as exc:  # written there since the options were checked
+        raise CLIError(foreign_files_message(options.out_dir, exc.names)) from exc
     except OSError as exc:
         raise CLIError(f"--out {str(options.out_dir)!r}: cannot write the report: {exc}") from exc
-
-
-def _summary_rows(
-    model: nn.Module,
-    order: ExecutionOrder,
-    capture_s: float,
-    plan: WrapPlan,
-    baselines: dict[str, WrapPlan],
-    options: ReportOptions,
-) -> list[tuple[str, str]]:
-    """The terminal summary: what was captured and planned, and the baselines."""
-    stats = plan.stats(options.prefetch)
-    bucket = options.bucket_numel
-    bucket_text = (
-        "auto"
-        if bucket == "auto"
-        else "-"
-        if bucket is None
-        else f"{format_numel(bucket)} elements"
-    )
-    rows = [
-        ("model", f"{type(model).__name__} ({options.model_path})"),
-        ("parameters", f"{len(order.params)} ({format_numel(order.total_numel())} elements)"),
-        ("input", options.input_text or "-"),
-        ("capture", f"{order.method} ({capture_s:.2f} s)"),
-        *(
-            [("compute times", f"{order.timing_method} ({order.timing_device})")]
-            if order.has_timing
-            else []
-        ),
-        ("fallback reason", _fallback_text(order)),
-        ("policy", options.policy.text)
-        if options.plan_file is None
-        else ("plan file", str(options.plan_file)),
-        ("bucket size", bucket_text),
-        ("units", str(stats.num_units)),
-        *_collective_rows(plan, stats, options.prefetch),
-    ]
-    rows += _estimate_rows(plan)
-    for name, base in baselines.items():
-        bst = base.stats(options.prefetch)
-        rows.append(
-            (
-                f"baseline {name}",
-                f"{bst.num_units} units, {bst.all_gathers_per_step} all-gathers/step, "
-                f"peak {format_bytes(bst.peak_unsharded_bytes)}",
-            )
-        )
-    return rows
-
-
-def _fallback_text(order: ExecutionOrder) -> str:
-    """Why capture did not stay symbolic: the ladder's reason, or that a timed
-    runtime capture was asked for (``--bucket-size auto`` with an input)."""
-    if order.fallback_reason:
-        return short_reason(order.fallback_reason)
-    if order.method == "runtime" and order.has_timing:
-        return "- (not tried: the auto-planner needs compute times, recorded at run time)"
-    return "-"
-
-
-def _collective_rows(plan: WrapPlan, stats: PlanStats, prefetch: int) -> list[tuple[str, str]]:
-    """All-gathers per step and the peak of unsharded parameters: at the auto
-    plan's own prefetch depth and per-group reshard flags when it chose them,
-    else at ``--prefetch`` with reshard after forward."""
-    chosen = chosen_collectives(plan)
-    if chosen is None:
-        return [
-            ("all-gathers/step", str(stats.all_gathers_per_step)),
-            (f"peak unsharded (prefetch {prefetch})", format_bytes(stats.peak_unsharded_bytes)),
-        ]
-    return [
-        ("all-gathers/step", f"{chosen[0]} (the auto plan's choices)"),
-        (f"peak unsharded (prefetch {plan.prefetch}, as chosen)", format_bytes(chosen[1])),
-    ]
-
-
-def _estimate_rows(plan: WrapPlan) -> list[tuple[str, str]]:
-    """The auto plan's choices and predicted step, when it has them."""
-    estimate = plan.estimate
-    if estimate is None:
-        return []
-    kept = len(plan.kept_unsharded())
-    rows = [
-        ("auto plan", plan.search.best.label if plan.search is not None else "-"),
-        ("prefetch (chosen)", str(plan.prefetch)),
-        ("groups not resharded", str(kept)),
-        ("predicted step", f"{estimate.step_time_s * 1e3:.3f} ms"),
-        ("predicted peak memory", format_bytes(int(estimate.peak_memory_bytes))),
-    ]
-    if plan.search is not None and plan.search.memory_budget is not None:
-        rows.append(("memory budget", format_bytes(plan.search.memory_budget)))
-    return rows
 
 
 def _tracing_error_message(exc: Any, *, has_input: bool, device: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from execwrap.cli.errors import CLIError
 from execwrap.cli.text import shorten, terminal_safe
+from execwrap.plan.figures import plan_figures
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
@@ -73,6 +74,8 @@ def load_saved(path: Path) -> SavedReport:
         if plan_data is None:
             return SavedReport(order, None, None)
         plan = WrapPlan.from_dict(plan_data, order, source=source, prefix="plan")
+        if report is not None:
+            _check_figures(report, plan, source)
     except ValueError as exc:  # SchemaError included: names the file and the field
         raise CLIError(shorten(exc, 400)) from exc
     stats = plan_data.get("stats")  # checked by WrapPlan.from_dict: a dict or None
@@ -153,6 +156,29 @@ def _check_report(fields: dict[str, Any], order: ExecutionOrder, source: str) ->
                         source,
                         "report",
                     )
+
+
+def _check_figures(fields: dict[str, Any], plan: WrapPlan, source: str) -> None:
+    """The report's ``figures``, when saved, are what the plan gives
+    (:func:`~execwrap.plan.figures.plan_figures`: derived, not read).
+
+    Raises:
+        SchemaError: naming ``source``, the field and both values.
+    """
+    saved = fields.get("figures")
+    if saved is None:
+        return
+    want = plan_figures(plan, fields["prefetch"]).to_dict()
+    if not isinstance(saved, dict):
+        raise SchemaError("figures", f"expected an object, got {saved!r}", source, "report")
+    for key, value in want.items():
+        if key in saved and saved[key] != value:
+            raise SchemaError(
+                field_path("figures", key),
+                f"is {saved[key]!r}, but the plan gives {value!r} (derived from plan, not read)",
+                source,
+                "report",
+            )
 
 
 def call_label(fqn: str | None) -> str:

@@ -8,7 +8,7 @@ from execwrap.cli.errors import EXIT_OK
 from execwrap.cli.options import ShowOptions
 from execwrap.cli.saved import SavedReport, call_label, load_saved
 from execwrap.cli.text import echo, one_line
-from execwrap.plan.stats import chosen_collectives
+from execwrap.plan.figures import notes_by_severity, plan_figures
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.util.formatting import format_bytes
 
@@ -68,19 +68,12 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
         bucket = "-" if plan.bucket_numel is None else f"{plan.bucket_numel} elements"
     echo()
     echo(f"plan: policy {plan.policy_name or '-'}, bucket size {bucket}")
-    if plan.estimate is not None and plan.prefetch is not None:
+    fig = plan_figures(plan, stats["prefetch"] if stats is not None else 1)
+    if fig.chosen and fig.step_time_s is not None and fig.peak_memory_bytes is not None:
+        budget = "" if fig.memory_budget is None else f" (budget {format_bytes(fig.memory_budget)})"
         echo(
-            f"auto plan: prefetch {plan.prefetch}, {len(plan.kept_unsharded())} group(s) "
-            "besides the root not "
-            "resharded after forward, "
-            f"predicted step {plan.estimate.step_time_s * 1e3:.1f} ms, peak "
-            f"{format_bytes(plan.estimate.peak_memory_bytes)} per rank on "
-            f"{plan.estimate.world_size} ranks"
-            + (
-                f" (budget {format_bytes(plan.search.memory_budget)})"
-                if plan.search is not None and plan.search.memory_budget is not None
-                else ""
-            )
+            f"auto plan: {fig.settings}, predicted step {fig.step_time_s * 1e3:.3f} ms, peak "
+            f"{format_bytes(fig.peak_memory_bytes)} per rank on {fig.world_size} ranks{budget}"
         )
     for i, unit in enumerate(plan.units):
         mods = ", ".join(call_label(m) for m in unit.module_fqns)
@@ -91,19 +84,11 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
             f"  unit {i}: {mods}  ({len(unit.param_fqns)} parameters, {unit.numel} elements, "
             f"{format_bytes(unit.bytes)}, {calls})"
         )
-    chosen = chosen_collectives(plan)
-    if stats is not None and chosen is not None:
-        # as `execwrap report` prints it: at the auto plan's own prefetch and resharding
-        echo(
-            f"stats (the auto plan's choices, prefetch {plan.prefetch}): "
-            f"{stats.get('num_units')} units, {chosen[0]} all-gathers/step, "
-            f"peak unsharded {format_bytes(chosen[1])}"
-        )
-    elif stats is not None:
-        echo(
-            f"stats (prefetch {stats.get('prefetch')}, reshard after forward): "
-            f"{stats.get('num_units')} units, {stats.get('all_gathers_per_step')} "
-            f"all-gathers/step, peak unsharded {format_bytes(stats.get('peak_unsharded_bytes'))}"
-        )
-    for note in plan.notes:
-        echo(f"note: {note}")
+    # the figures `execwrap report` prints, the HTML shows and report.json holds
+    echo(
+        f"figures ({fig.settings}): {fig.groups} groups, {fig.all_gathers_per_step} "
+        f"all-gathers/step, {fig.reduce_scatters_per_step} reduce-scatters/step, peak "
+        f"unsharded {format_bytes(fig.peak_unsharded_bytes)}"
+    )
+    for severity, note in notes_by_severity(list(plan.notes)):
+        echo(f"{severity}: {note}")

@@ -33,15 +33,20 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
   ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
   size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
+* the device's memory (:func:`measure_device_memory`:
+  the CUDA device's total, or the host's memory per rank on CPU);
 * on CPU, the wait at a collective for the slowest rank after compute
   (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
   and without a collective after each), the model's ``sync_jitter``.
 
-Every median is over the runs during which the host gave none of this
-machine's CPU time to other guests (steal, :mod:`execwrap.cost.host`), when
-at least half of the runs were such; the steal share over the whole
-calibration is named in ``source`` and warned of above
-:data:`STEAL_WARN_SHARE`. On CUDA, timings synchronise the device;
+Every median is over the runs that nothing disturbed: the host gave none of
+this machine's CPU time to other guests (steal) and no process other than the
+group's ranks on this machine was seen on a CPU (:mod:`execwrap.cost.host`),
+when at least half of the runs were such (the FSDP2 stacks repeat rounds until
+enough are); the steal share and the other processes' share of the CPU time
+over the whole calibration are named in ``source`` and warned of above
+:data:`STEAL_WARN_SHARE` and :data:`LOAD_WARN_SHARE`. Each phase is logged at
+INFO with its progress (``execwrap calibrate`` shows it). On CUDA, timings synchronise the device;
 collectives run on the current device. Calibration never changes the
 process group or the default dtype, and frees what it allocated.
 """
@@ -51,6 +56,9 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import os
+import platform
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +71,7 @@ from execwrap.cost.fixed_costs import (
     fsdp_fixed_costs,
     in_step_curve,
 )
-from execwrap.cost.host import StealMeter, clean_median
+from execwrap.cost.host import StealMeter, clean_median, own_processes
 from execwrap.cost.optimizer import measure_optimizer
 from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
 from execwrap.cost.sync_wait import measure_sync_wait
@@ -72,10 +80,12 @@ from tracing.rates import ComputeRates
 
 __all__ = [
     "CPU_BANDWIDTH_RANGE",
+    "LOAD_WARN_SHARE",
     "NO_PROCESS_GROUP_HINT",
     "STEAL_WARN_SHARE",
     "calibration_fields",
     "measure_compute_rates",
+    "measure_device_memory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,23 +147,10 @@ def calibration_fields(
     dev = _device(device, backend)
     if max_bytes is None:
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
-        raise ValueError(f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}: {max_bytes!r}")
+    _check_max_bytes(max_bytes)
     sizes = sweep_sizes(max_bytes, world)
-    with StealMeter() as host:
-        ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
-        sweep_ag = CollectiveCurve.from_samples(sizes, ag)
-        sweep_rs = CollectiveCurve.from_samples(sizes, rs)
-        copy_rate = _copy_rate(dev)
-        rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
-        optimizer_curve, optimizer_param_s = measure_optimizer(group, dev, repeat=repeat)
-        overlap = _overlap(group, dev, repeat=repeat)
-        copy_curve = CollectiveCurve.from_samples(sizes, copies)
-        in_step = fsdp_fixed_costs(
-            group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
-        )
-        # only where collectives block the training thread does the simulator use it
-        jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
+    m, host = _measure(group, dev, sizes, repeat)
+    sweep_ag, sweep_rs, in_step = m["sweep_ag"], m["sweep_rs"], m["in_step"]
     _warn_of_steal(host, group)
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
     rs_curve = in_step_curve(sweep_rs, sizes, [(n, b) for n, _, b in in_step.factors])
@@ -166,16 +163,17 @@ def calibration_fields(
         "world_size": world,
         "all_gather": ag_curve,
         "reduce_scatter": rs_curve,
-        "copy_bytes_per_s": copy_rate,
-        "copy_curve": copy_curve,
+        "copy_bytes_per_s": m["copy_rate"],
+        "copy_curve": m["copy_curve"],
         "group_overhead_s": in_step.group_overhead_s,
         "param_overhead_s": in_step.param_overhead_s,
-        "overlap": overlap,
-        "compute": rates,
-        "optimizer_param_overhead_s": optimizer_param_s,
-        "optimizer_curve": optimizer_curve,
-        "sync_jitter": jitter,
-        "source": _source(world, backend, dev, host, repeat, in_step.describe(), jitter),
+        "overlap": m["overlap"],
+        "compute": m["rates"],
+        "optimizer_param_overhead_s": m["optimizer_param_s"],
+        "optimizer_curve": m["optimizer_curve"],
+        "sync_jitter": m["jitter"],
+        "device_memory_bytes": measure_device_memory(dev, world),
+        "source": _source(world, backend, dev, host, repeat, in_step.describe(), m["jitter"]),
         "torch_version": str(torch.__version__),
     }
     box: list[Any] = [fields]
@@ -185,6 +183,90 @@ def calibration_fields(
     )
     logger.info("calibrate: %s", box[0]["source"])
     return dict(box[0])
+
+
+def _measure(
+    group: dist.ProcessGroup, dev: torch.device, sizes: list[int], repeat: int
+) -> tuple[dict[str, Any], StealMeter]:
+    """Every measurement of the module docstring, each phase logged with its progress,
+    with the group's ranks on this machine as the own processes: the results by
+    name, and the steal and other processes' time over them."""
+    phases = _Phases(6 if dev.type == "cpu" else 5)
+    with own_processes(_local_pids(group)), StealMeter() as host:
+        phases.next("the sweep of collectives and copies")
+        ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
+        sweep_ag = CollectiveCurve.from_samples(sizes, ag)
+        sweep_rs = CollectiveCurve.from_samples(sizes, rs)
+        phases.next("compute rates")
+        copy_rate = _copy_rate(dev)
+        rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
+        phases.next("the optimizer step")
+        optimizer_curve, optimizer_param_s = measure_optimizer(group, dev, repeat=repeat)
+        phases.next("compute beside a collective (overlap)")
+        overlap = _overlap(group, dev, repeat=repeat)
+        copy_curve = CollectiveCurve.from_samples(sizes, copies)
+        phases.next("FSDP2 steps of synthetic stacks (fixed costs, in-step factors)")
+        in_step = fsdp_fixed_costs(
+            group, dev, sweep_ag, sweep_rs, copy_curve, max_bytes=sizes[-1], repeat=repeat
+        )
+        # only where collectives block the training thread does the simulator use it
+        if dev.type == "cpu":
+            phases.next("the wait for the slowest rank")
+        jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
+    phases.done()
+    return {
+        "sweep_ag": sweep_ag,
+        "sweep_rs": sweep_rs,
+        "copy_rate": copy_rate,
+        "rates": rates,
+        "optimizer_curve": optimizer_curve,
+        "optimizer_param_s": optimizer_param_s,
+        "overlap": overlap,
+        "copy_curve": copy_curve,
+        "in_step": in_step,
+        "jitter": jitter,
+    }, host
+
+
+class _Phases:
+    """Logs each phase of the calibration at INFO, with ``extra={"progress": (done,
+    total, name)}`` for a progress display (``execwrap calibrate``'s), and the end."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done_count = 0
+        self.started = time.perf_counter()
+
+    def next(self, name: str) -> None:
+        self.done_count += 1
+        logger.info(
+            "calibrate: %d/%d %s (%.0f s)",
+            self.done_count,
+            self.total,
+            name,
+            time.perf_counter() - self.started,
+            extra={"progress": (self.done_count - 1, self.total, name)},
+        )
+
+    def done(self) -> None:
+        logger.info(
+            "calibrate: measured in %.0f s",
+            time.perf_counter() - self.started,
+            extra={"progress": (self.total, self.total, "done")},
+        )
+
+
+def _local_pids(group: dist.ProcessGroup) -> list[int]:
+    """Process ids of the group's ranks on this machine (one ``all_gather_object``)."""
+    me = (platform.node(), os.getpid())
+    ranks: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ranks, me, group=group)
+    return [pid for host, pid in ranks if host == me[0]]
+
+
+def _check_max_bytes(max_bytes: Any) -> None:
+    if not (is_int(max_bytes) and max_bytes >= SMALLEST_BYTES):
+        raise ValueError(f"calibrate: max_bytes must be an int >= {SMALLEST_BYTES}: {max_bytes!r}")
 
 
 def _source(
@@ -201,7 +283,8 @@ def _source(
     return (
         f"calibrated on {world} {backend} ranks ({dev.type}, {_machine()}) on "
         f"{datetime.date.today().isoformat()} in {host.wall_s:.1f} s"
-        f"{f' (repeat {repeat})' if repeat > 1 else ''}, host steal {host.share():.1%}; "
+        f"{f' (repeat {repeat})' if repeat > 1 else ''}, host steal {host.share():.1%}, "
+        f"other processes {host.others_share():.1%} of the CPU time; "
         f"in-step factors: {factors}; a collective waits "
         f"{jitter * math.sqrt(1e-3) * 1e3:.2f} ms for the slowest rank after 1 ms of compute"
     )
@@ -212,9 +295,25 @@ def _source(
 STEAL_WARN_SHARE = 0.02
 
 
+#: Share of the machine's CPU time that other processes may take during calibration
+#: before calibration warns (their ticks disturbed the samples they landed in).
+LOAD_WARN_SHARE = 0.05
+
+
 def _warn_of_steal(host: StealMeter, group: dist.ProcessGroup) -> None:
     """A WARNING (from the group's rank 0) when the host took more than
-    :data:`STEAL_WARN_SHARE` of the CPU time during calibration."""
+    :data:`STEAL_WARN_SHARE` of the CPU time during calibration, and one when other
+    processes on this machine took more than :data:`LOAD_WARN_SHARE`."""
+    others = host.others_share()
+    if others > LOAD_WARN_SHARE and dist.get_rank(group) == 0:
+        logger.warning(
+            "calibrate: other processes used %.1f%% of this machine's CPU time during the "
+            "%.0f s of calibration; runs they disturbed were left out or repeated where "
+            "enough others were not, but the figures may still be slow: calibrate again "
+            "when the machine is idle",
+            100 * others,
+            host.wall_s,
+        )
     share = host.share()
     if share > STEAL_WARN_SHARE and dist.get_rank(group) == 0:
         logger.warning(
@@ -247,6 +346,19 @@ def measure_compute_rates(
     dev = torch.device(device)
     copy_rate = _copy_rate(dev) if copy_bytes_per_s is None else copy_bytes_per_s
     return ComputeRates(dev.type, _matmul_rate(dev), 2 * copy_rate, _op_overhead(dev))
+
+
+def measure_device_memory(device: torch.device, world_size: int) -> int:
+    """The memory of one rank's device, bytes: on CUDA the device's total
+    (``torch.cuda.mem_get_info``); on CPU the host's memory divided among its ranks
+    (``LOCAL_WORLD_SIZE``, which torchrun sets; without it every one of the
+    ``world_size`` ranks is taken to run on this host)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    import psutil
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world_size
+    return int(psutil.virtual_memory().total) // max(1, local)
 
 
 # ------------------------------------------------------------------ measurements

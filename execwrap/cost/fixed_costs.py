@@ -61,7 +61,7 @@ import torch.nn as nn
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.fit import nonnegative_least_squares
-from execwrap.cost.host import CLEAN_SHARE_MIN, clean_median, steal_seconds
+from execwrap.cost.host import CLEAN_SHARE_MIN, clean_median, disturbance, disturbance_reading
 
 logger = logging.getLogger(__name__)
 
@@ -405,10 +405,12 @@ def interleaved_medians(
     round, in the same order on every rank: they may issue collectives), a barrier
     before each run.
 
-    A run is *clean* when no rank's host took CPU time during it (steal, the most
-    over ranks: one all-reduce per round, so that every rank sees the same readings
+    A run is *clean* when no rank's host took CPU time during it and no other process
+    of its machine took more than a quarter of it (:func:`~execwrap.cost.host.disturbance`, the
+    most over ranks: one all-reduce per round, so that every rank sees the same readings
     and runs the same rounds). Rounds are added, up to ``2 * rounds`` in all, until
-    every function has ``rounds`` clean runs, and each median is over the function's
+    every function has ``rounds`` clean runs, while at least half of the runs so far
+    were clean (on a machine that stays busy more rounds would not be), and each median is over the function's
     clean runs when it has at least half of ``rounds`` of them, else over all its
     runs (:func:`~execwrap.cost.host.clean_median`). Steal matters most here: with a
     collective every millisecond, a stalled vCPU stalls both ranks (2 gloo ranks,
@@ -419,14 +421,14 @@ def interleaved_medians(
     times: dict[str, list[tuple[float, ...]]] = {k: [] for k in names}
     steals: dict[str, list[float]] = {k: [] for k in names}
     done = 0
-    while done < rounds or (done < 2 * rounds and _fewest_clean(steals) < rounds):
+    while done < rounds or _more_rounds(done, rounds, _fewest_clean(steals)):
         stolen = []
         for k in names:
             dist.barrier(group=group)
             sync_device(dev)
-            steal0 = steal_seconds()
+            before, t0 = disturbance_reading(), time.perf_counter()
             times[k].append(fns[k]())
-            stolen.append(steal_seconds() - steal0)
+            stolen.append(disturbance(before, disturbance_reading(), time.perf_counter() - t0))
         most = torch.tensor(stolen, dtype=torch.float64, device=dev)
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
         for k, s in zip(names, most.tolist(), strict=True):
@@ -442,6 +444,16 @@ def interleaved_medians(
         k: tuple(clean_median(phase, steals[k], minimum=enough) for phase in zip(*v, strict=True))
         for k, v in times.items()
     }
+
+
+def _more_rounds(done: int, rounds: int, clean: int) -> bool:
+    """Whether another round may bring every function to ``rounds`` clean runs:
+    fewer than ``2 * rounds`` done, fewer clean than ``rounds``, at least half clean.
+
+    >>> _more_rounds(10, 10, 8), _more_rounds(10, 10, 4), _more_rounds(20, 10, 9)
+    (True, False, False)
+    """
+    return done < 2 * rounds and clean < rounds and 2 * clean >= done
 
 
 def _fewest_clean(steals: dict[str, list[float]]) -> int:

@@ -6,11 +6,8 @@ size for one world size), the copy bandwidth of FSDP2's copy-in / copy-out, a
 fixed cost per group per collective call, the overlap factor (how much of a
 collective's time compute running beside it hides), and the device's compute
 rates (:class:`tracing.rates.ComputeRates`, for estimated compute times and the
-optimizer step). It comes from a measurement on the live process group
-(:meth:`CostModel.calibrate`, :mod:`execwrap.cost.calibrate`), from a preset
-with cited constants (:meth:`CostModel.preset`, :mod:`execwrap.cost.presets`)
-or from a saved file (:meth:`CostModel.load`). Importing this module loads no
-torch.
+optimizer step). It is measured (:meth:`CostModel.calibrate`), a preset with cited
+constants (:meth:`CostModel.preset`) or loaded (:meth:`CostModel.load`). No torch import.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.host_link import HostLink
-from execwrap.cost.model_fields import COST_MODEL_FIELDS
+from execwrap.cost.model_fields import COST_MODEL_FIELDS, checked_device_memory
 from execwrap.util.text import plural
 from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.checks import check_integral
@@ -91,6 +88,8 @@ class CostModel:
             where collectives block the training thread
             (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
             ``0`` (presets, models saved before it): no wait.
+        device_memory_bytes: memory of one rank's device, bytes (a preset's GPU, or
+            measured: :mod:`execwrap.cost.device_memory`); ``None``: unknown.
         host: the GPU's link to its host and the CPU optimizer's rate, for CPU
             offload (:class:`~execwrap.cost.host_link.HostLink`; ``None``: unknown).
         source: how the model was obtained (calibration machine, or preset).
@@ -119,6 +118,7 @@ class CostModel:
     copy_curve: CollectiveCurve | None = None
     optimizer_curve: CollectiveCurve | None = None
     sync_jitter: float = 0.0
+    device_memory_bytes: int | None = None
     host: HostLink | None = None
     source: str = ""
     created: str = field(
@@ -151,6 +151,8 @@ class CostModel:
                     f"CostModel.{name} must be a finite number >= 0 (seconds"
                     f"{' per square-root second' if name == 'sync_jitter' else ''}), got {value!r}"
                 )
+        memory = checked_device_memory(self.device_memory_bytes, "CostModel.device_memory_bytes")
+        object.__setattr__(self, "device_memory_bytes", memory)
         if self.compute.device_type != self.device_type:
             raise ValueError(
                 f"CostModel: compute rates are for {self.compute.device_type!r} but the model is for "
@@ -343,13 +345,10 @@ class CostModel:
                 CPU, 1 GiB on CUDA); larger sizes extrapolate the last segment.
             repeat: how many times as many runs the sweep, the optimizer loop,
                 the overlap measurement and the FSDP2 stacks take (default 1);
-                the time grows about in proportion. On 2 gloo ranks of a 2-core
-                CPU (single collectives spread 20-30% there), five default
-                calibrations priced a 25 MiB all-gather inside a step at
-                14.3-26.3 ms, three ``repeat=4`` ones (about 95 s each) at
-                15.1-19.6 ms. It narrows the noise of the samples, not that of a
-                machine whose speed drifts while it is measured (README,
-                *Auto-planning: predicted vs measured*).
+                the time grows about in proportion. It narrows the noise of the
+                samples (a 25 MiB all-gather in a step: 14.3-26.3 ms over five
+                default calibrations on 2 gloo ranks, 15.1-19.6 ms over three
+                ``repeat=4`` ones), not the drift of a machine's speed.
 
         Returns:
             The measured :class:`CostModel`.
@@ -409,6 +408,7 @@ class CostModel:
             if self.optimizer_curve is None
             else self.optimizer_curve.to_dict(),
             "sync_jitter": self.sync_jitter,
+            "device_memory_bytes": self.device_memory_bytes,
             **({} if self.host is None else {"host": self.host.to_dict()}),
             "source": self.source,
             "created": self.created,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from execwrap.cost.curve import CollectiveCurve, CurveSegment
+from tracing.checks import check_integral
 from tracing.schema import (
     Check,
     Field,
@@ -36,7 +37,7 @@ from tracing.schema import (
     type_and_value,
 )
 
-__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES"]
+__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES", "checked_device_memory"]
 
 #: Devices a cost model can describe: the ones calibration times on and presets describe.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -157,9 +158,21 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
         "host": Field(optional(_HOST), required=False),
         "source": Field(string(), required=False, default=""),
         "created": Field(string(), required=False, default=""),
         "torch_version": Field(string(), required=False, default=""),
     }
 )
+
+
+def checked_device_memory(value: Any, name: str) -> int | None:
+    """``value`` (bytes, or ``None``: unknown) as an ``int >= 1`` (a NumPy integer too).
+
+    Raises:
+        TypeError, ValueError: not a whole number of bytes >= 1 (naming ``name``).
+    """
+    if value is None:
+        return None
+    return check_integral(value, name, minimum=1, unit="bytes")

@@ -163,6 +163,7 @@ def preset_fields(
         "compute": gpu_compute_rates(device),
         "optimizer_param_overhead_s": 0.0,
         "host": _host_link(device),
+        "device_memory_bytes": GPUS[device].memory_bytes,
         "source": f"preset {name}: {p.description}"
         + ("" if device == p.device else f", GPU {device}")
         + " (NCCL tuning tables via torch/_inductor/comm_analysis.py; NVIDIA datasheets)",

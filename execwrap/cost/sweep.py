@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from execwrap.cost.fixed_costs import sync_device
-from execwrap.cost.host import clean_median, steal_seconds
+from execwrap.cost.host import clean_median, disturbance, disturbance_reading
 
 __all__ = [
     "cache_evictor",
@@ -123,8 +123,9 @@ def timed_runs(
     before: Callable[[], object] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Seconds of each of ``runs`` runs of ``fn()`` (the device synchronised before
-    and after each), and the host's steal during each (CPU seconds over all CPUs,
-    :func:`~execwrap.cost.host.steal_seconds`): the arguments of
+    and after each), and what disturbed each (CPU seconds over all CPUs of the host's
+    steal and, during calibration, of other processes:
+    :func:`~execwrap.cost.host.disturbance`): the arguments of
     :func:`~execwrap.cost.host.clean_median`. ``before()`` runs untimed before each
     run (a cache flush, a barrier).
     """
@@ -133,12 +134,12 @@ def timed_runs(
         if before is not None:
             before()
         sync_device(dev)
-        steal0 = steal_seconds()
+        reading = disturbance_reading()
         t0 = time.perf_counter()
         fn()
         sync_device(dev)
         times.append(time.perf_counter() - t0)
-        steals.append(steal_seconds() - steal0)
+        steals.append(disturbance(reading, disturbance_reading(), times[-1]))
     return times, steals
 
 

@@ -28,6 +28,7 @@ Three ways to an order, tried in this sequence:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
 
+from execwrap.distributed.status import fail_together, is_distributed
 from execwrap.fsdp.checkpointing import (
     Checkpointing,
     check_checkpointing,
@@ -46,18 +48,21 @@ from execwrap.fsdp.checkpointing import (
     checkpoint_targets,
 )
 from execwrap.fsdp.first_step import is_recording, record_first_step
+from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
+from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_order_across_ranks
 from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
+from execwrap.plan.pinned import check_pinned_options, check_plan_fits
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import check_auto_options
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
-from execwrap.watch.registry import mark_applied, watch
+from execwrap.watch.registry import mark_applied, unwatched_if_refused, watch
 from tracing import TracingConfig, capture_execution_order
 from tracing.checks import check_size
-from tracing.order import ExecutionOrder, param_infos, shared_param_map
+from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -65,6 +70,8 @@ if TYPE_CHECKING:
 __all__ = ["ParamExecOrderWrapPolicy"]
 
 logger = logging.getLogger(__name__)
+
+_NO_OP = contextlib.nullcontext()
 
 #: An FSDP1-style policy: a callable ``(module, recurse, nonwrapped_numel) -> bool``
 #: or a torch ``_Policy`` instance (``ModuleWrapPolicy``, ``CustomPolicy``).
@@ -92,14 +99,15 @@ class ParamExecOrderWrapPolicy(_Policy):
             capture with ``example_inputs``; without them the
             :class:`tracing.TracingError` is raised.
         bucket_numel: merge consecutive units (in execution order) into groups
-            of at most this many parameter elements (FSDP2 groups; FSDP1
-            realises a group only when it is exactly a parent's units, see
-            ``plan.notes``). ``None`` merges nothing. ``"auto"``: the
+            of at most this many parameter elements (FSDP2 groups). FSDP1
+            wraps one module per unit: it builds a group only when one module
+            holds exactly its units, and a plan with any other group is refused
+            under FSDP1. ``None`` merges nothing. ``"auto"``: the
             auto-planner chooses the groups, the prefetch depth and
             ``reshard_after_forward`` per group from ``cost_model``
             (see :func:`execwrap.plan_wrap`; its choices are FSDP2's: use
             the policy with :func:`execwrap.apply_fully_shard` and
-            ``prefetch="auto"``; under FSDP1 only the groups apply). Needs an
+            ``prefetch="auto"``; FSDP1 refuses it). Needs an
             order before wrapping (``order``, ``tracing_config`` or
             ``example_inputs``).
         cost_model: an :class:`execwrap.cost.CostModel` (calibrated or a
@@ -107,7 +115,8 @@ class ParamExecOrderWrapPolicy(_Policy):
         world_size: ranks to plan for, an int or a NumPy integer, kept as an int
             (default: the cost model's).
         memory_budget: peak memory per rank the auto plan must stay within,
-            bytes, a whole number (``40e9`` is accepted; ``None``: no limit).
+            bytes, a whole number (``40e9`` is accepted; ``None``: the device's
+            memory minus a reserve, :mod:`execwrap.cost.device_memory`).
         optimizer: the optimizer the auto plan is priced with (its state in
             memory, its step in time; :data:`execwrap.simulate.OPTIMIZERS`;
             ``None``: ``"adamw"``).
@@ -131,6 +140,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
+        pinned_plan: a plan to apply as it is, with its order (a restart:
+            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no
+            planning; checked against the model when wrapping (the first
+            module or parameter that differs is named). Not combined with
+            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
+            ``groups`` or the auto-planner's options.
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -163,10 +178,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``memory_budget`` or ``world_size`` that is not positive;
             ``groups`` with ``"auto"``; an unknown ``checkpointing`` mode (naming
             the module FQN) or ``checkpoint_every`` < 1. From FSDP1
-            (``_run_policy``), before anything is checkpointed or wrapped: units
-            mix frozen and trainable parameters and ``use_orig_params`` is
-            ``False``; a ``mixed_precision`` FSDP would refuse; CPU offload on a
-            CPU device; a ``checkpointing`` FQN the model lacks.
+            (``_run_policy``), before anything is checkpointed or wrapped:
+            ``bucket_numel="auto"``, or bucketed groups no single module holds (the
+            message names them and what to use instead); units mix frozen and
+            trainable parameters and ``use_orig_params`` is ``False``; a
+            ``mixed_precision`` FSDP would refuse; CPU offload on a CPU device; a
+            ``checkpointing`` FQN the model lacks.
 
     Example:
         >>> from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -192,6 +209,7 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
+    pinned_plan: WrapPlan | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -239,6 +257,15 @@ class ParamExecOrderWrapPolicy(_Policy):
         check_checkpointing(
             self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
         )
+        check_pinned_options(
+            self.pinned_plan,
+            order=self.order,
+            tracing_config=self.tracing_config,
+            example_inputs=self.example_inputs,
+            bucket_numel=self.bucket_numel,
+            groups=self.groups,
+            cost_model=self.cost_model,
+        )
         if isinstance(self.example_inputs, torch.Tensor):
             self.example_inputs = (self.example_inputs,)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
@@ -260,6 +287,18 @@ class ParamExecOrderWrapPolicy(_Policy):
             if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
                 parts.append(f"{f.name}={_short_repr(value)}")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _use_pinned(self, model: nn.Module, group: dist.ProcessGroup | None) -> WrapPlan:
+        """:meth:`build_plan` for a pinned plan: checked against ``model`` (and the
+        order and parameters across ranks), then used as it is."""
+        plan = self.pinned_plan
+        assert plan is not None
+        with fail_together("reading the pinned plan", group=group) if self.check_ranks else _NO_OP:
+            check_plan_fits(plan, model, source="ParamExecOrderWrapPolicy.pinned_plan")
+        if self.check_ranks and dist.is_available() and dist.is_initialized():
+            check_order_across_ranks(plan.order, group=group, model=model)
+        self.order, self.plan = plan.order, plan
+        return plan
 
     # ---------------------------------------------------------------- planning
     @property
@@ -301,8 +340,19 @@ class ParamExecOrderWrapPolicy(_Policy):
                 parameters of another shape, dtype or ``requires_grad``
                 (checked before wrapping, also when the order is recorded
                 during the first step).
+            execwrap.RankFailure: another rank failed to capture or to plan
+                (named, with its exception; :mod:`execwrap.rank_status`).
         """
-        order = self.order if self.order is not None else self._capture(model)
+        if self.pinned_plan is not None:
+            return self._use_pinned(model, group)
+        ranks = self.check_ranks and is_distributed(group)
+        if self.order is not None:
+            order: ExecutionOrder | None = self.order
+        elif ranks:  # a rank that fails to capture is named on the others
+            with fail_together("capture (ParamExecOrderWrapPolicy)", group=group):
+                order = self._capture(model)
+        else:
+            order = self._capture(model)
         if order is None and self.bucket_numel == "auto":
             raise ValueError(
                 'ParamExecOrderWrapPolicy(bucket_numel="auto") plans from the execution order '
@@ -314,7 +364,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy: no order, tracing_config or example inputs; "
                 "units from init_policy alone, order recorded during the first step"
             )
-        planned = order if order is not None else _empty_order(model)
+        planned = order if order is not None else empty_order(model)
         if self.check_ranks and dist.is_available() and dist.is_initialized():
             # the order, and this rank's parameters (shapes, dtypes, requires_grad); an
             # order recorded during the first step is checked after that step
@@ -332,6 +382,8 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            group=group,
+            across_ranks=ranks,
         )
         return self.plan
 
@@ -354,6 +406,7 @@ class ParamExecOrderWrapPolicy(_Policy):
             )
         return order
 
+    @unwatched_if_refused("self")
     def _run_policy(
         self,
         root_module: nn.Module,
@@ -381,28 +434,29 @@ class ParamExecOrderWrapPolicy(_Policy):
         wraps them.
         """
         group = root_kwargs.get("process_group")
+        pg = group if isinstance(group, dist.ProcessGroup) else None
         plan = self.build_plan(
-            root_module,
-            ignored_modules=ignored_modules,
-            group=group if isinstance(group, dist.ProcessGroup) else None,
-            target="fsdp1",
+            root_module, ignored_modules=ignored_modules, group=pg, target="fsdp1"
         )
-        if not root_kwargs.get("use_orig_params", False):
-            check_uniform_requires_grad(root_module, plan)
-        ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set of them
-        check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
-        _check_step_kwargs(root_kwargs)
-        targets = checkpoint_targets(
-            root_module,
-            plan.groups,
-            self.checkpointing,
-            every=self.checkpoint_every,
-            where="ParamExecOrderWrapPolicy",
-        )
+        # a rank whose local checks fail is named on the others, before FSDP1 wraps
+        with fail_together("FSDP1's checks of the plan", group=pg) if self.check_ranks else _NO_OP:
+            check_fsdp1_builds(self.bucket_numel, plan)
+            if not root_kwargs.get("use_orig_params", False):
+                check_uniform_requires_grad(root_module, plan)
+            ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
+            check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
+            _check_step_kwargs(root_kwargs)
+            targets = checkpoint_targets(
+                root_module,
+                plan.groups,
+                self.checkpointing,
+                every=self.checkpoint_every,
+                where="ParamExecOrderWrapPolicy",
+            )
         checkpoint_modules(root_module, targets)
         mark_applied(self)
         result: dict[nn.Module, dict[str, Any]] = {}
-        for module in _resolve_modules(root_module, _fsdp1_targets(plan)):
+        for module in resolve_modules(root_module, fsdp1_targets(plan)):
             if module in ignored_modules:
                 continue
             kwargs = dict(root_kwargs)
@@ -410,12 +464,7 @@ class ParamExecOrderWrapPolicy(_Policy):
                 kwargs["forward_prefetch"] = self.forward_prefetch
             result[module] = kwargs
         if self.order is None:
-            record_first_step(
-                self,
-                root_module,
-                start_now=False,
-                group=group if isinstance(group, dist.ProcessGroup) else None,
-            )
+            record_first_step(self, root_module, start_now=False, group=pg)
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
 
@@ -427,42 +476,6 @@ def _check_step_kwargs(root_kwargs: dict[str, Any]) -> None:
     check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
     device_id = root_kwargs.get("device_id")
     check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)
-
-
-def _empty_order(model: nn.Module) -> ExecutionOrder:
-    """An order with the model's parameters and modules but no calls."""
-    _, shared = shared_param_map(model)
-    return ExecutionOrder(
-        method="runtime",
-        params=param_infos(model),
-        shared_params=shared,
-        module_classes={fqn: type(m).__name__ for fqn, m in model.named_modules()},
-    )
-
-
-def _fsdp1_targets(plan: WrapPlan) -> list[str | nn.Module]:
-    fsdp1_modules = getattr(plan, "fsdp1_modules", None)
-    if callable(fsdp1_modules):
-        return list(fsdp1_modules())
-    # Plans without the FSDP1 view: every module of every unit.
-    return [fqn for unit in plan.units for fqn in unit.module_fqns]
-
-
-def _resolve_modules(root: nn.Module, targets: Iterable[str | nn.Module]) -> list[nn.Module]:
-    modules: list[nn.Module] = []
-    for target in targets:
-        if isinstance(target, nn.Module):
-            modules.append(target)
-            continue
-        try:
-            modules.append(root.get_submodule(target))
-        except AttributeError as e:
-            raise ValueError(
-                f"The wrap plan names module {target!r}, which the model "
-                f"({type(root).__name__}) does not have; was the plan or order made for "
-                "another model? Capture the order again for this model."
-            ) from e
-    return modules
 
 
 def _short_repr(value: Any) -> str:

@@ -32,18 +32,17 @@ The model of the algorithm:
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import networkx as nx
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule
 
+from execwrap.distributed.status import fail_together
 from execwrap.fsdp.checkpointing import (
     Checkpointing,
     check_checkpointing,
@@ -52,16 +51,16 @@ from execwrap.fsdp.checkpointing import (
 )
 from execwrap.fsdp.first_step import record_first_step
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
+from execwrap.fsdp.groups import kwargs_by_group, plan_groups, shard_groups
 from execwrap.fsdp.offload import check_offload
 from execwrap.fsdp.precision import check_mixed_precision
-from execwrap.fsdp.ranks import check_plan_before_sharding
-from execwrap.fsdp.shardable import check_shardable, check_uniform_dtype
+from execwrap.fsdp.ranks import check_group, check_plan_before_sharding
+from execwrap.fsdp.shardable import check_shardable
 from execwrap.plan.consistency import first_overlap, overlap_error
 from execwrap.plan.prefetch import prefetch_schedule
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.watch.registry import mark_applied, warn_if_other_model
+from execwrap.watch.registry import check_same_model, mark_applied, unwatched_if_refused
 from tracing.checks import check_int
-from tracing.fqn import ancestors, join_fqn
 from tracing.order import ExecutionOrder
 
 __all__ = ["apply_fully_shard"]
@@ -69,6 +68,7 @@ __all__ = ["apply_fully_shard"]
 logger = logging.getLogger(__name__)
 
 
+@unwatched_if_refused("policy_or_plan")
 def apply_fully_shard(
     model: nn.Module,
     policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
@@ -89,15 +89,13 @@ def apply_fully_shard(
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
         mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
             group), whose group the cross-rank checks use.
-        prefetch: groups to prefetch ahead in each direction; ``0`` keeps
-            FSDP2's implicit prefetching; ``"auto"``: the depth the
-            auto-planner chose (``plan.prefetch``).
+        prefetch: groups prefetched ahead each way; ``0`` keeps FSDP2's implicit
+            prefetching; ``"auto"``: the auto-planner's depth (``plan.prefetch``).
         group_kwargs: per-group overrides: called with each group's module
             FQNs (``[""]`` for the root), it returns kwargs merged over
             ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
-        checkpointing: activation checkpointing applied before sharding: a mode
-            for every unit or ``{module FQN: mode}`` (default: a policy's own;
-            :func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
+        checkpointing: activation checkpointing applied before sharding, a mode for
+            every unit or ``{module FQN: mode}`` (default: a policy's own).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
@@ -107,17 +105,18 @@ def apply_fully_shard(
     Returns:
         The plan applied (a policy recording during the first step replaces
         ``policy.plan`` by the re-ordered plan after it). A plan made for another
-        model or world size is applied with one WARNING saying what differs.
+        world size is applied with one WARNING saying what differs.
 
     Raises:
         ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
             did not choose one; the model already has ``fully_shard``
-            applied; the plan names a module the model lacks, or puts the root
-            in a group with others. Before anything is checkpointed or wrapped:
+            applied; a plan made for another model (named), or naming a module the
+            model lacks, or putting the root in a group. Before anything is wrapped:
             a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
             not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
             refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
             (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
+        RankFailure: another rank failed (named; :mod:`execwrap.distributed.status`).
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
         TypeError: a wrong type for ``prefetch``, ``policy_or_plan``,
@@ -136,19 +135,36 @@ def apply_fully_shard(
     checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
     _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
-    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
-    prefetch = _resolve_prefetch(prefetch, plan)
-    groups = _plan_groups(model, plan)
-    reshard = _group_reshard(plan, fully_shard_kwargs)
-    check_plan_before_sharding(plan, prefetch, reshard, mesh, fully_shard_kwargs)
-    sharding = _group_kwargs(model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, plan)
-    checkpoint_modules(model, checkpoint_targets(model, plan.groups, checkpointing, every=every))
-    _shard_groups(model, sharding, mesh)
-    mark_applied(policy_or_plan)
-    if prefetch > 0:
-        policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
-        _schedule_prefetch(model, groups, plan, policy, prefetch, mesh)
+    with _together("apply_fully_shard: the checks before sharding", mesh):
+        depth, groups, reshard = _prepare(model, policy_or_plan, plan, prefetch, fully_shard_kwargs)
+        sharding = kwargs_by_group(
+            model, groups, mesh, fully_shard_kwargs, reshard, group_kwargs, plan
+        )
+        targets = checkpoint_targets(model, plan.groups, checkpointing, every=every)
+    check_plan_before_sharding(plan, depth, reshard, mesh, fully_shard_kwargs)
+    with _together("apply_fully_shard: sharding", mesh):
+        checkpoint_modules(model, targets)
+        shard_groups(model, sharding, mesh)
+        mark_applied(policy_or_plan)
+        if depth > 0:
+            _schedule_prefetch(model, groups, plan, policy_or_plan, depth, mesh)
     return plan
+
+
+def _prepare(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    plan: WrapPlan,
+    prefetch: int | str,
+    fully_shard_kwargs: dict[str, Any],
+) -> tuple[int, list[list[str]], dict[tuple[str, ...], bool]]:
+    """The checks before sharding (a ready plan's own too): the prefetch depth,
+    the non-root groups and each group's ``reshard_after_forward``."""
+    if plan is policy_or_plan:
+        _check_ready_plan(plan, model)
+    check_shardable(model, ignored_params=fully_shard_kwargs.get("ignored_params") or ())
+    depth = _resolve_prefetch(prefetch, plan)
+    return depth, plan_groups(model, plan), _group_reshard(plan, fully_shard_kwargs)
 
 
 # ------------------------------------------------------------------ apply_fully_shard helpers
@@ -182,15 +198,28 @@ def _build_plan(
             target="fsdp2",
         )
     if isinstance(policy_or_plan, WrapPlan):
-        overlap = first_overlap(policy_or_plan.units)
-        if overlap is not None:
-            raise overlap_error(overlap, policy_or_plan.units, "apply_fully_shard")
-        warn_if_other_model(policy_or_plan, model, "apply_fully_shard")
-        return policy_or_plan
+        return policy_or_plan  # checked by _check_ready_plan, on every rank together
     raise TypeError(
         "apply_fully_shard: policy_or_plan must be a ParamExecOrderWrapPolicy or a "
         f"WrapPlan; got {type(policy_or_plan).__name__}"
     )
+
+
+def _check_ready_plan(plan: WrapPlan, model: nn.Module) -> None:
+    """A ready plan: no module or parameter in two units, and planned for this model
+    (:func:`~execwrap.watch.registry.check_same_model`: refused, naming what differs)."""
+    overlap = first_overlap(plan.units)
+    if overlap is not None:
+        raise overlap_error(overlap, plan.units, "apply_fully_shard")
+    check_same_model(plan, model, "apply_fully_shard")
+
+
+def _together(phase: str, mesh: DeviceMesh | None) -> contextlib.AbstractContextManager[None]:
+    """:func:`~execwrap.rank_status.fail_together` over the ranks that apply the plan
+    together (:func:`~execwrap.ranks.check_group`); nothing for an n-D mesh over part
+    of the world."""
+    compared, group = check_group(mesh)
+    return fail_together(phase, group=group) if compared else contextlib.nullcontext()
 
 
 _AUTO_HINT = '; or pass "auto" for the depth the auto-planner chose'
@@ -280,71 +309,16 @@ def _check_step_kwargs(
     check_offload(kwargs.get("offload_policy"), mesh=mesh)
 
 
-def _group_kwargs(
-    model: nn.Module,
-    groups: list[list[str]],
-    mesh: DeviceMesh | None,
-    fully_shard_kwargs: dict[str, Any],
-    reshard: dict[tuple[str, ...], bool],
-    group_kwargs: Callable[[list[str]], Mapping[str, Any]] | None,
-    plan: WrapPlan,
-) -> list[tuple[list[str], dict[str, Any]]]:
-    """Each group, in post-order then the root, with its ``fully_shard`` kwargs:
-    ``fully_shard_kwargs``, then the plan's ``reshard_after_forward`` for that group
-    (``reshard``; the root's entry taken literally, as the simulator does), then
-    ``group_kwargs(fqns)`` over both. All checked before anything is wrapped: a group
-    whose trainable parameters (the plan's unit's) mix dtypes without
-    an ``mp_policy`` that casts them, and a group's own ``mp_policy`` /
-    ``offload_policy`` FSDP2 would refuse."""
-
-    def kwargs_for(fqns: list[str]) -> dict[str, Any]:
-        kwargs = dict(fully_shard_kwargs)
-        if tuple(fqns) in reshard:
-            kwargs["reshard_after_forward"] = reshard[tuple(fqns)]
-        if group_kwargs is not None:
-            kwargs.update(group_kwargs(list(fqns)))
-        return kwargs
-
-    params = {tuple(u.module_fqns): u.param_fqns for u in plan.units}
-    ordered = [*_post_order(model, groups), [""]]
-    result = [(fqns, kwargs_for(fqns)) for fqns in ordered]
-    for fqns, kwargs in result:
-        check_uniform_dtype(model, fqns, params.get(tuple(fqns), ()), kwargs)
-        _check_step_kwargs(kwargs, mesh)
-    return result
-
-
-def _shard_groups(
-    model: nn.Module,
-    sharding: list[tuple[list[str], dict[str, Any]]],
-    mesh: DeviceMesh | None,
-) -> None:
-    """``fully_shard`` each group with its kwargs (:func:`_group_kwargs`), the root last."""
-    for fqns, kwargs in sharding[:-1]:
-        modules = [model.get_submodule(f) for f in fqns]
-        target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
-        logger.debug(
-            "fully_shard(%s, reshard_after_forward=%s)", fqns, kwargs.get("reshard_after_forward")
-        )
-        try:
-            fully_shard(target, mesh=mesh, **kwargs)
-        except Exception as e:
-            if sys.version_info >= (3, 11):
-                e.add_note(f"While applying fully_shard to plan group {fqns}")
-            logger.debug("fully_shard(%s) failed", fqns)
-            raise
-    fully_shard(model, mesh=mesh, **sharding[-1][1])
-
-
 def _schedule_prefetch(
     model: nn.Module,
     groups: list[list[str]],
     plan: WrapPlan,
-    policy: ParamExecOrderWrapPolicy | None,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
     prefetch: int,
     mesh: DeviceMesh | None,
 ) -> None:
     """Set prefetching now from the plan's order, or after a first-step recording."""
+    policy = policy_or_plan if isinstance(policy_or_plan, ParamExecOrderWrapPolicy) else None
     if plan.order.module_forward_order:
         _set_prefetch(model, groups, plan, plan.order, prefetch)
     elif policy is not None:
@@ -392,77 +366,6 @@ def _set_prefetch(
 def _group_params(plan: WrapPlan, groups: list[list[str]]) -> list[list[str]]:
     by_modules = {tuple(u.module_fqns): list(u.param_fqns) for u in plan.units}
     return [by_modules.get(tuple(g), []) for g in groups]
-
-
-def _plan_groups(model: nn.Module, plan: WrapPlan) -> list[list[str]]:
-    """The plan's non-root groups, with every FQN checked against ``model``."""
-    names = dict(model.named_modules())
-    groups: list[list[str]] = []
-    for unit in plan.units:
-        fqns = list(unit.module_fqns)
-        for fqn in fqns:
-            if fqn not in names:
-                raise ValueError(
-                    f"apply_fully_shard: the plan names module {fqn!r}, which "
-                    f"{type(model).__name__} does not have; was the plan made for another "
-                    "model? Plan this model again."
-                )
-        if "" in fqns:
-            if len(fqns) > 1:
-                raise ValueError(
-                    f"apply_fully_shard: the plan groups the root module with {fqns[1:]}; "
-                    "the root must be a group of its own"
-                )
-            continue
-        groups.append(fqns)
-    return groups
-
-
-def _post_order(model: nn.Module, groups: list[list[str]]) -> list[list[str]]:
-    """Groups in an order where each comes after every group nested in its modules.
-
-    ``fully_shard`` must run on a module after every nested module it should
-    not manage. A group's modules may enclose members of several other groups
-    (with bucketing, ``[blocks.0.ln2, blocks.0.mlp]`` encloses the group
-    holding ``blocks.0.mlp.fc``), so this is a topological sort of "is
-    enclosed by" between groups (``networkx.lexicographical_topological_sort``),
-    ties broken by the largest post-order index of the group's modules (plain
-    post-order when every group is one module).
-
-    Raises:
-        ValueError: two groups enclose each other's modules (no valid order).
-    """
-    index: dict[str, int] = {}
-
-    def visit(module: nn.Module, prefix: str) -> None:
-        for name, child in module.named_children():
-            fqn = join_fqn(prefix, name)
-            if fqn not in index:
-                visit(child, fqn)
-        index.setdefault(prefix, len(index))
-
-    visit(model, "")
-
-    group_of = {fqn: i for i, fqns in enumerate(groups) for fqn in fqns}
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(len(groups)))
-    for i, fqns in enumerate(groups):
-        for fqn in fqns:
-            # every group owning a module that encloses ``fqn`` comes after group i
-            for parent in itertools.islice(ancestors(fqn), 1, None):
-                j = group_of.get(parent)
-                if j is not None and j != i:
-                    graph.add_edge(i, j)
-    key = [max(index[f] for f in g) for g in groups]
-    try:
-        return [groups[i] for i in nx.lexicographical_topological_sort(graph, key=key.__getitem__)]
-    except nx.NetworkXUnfeasible:
-        stuck = sorted({i for cycle in nx.simple_cycles(graph) for i in cycle})
-        raise ValueError(
-            f"apply_fully_shard: groups {[groups[i] for i in stuck]} enclose each other's "
-            "modules, so no fully_shard order is bottom-up for all of them; plan with a "
-            "smaller bucket_numel or without bucketing"
-        ) from None
 
 
 def _ignored_modules(model: nn.Module, ignored_params: Any) -> list[nn.Module]:

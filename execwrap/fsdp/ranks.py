@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from execwrap.distributed.status import describe_error, raise_failures
 from execwrap.errors import OrderDivergenceError, ParamMismatchError, PlanError
 from execwrap.order.divergence import Divergence, first_divergence
 from tracing.order import ExecutionOrder, ParamInfo, param_infos
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: Calls of context shown on each side of a divergence in error messages.
 _CONTEXT = 3
+#: The step named when a rank fails to build its part of the order check.
+_PHASE = "the cross-rank order check (building its order digest and parameter table)"
 
 #: One parameter as the ranks compare it: ``(FQN, shape, numel, dtype, requires_grad)``.
 ParamEntry = tuple[str, tuple[int, ...], int, str, bool]
@@ -176,6 +179,9 @@ def check_order_across_ranks(
             position in ``named_parameters()`` order on the rank that has it),
             else the first parameter whose shape, dtype or ``requires_grad``
             differs (named with both ranks' values).
+        RankFailure: on every other rank, when one rank cannot build its
+            digest (its parameter table raised), naming that rank and its
+            exception; that rank raises its own exception.
         RuntimeError: from ``torch.distributed`` when a rank does not take
             part before the process group's timeout (it never hangs longer).
 
@@ -190,12 +196,19 @@ def check_order_across_ranks(
     if world == 1:
         return
     my_rank = dist.get_rank()  # global rank, for messages
-    table = param_table(order, model, compare_params=compare_params)
-    digest = _digest(order, table)  # = order_fingerprint(order, model=model, ...), one walk
-    digests: list[tuple[int, str] | None] = [None] * world
-    dist.all_gather_object(digests, (my_rank, digest), group=group)
+    error: Exception | None = None
+    try:
+        table = param_table(order, model, compare_params=compare_params)
+        digest = _digest(order, table)  # = order_fingerprint(order, model=model, ...), one walk
+    except Exception as e:  # sent with the digests, so that every rank names this one
+        error, table, digest = e, [], ""
+    digests: list[tuple[int, str, str | None] | None] = [None] * world
+    status = (my_rank, digest, None if error is None else describe_error(error))
+    dist.all_gather_object(digests, status, group=group)
     got = [d for d in digests if d is not None]
-    if len({d for _, d in got}) == 1:
+    failures = tuple(sorted((r, text) for r, _, text in got if text))
+    raise_failures(_PHASE, failures, error)
+    if len({d for _, d, _ in got}) == 1:
         logger.debug("check_order_across_ranks: %d ranks agree (%s)", world, digest[:12])
         return
     # Orders differ: every rank saw it, so every rank gathers the full orders.
@@ -418,7 +431,7 @@ def check_plan_before_sharding(
     (``reshard``: group -> the plan's ``reshard_after_forward`` as applied, empty when
     the plan's per-group flags are not used)."""
     _warn_if_planned_for_other_ranks(plan, mesh)
-    spans, group = _check_group(mesh)
+    spans, group = check_group(mesh)
     if not spans:
         logger.debug("apply_fully_shard: an n-D mesh over part of the world; ranks not compared")
         return
@@ -431,7 +444,7 @@ def check_plan_before_sharding(
     )
 
 
-def _check_group(mesh: DeviceMesh | None) -> tuple[bool, dist.ProcessGroup | None]:
+def check_group(mesh: DeviceMesh | None) -> tuple[bool, dist.ProcessGroup | None]:
     """``(compare?, group)``: the ranks that must apply the same plan: a 1-D mesh's
     group, the default group for no mesh or an n-D mesh over the whole world; an
     n-D mesh over part of it (one pipeline stage's) is not compared."""

@@ -38,15 +38,18 @@ imports Lightning: the helpers work on the LightningModule as an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from typing import Any
 
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp.wrap import _Policy
 
+from execwrap.distributed.status import fail_together
 from execwrap.fsdp.checkpointing import Checkpointing
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.fsdp2 import apply_fully_shard
@@ -196,12 +199,19 @@ class _HeldModelPolicy(_Policy):
         elif order is None and (
             policy.tracing_config is not None or policy.example_inputs is not None
         ):
-            captured = capture_execution_order(
-                held,
-                tracing_config=policy.tracing_config,
-                example_inputs=policy.example_inputs,
-                example_kwargs=policy.example_kwargs,
-            )
+            group = root_kwargs.get("process_group")
+            phase = "capture (execwrap.integrations.lightning)"
+            with (
+                fail_together(phase, group=group if isinstance(group, dist.ProcessGroup) else None)
+                if policy.check_ranks
+                else contextlib.nullcontext()
+            ):  # a failing rank is named
+                captured = capture_execution_order(
+                    held,
+                    tracing_config=policy.tracing_config,
+                    example_inputs=policy.example_inputs,
+                    example_kwargs=policy.example_kwargs,
+                )
             policy.order = lift_order(captured, prefix, root_module)
         return policy._run_policy(root_module, ignored_modules, root_kwargs)
 

@@ -134,7 +134,7 @@ def _unit(data: Any, order: ExecutionOrder, path: str, index: int) -> WrapUnit:
         ("module_fqns", unit.module_fqns, order.module_classes, "module"),
         ("param_fqns", unit.param_fqns, order.params, "parameter"),
     ):
-        if not known:  # a hand-built order without tables
+        if not order.module_classes and not order.params:  # a hand-built order, no tables
             continue
         for k, name in enumerate(names):
             if name not in known:

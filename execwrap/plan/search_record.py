@@ -11,14 +11,68 @@ round trip through :meth:`PlanSearch.to_dict` / :meth:`PlanSearch.from_dict`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Candidate", "CandidateKind", "PlanSearch"]
+__all__ = ["Candidate", "CandidateKind", "PlanSearch", "candidate_label"]
 
 #: ``"searched"``: made by the search; ``"baseline"``: a fixed plan it was compared with.
 CandidateKind = Literal["searched", "baseline"]
 _KINDS: tuple[str, ...] = ("searched", "baseline")
+
+
+#: Up to this many groups a label lists every group's size.
+_LISTED_SIZES = 6
+
+
+def candidate_label(
+    group_sizes: Sequence[int], prefetch: int, reshard_after_forward: Sequence[bool]
+) -> str:
+    """A searched candidate's label, from its settings alone: the root group (never
+    resharded after forward, FSDP2's default), the groups the search made, the
+    prefetch depth, which of those groups are not resharded after forward, and the
+    groups' sizes in atomic units (in execution order: each size up to
+    :data:`_LISTED_SIZES` groups, else runs of one size). Distinct settings give
+    distinct labels.
+
+    >>> candidate_label((2, 2), 1, (True, True))
+    'root + 2 groups of 2 units, prefetch 1'
+    >>> candidate_label((3, 2, 2, 1), 2, (True, False, True, True))
+    'root + 4 groups, prefetch 2, no reshard: group 2 (units per group: 3, 2, 2, 1)'
+    >>> candidate_label((1,) * 8, 0, (True,) * 6 + (False, False))
+    'root + 8 groups of 1 unit, prefetch 0, no reshard: last 2'
+    >>> candidate_label((8,) * 8 + (4, 4), 1, (False,) * 10)
+    'root + 10 groups, prefetch 1, no reshard (units per group: 8 groups of 8, then 2 of 4)'
+    """
+    n = len(group_sizes)
+    runs: list[list[int]] = []
+    for size in group_sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    kept = [i for i, flag in enumerate(reshard_after_forward) if not flag]
+    if not kept:
+        reshard = ""
+    elif len(kept) == n:
+        reshard = ", no reshard"
+    elif kept == list(range(n - len(kept), n)):
+        reshard = f", no reshard: last {len(kept)}"
+    else:
+        which = ", ".join(str(i + 1) for i in kept)
+        reshard = f", no reshard: group{'s' if len(kept) > 1 else ''} {which}"
+    groups = f"root + {n} group{'' if n == 1 else 's'}"
+    if len(runs) == 1:
+        size = runs[0][0]
+        return f"{groups} of {size} unit{'' if size == 1 else 's'}, prefetch {prefetch}{reshard}"
+    if n <= _LISTED_SIZES:
+        sizes = ", ".join(str(s) for s in group_sizes)
+    else:
+        (first_size, first_count), *rest = runs
+        sizes = f"{first_count} groups of {first_size}" if first_count > 1 else f"1 of {first_size}"
+        sizes += "".join(f", then {c} of {s}" for s, c in rest)
+    return f"{groups}, prefetch {prefetch}{reshard} (units per group: {sizes})"
 
 
 @dataclass(frozen=True)
@@ -26,8 +80,10 @@ class Candidate:
     """One simulated plan: a grouping with a prefetch depth and reshard choice.
 
     Attributes:
-        label: short readable name, e.g. ``"4 groups of 3 units, prefetch 1"`` or
-            ``"per-block"`` for a baseline.
+        label: short readable name: a searched candidate's is
+            :func:`candidate_label` of its settings (``"root + 4 groups of 3
+            units, prefetch 1"``, ``"root + 3 groups, prefetch 2, no reshard (units per
+            group: 2, 3, 3)"``), a baseline's names it (``"per-unit, prefetch 0"``).
         kind: ``"searched"`` or ``"baseline"``.
         group_sizes: atomic units per group, in execution order, over the
             groups the search may merge (the root and units without
@@ -108,6 +164,13 @@ class PlanSearch:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(
+                f"PlanSearch.memory_budget must be > 0 bytes per rank or None (no limit), got "
+                f"{self.memory_budget}"
+            )
+        if self.world_size < 1:
+            raise ValueError(f"PlanSearch.world_size must be >= 1 ranks, got {self.world_size}")
         if not 0 <= self.chosen < len(self.candidates):
             raise ValueError(
                 f"PlanSearch.chosen = {self.chosen} is not an index into its "

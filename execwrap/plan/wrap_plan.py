@@ -28,6 +28,7 @@ from execwrap.errors import PlanError
 from execwrap.plan.check import check_plan
 from execwrap.plan.consistency import check_derived
 from execwrap.plan.fields import PLAN_SCHEMA_VERSION, plan_fields
+from execwrap.plan.figures import plan_summary
 from execwrap.plan.model_view import ModelView
 from execwrap.plan.notes import reordered_note
 from execwrap.plan.search_record import PlanSearch
@@ -314,6 +315,36 @@ class WrapPlan:
             9
         """
         return plan_stats(self, prefetch)
+
+    def summary(self, prefetch: int = 1) -> str:
+        """A few lines: groups, prefetch and resharding, collectives and the
+        unsharded peak per step, the predicted step and peak, the notes (the
+        figures every report shows: :mod:`execwrap.plan.figures`).
+
+        Args:
+            prefetch: the prefetch depth of a plan that chose none (an auto plan's wins).
+
+        Example:
+            >>> print(plan.summary())  # doctest: +SKIP
+            WrapPlan of GPT: 3 FSDP groups from 5 policy units (policy ..., bucket size 100K)
+              prefetch 1, every group but the root resharded after forward
+              per step: 5 all-gathers, 3 reduce-scatters, peak unsharded parameters 861.50 KiB
+              2 notes (0 warnings) in plan.notes; first: Tied parameter 'wte.weight' ...
+        """
+        return plan_summary(self, prefetch)
+
+    def __str__(self) -> str:
+        """:meth:`summary` (``print(plan)``)."""
+        return self.summary()
+
+    def __repr__(self) -> str:
+        """One short line (the whole plan is :meth:`to_dict`; a readable one :meth:`summary`)."""
+        model = self.order.module_classes.get("", "") or "?"
+        extra = "" if self.prefetch is None else f", prefetch {self.prefetch}"
+        return (
+            f"WrapPlan({model}, policy {self.policy_name or '-'}, {len(self.units)} groups"
+            f"{extra}, {len(self.notes)} notes)"
+        )
 
     # ---------------------------------------------------------------- lint
     def check(self, model: nn.Module) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from execwrap.plan.pinned import is_pinned_dict, plan_from_pinned_dict
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.given_groups import plan_from_groups, tables_order
 from execwrap.planning.rules import STYLES, expand_rules, group_rules
@@ -135,6 +136,9 @@ def load_plan_file(
         order: the model's order (for explicit prefetching and simulation);
             ``None``: an order without calls (:func:`~execwrap.planning.given_groups.tables_order`).
 
+    A pinned plan (``plan.json`` of :func:`execwrap.save_plan`: the whole plan and its order)
+    is read too, as :func:`execwrap.load_plan` reads it (``order`` is then its own).
+
     Returns:
         A plan with one unit per group and the root's, ``reshard_after_forward`` per
         unit from the styles (the root ``False``), ``prefetch`` from the file.
@@ -153,7 +157,10 @@ def load_plan_file(
         raise ValueError(f"{source}: cannot read the plan file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return plan_from_file_dict(parse_json(text, source), model, order=order, source=source)
+    data = parse_json(text, source)
+    if is_pinned_dict(data):  # a whole plan (execwrap.save_plan's plan.json), not a recipe
+        return plan_from_pinned_dict(data, model, source=source)
+    return plan_from_file_dict(data, model, order=order, source=source)
 
 
 def plan_from_file_dict(

@@ -49,24 +49,39 @@ parameters that are not units share one note.
 
 Planning with a policy callable (the default included) does not import
 ``torch.distributed.fsdp``.
+
+With a process group initialised, ``plan_wrap(..., bucket_numel="auto")`` is a
+collective: the ranks agree on one timing record first (the slowest rank's,
+:mod:`execwrap.distributed.timing`), so that every rank makes the same plan, and a
+rank that fails to plan is named on the others (:mod:`execwrap.distributed.status`);
+``across_ranks`` widens or drops this.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch.distributed as dist
 import torch.nn as nn
 
-from execwrap.errors import PlanError
+from execwrap.cost.device_memory import (
+    default_memory_budget,
+    overshoot_message,
+    refused_within_default,
+)
+from execwrap.distributed.status import fail_together, is_distributed
+from execwrap.distributed.timing import agree_timing
+from execwrap.errors import MemoryBudgetError, PlanError
 from execwrap.plan.check import check_plan
 from execwrap.plan.model_view import ModelView, OrderView, check_order_fits
 from execwrap.plan.notes import (
     fsdp1_split_note,
 )
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import check_auto_options
+from execwrap.planning.auto.options import AutoOptions, check_auto_options
 from execwrap.planning.auto.search import search_checked
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
@@ -152,6 +167,8 @@ def plan_wrap(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """Plan FSDP units from an init policy and the model's execution order.
 
@@ -174,9 +191,14 @@ def plan_wrap(
             (``None``: of both where they differ).
         cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
         world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank, a whole number (``None``: no limit).
+        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
         optimizer: ``"auto"`` only: the optimizer priced
             (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+        group, across_ranks: with a process group initialised, planning is a collective
+            of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
+            compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
+            the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
+            ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
     Returns:
         A :class:`WrapPlan`; until it is applied, the first optimizer step logs
@@ -205,18 +227,10 @@ def plan_wrap(
         [[''], ['blocks.0'], ['blocks.1']]
     """
     plan = plan_wrap_unwatched(
-        model,
-        order,
-        init_policy,
-        bucket_numel=bucket_numel,
-        ignored_modules=ignored_modules,
-        groups=groups,
-        target=target,
-        cost_model=cost_model,
-        world_size=world_size,
-        memory_budget=memory_budget,
-        optimizer=optimizer,
-    )
+        model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
+        groups=groups, target=target, cost_model=cost_model, world_size=world_size,
+        memory_budget=memory_budget, optimizer=optimizer, group=group, across_ranks=across_ranks,
+    )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
 
@@ -234,9 +248,45 @@ def plan_wrap_unwatched(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    group: dist.ProcessGroup | None = None,
+    across_ranks: bool | None = None,
 ) -> WrapPlan:
     """:func:`plan_wrap` without watching the plan (for planners that report
     through their own object, such as ``ParamExecOrderWrapPolicy``)."""
+    kwargs: dict[str, Any] = dict(
+        bucket_numel=bucket_numel,
+        ignored_modules=ignored_modules,
+        groups=groups,
+        target=target,
+        cost_model=cost_model,
+        world_size=world_size,
+        memory_budget=memory_budget,
+        optimizer=optimizer,
+    )
+    auto = isinstance(bucket_numel, str) and bucket_numel == "auto"
+    if not (across_ranks or (across_ranks is None and auto)) or not is_distributed(group):
+        return _plan_here(model, order, init_policy, **kwargs)
+    if auto:  # the one input that differs between ranks: their own compute times
+        order = agree_timing(order, group)
+    with fail_together("planning", group=group):
+        return _plan_here(model, order, init_policy, **kwargs)
+
+
+def _plan_here(
+    model: nn.Module,
+    order: ExecutionOrder,
+    init_policy: Any,
+    *,
+    bucket_numel: int | Literal["auto"] | None,
+    ignored_modules: Iterable[nn.Module | str] | None,
+    groups: Iterable[Iterable[str]] | None,
+    target: FSDPTarget | None,
+    cost_model: CostModel | None,
+    world_size: int | None,
+    memory_budget: int | None,
+    optimizer: str | None,
+) -> WrapPlan:
+    """The plan of ``plan_wrap``, made on this rank alone."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
@@ -265,7 +315,7 @@ def plan_wrap_unwatched(
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
-        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+        plan = _auto_plan(plan, auto, planner)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
@@ -304,6 +354,27 @@ def _bucketed_plan(
         policy_fqns=tuple(planner.policy_fqns),
         ignored_modules=ignored_top,
     )
+
+
+def _auto_plan(plan: WrapPlan, auto: AutoOptions, planner: Planner) -> WrapPlan:
+    """Step 5 with ``bucket_numel="auto"``: :func:`~execwrap.planning.auto.search.search_checked`
+    within ``memory_budget`` or, without one, the device's memory minus a reserve
+    (:func:`~execwrap.cost.device_memory.default_memory_budget`; a note says so); a
+    chosen peak over the device's memory is a WARNING and a note."""
+    cost_model = auto.cost_model
+    default = default_memory_budget(cost_model) if auto.memory_budget is None else None
+    if default is not None:
+        auto = dataclasses.replace(auto, memory_budget=default[0])
+    try:
+        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+    except MemoryBudgetError as e:
+        raise (e if default is None else refused_within_default(e, default[1])) from None
+    assert plan.estimate is not None
+    over = overshoot_message(int(plan.estimate.peak_memory_bytes), cost_model, "The chosen plan")
+    if over is not None:
+        logger.warning("plan_wrap: %s (memory_budget is above it)", over)
+    plan.notes.extend(n for n in (default and default[1], over) if n)
+    return plan
 
 
 def _check_arguments(model: Any, order: Any, bucket_numel: Any) -> int | Literal["auto"] | None:

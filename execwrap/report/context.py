@@ -48,6 +48,7 @@ class ReportContext:
                 for fqn in unit.param_fqns:
                     self.param_unit.setdefault(fqn, i)
         self._stats: dict[str | None, Any] = {}
+        self._figures: Any = None
 
     # shared pieces ------------------------------------------------------
     def stats(self, name: str | None = None) -> Any:
@@ -58,6 +59,17 @@ class ReportContext:
             own = getattr(plan, "prefetch", None)
             self._stats[name] = plan.stats(self.prefetch if own is None else own)
         return self._stats[name]
+
+    def figures(self) -> Any:
+        """The plan's :class:`~execwrap.plan.figures.PlanFigures` (every file and the
+        terminal show these), cached; ``None`` without a plan."""
+        if self.plan is None:
+            return None
+        if self._figures is None:
+            from execwrap.plan.figures import plan_figures
+
+            self._figures = plan_figures(self.plan, self.prefetch)
+        return self._figures
 
     def named_plans(self) -> list[tuple[str, Any, Any]]:
         """``(name, plan, stats)``: the plan (named ``"plan"``), then each baseline."""

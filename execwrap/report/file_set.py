@@ -18,12 +18,17 @@ in it, and a shell whose working folder it is, are left alone.)
 The steps, under an exclusive ``flock`` on ``.execwrap-report`` (two runs
 into one folder take turns):
 
+0. refuse, before anything is touched, to write over a file execwrap did not
+   write (:func:`~execwrap.report.ownership.check_report_folder`: the links
+   of a set are the marker; plain files are recognised by their content);
 1. clean up what interrupted runs left: every entry of ``.execwrap-report``
    but ``current`` and the set it names (a half-written set, a temporary
    link), and ``.<name>.*.tmp`` files of releases that wrote files one by one;
-2. adopt plain files with report names (an older release's report, a copy):
-   each is linked (or copied) into the current set and replaced by its link,
-   showing the same content at every step;
+2. adopt plain files that hold an execwrap report file (an older release's
+   report, a copy): each is linked (or copied) into the current set and
+   replaced by its link, showing the same content at every step. Files with
+   report names that are not execwrap's and are not written by this call are
+   left alone;
 3. write the new set into a new ``set-<id>`` folder, each file fsynced;
 4. add the link of each new file name (it shows nothing until step 5);
 5. commit: a new ``current`` link, made under a temporary name, renamed over
@@ -49,14 +54,13 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO
 
+from execwrap.report.ownership import SET_FOLDER, check_report_folder, is_report_file, is_set_link
 from tracing.atomic import write_temp
 
 __all__ = ["SET_FOLDER", "write_file_set", "write_one_by_one"]
 
 logger = logging.getLogger(__name__)
 
-#: The hidden folder inside the report folder that holds the sets.
-SET_FOLDER = ".execwrap-report"
 _CURRENT = "current"
 
 Writer = Callable[[IO[bytes]], None]
@@ -72,11 +76,16 @@ def write_file_set(
         writers: file name -> a function that writes the file's bytes.
         known_names: every file name a set may hold (``writers``' names are
             added). Links of known names the new set lacks are removed with
-            the old set, and files (not folders) with known names are adopted.
+            the old set, and plain files with known names that hold an execwrap
+            report file (:func:`~execwrap.report.ownership.is_report_file`) are
+            adopted; other files are never touched.
 
     Raises:
         IsADirectoryError: a file name is a folder in ``folder`` (before
             anything is written; ``filename`` is that path).
+        execwrap.report.ownership.ForeignFilesError: a file of ``writers``
+            exists and execwrap did not write it (a ``FileExistsError``, before
+            anything is written; nothing in ``folder`` changes).
         OSError: a folder cannot be created or a file written (naming it).
 
     If a writer raises (``KeyboardInterrupt`` included), the new set is
@@ -89,6 +98,7 @@ def write_file_set(
             raise IsADirectoryError(
                 errno.EISDIR, "a folder is in the way of a report file", str(folder / name)
             )
+    check_report_folder(folder, writers)
     created = _make_folders(folder)
     try:
         _remove_old_temp_files(folder, names)
@@ -155,6 +165,7 @@ class _FileSet:
         new_set: Path | None = None
         try:
             _flock(lock)
+            check_report_folder(self.folder, writers)  # again, now that no other run writes
             self._clean_up()
             self._adopt()
             new_set = self._new_set_folder()
@@ -195,13 +206,13 @@ class _FileSet:
                 Path(entry.path).unlink(missing_ok=True)
 
     def _adopt(self) -> None:
-        """Step 2: plain files (or foreign links) with report names join the current set."""
+        """Step 2: plain files holding execwrap report files join the current set."""
         strays = [
             n
             for n in self.names
-            if os.path.lexists(self.folder / n)
-            and not self._ours(n)
-            and not (self.folder / n).is_dir()  # a folder is not in the way of another set
+            if not (self.folder / n).is_symlink()
+            and (self.folder / n).is_file()
+            and is_report_file(self.folder / n)
         ]
         if not strays:
             return
@@ -211,13 +222,12 @@ class _FileSet:
             self._commit(current)
         for name in strays:
             path, kept = self.folder / name, self.sets / current / name
-            if path.exists():  # a dangling foreign link shows nothing: nothing to keep
-                tmp = kept.with_name(f".{name}.{secrets.token_hex(4)}.tmp")
-                try:
-                    os.link(path, tmp, follow_symlinks=True)
-                except OSError:
-                    shutil.copy2(path, tmp)
-                os.replace(tmp, kept)
+            tmp = kept.with_name(f".{name}.{secrets.token_hex(4)}.tmp")
+            try:
+                os.link(path, tmp)
+            except OSError:
+                shutil.copy2(path, tmp)
+            os.replace(tmp, kept)
             self._replace_with_link(name)
 
     def _write_set(self, new_set: Path, writers: Mapping[str, Writer]) -> None:
@@ -259,10 +269,7 @@ class _FileSet:
 
     # --------------------------------------------------------------- helpers
     def _ours(self, name: str) -> bool:
-        try:
-            return os.readlink(self.folder / name) == self.link_target(name)
-        except OSError:
-            return False
+        return is_set_link(self.folder, name)
 
     def _replace_with_link(self, name: str) -> None:
         tmp = self.sets / f"link.{secrets.token_hex(4)}.tmp"

@@ -23,8 +23,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from execwrap.plan.figures import notes_by_severity
 from execwrap.report import tables
 from execwrap.report.files import REPORT_SCHEMA_VERSION
+from execwrap.report.ownership import GENERATOR_META
 from execwrap.report.plans import unsharded_timeline
 from execwrap.report.tables import CALLS_COLUMNS, PARAMS_COLUMNS
 from execwrap.util.formatting import blank, format_bytes, format_numel, short_reason
@@ -62,6 +64,7 @@ def render_html(ctx: ReportContext) -> str:
         '<html lang="en">',
         "<head>",
         '<meta charset="utf-8">',
+        GENERATOR_META,
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{e(ctx.title)}</title>",
         f"<style>{_CSS}</style>",
@@ -128,25 +131,34 @@ def _plan_summary(ctx: ReportContext) -> list[tuple[str, str]]:
     if ctx.plan is None:
         return [("Plan", "none (the report was written from an order alone)")]
     st = ctx.stats()
+    fig = ctx.figures()
     policy = str(getattr(ctx.plan, "policy_name", "") or "-")
     bucket = getattr(ctx.plan, "bucket_numel", None)
     if getattr(ctx.plan, "search", None) is not None:
         bucket_text = "auto (auto-planner)"
     else:
         bucket_text = "-" if bucket is None else f"{format_numel(bucket)} elements"
-    return [
+    chosen = " (the auto plan's choices)" if fig.chosen else ""
+    rows = [
         ("Policy", policy),
         ("Bucket size", bucket_text),
-        ("Units", str(st.num_units)),
-        ("All-gathers per step", str(st.all_gathers_per_step)),
-        (
-            "All-gathers per step (no reshard after forward)",
-            str(st.all_gathers_per_step_no_reshard),
-        ),
+        ("Groups (FSDP units)", str(fig.groups)),
+        ("Prefetch and resharding", fig.settings),
+        (f"All-gathers per step{chosen}", str(fig.all_gathers_per_step)),
+        ("Reduce-scatters per step", str(fig.reduce_scatters_per_step)),
+    ]
+    if not fig.chosen:
+        rows.append(
+            (
+                "All-gathers per step (no reshard after forward)",
+                str(st.all_gathers_per_step_no_reshard),
+            )
+        )
+    return rows + [
         ("Largest unit", format_bytes(st.largest_unit_bytes)),
         (
-            f"Peak unsharded bytes (prefetch {ctx.prefetch})",
-            f"{format_bytes(st.peak_unsharded_bytes)} ({st.peak_unsharded_bytes} B)",
+            f"Peak unsharded bytes (prefetch {fig.prefetch}{', as chosen' if fig.chosen else ''})",
+            f"{format_bytes(fig.peak_unsharded_bytes)} ({fig.peak_unsharded_bytes} B)",
         ),
     ]
 
@@ -165,6 +177,13 @@ def _charts(ctx: ReportContext) -> list[str]:
     named = ctx.named_plans()
     timelines = {name: unsharded_timeline(plan, ctx.prefetch) for name, plan, _ in named}
     peaks = {name: int(st.peak_unsharded_bytes) for name, _, st in named}
+    fig = ctx.figures()  # the plan at the settings it runs with, as the summary says
+    timelines["plan"] = unsharded_timeline(
+        ctx.plan,
+        fig.prefetch,
+        reshard_after_forward=ctx.plan.reshard_after_forward if fig.chosen else True,
+    )
+    peaks["plan"] = fig.peak_unsharded_bytes
     try:
         timeline_svg = charts.units_timeline_svg(ctx.plan)
         memory_svg = charts.memory_svg(timelines, peaks, prefetch=ctx.prefetch)
@@ -179,8 +198,9 @@ def _charts(ctx: ReportContext) -> list[str]:
         "</figure>",
         '<figure class="chart" id="chart-memory">',
         memory_svg,
-        f"<figcaption>Unsharded parameter bytes at each unit step, prefetch {ctx.prefetch}: "
-        "this plan next to the baseline policies (dashed: predicted peak).</figcaption>",
+        f"<figcaption>Unsharded parameter bytes at each unit step: this plan ({fig.settings}) "
+        f"next to the baseline policies (prefetch {ctx.prefetch}, every group but the root "
+        "resharded after forward; dashed: predicted peak).</figcaption>",
         "</figure>",
         "</section>",
     ]
@@ -331,14 +351,20 @@ def _baselines(ctx: ReportContext) -> list[str]:
 
 
 def _notes(ctx: ReportContext) -> list[str]:
+    """The plan's notes, warnings first (:func:`~execwrap.plan.figures.notes_by_severity`),
+    after why symbolic tracing failed, if it did."""
     out = ['<section id="notes">', "<h2>Notes</h2>"]
-    notes = list(ctx.plan.notes) if ctx.plan is not None else []
+    notes = notes_by_severity(list(ctx.plan.notes)) if ctx.plan is not None else []
     if ctx.order.fallback_reason:
-        notes.insert(0, f"Symbolic tracing failed: {ctx.order.fallback_reason}")
+        notes.insert(0, ("info", f"Symbolic tracing failed: {ctx.order.fallback_reason}"))
     if not notes:
         return out + ["<p>None.</p>", "</section>"]
     out.append('<ul class="notes">')
-    out += [f"<li>{html_text(str(n))}</li>" for n in notes]
+    for severity, note in notes:
+        if severity == "warning":
+            out.append(f'<li class="warning"><strong>Warning:</strong> {html_text(note)}</li>')
+        else:
+            out.append(f"<li>{html_text(note)}</li>")
     out += ["</ul>", "</section>"]
     return out
 

@@ -39,6 +39,8 @@ REPORT_FIELDS = Record(
         "prefetch": Field(integer(what="units ahead"), required=False, default=1),
         "order": Field(_any),
         "plan": Field(_any, required=False),
+        # the plan's headline figures (execwrap.plan.figures), derived from the plan, not read
+        "figures": Field(_any, required=False),
         "baselines": Field(
             dict_of(
                 Record(
@@ -79,6 +81,7 @@ def report_dict(ctx: ReportContext) -> dict[str, Any]:
         "prefetch": ctx.prefetch,
         "order": ctx.order.to_dict(),
         "plan": plan,
+        "figures": None if ctx.plan is None else ctx.figures().to_dict(),
         "baselines": baselines,
     }
 

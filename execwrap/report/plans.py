@@ -32,11 +32,15 @@ def stats_to_dict(stats: Any) -> dict[str, Any]:
     return dict(stats.to_dict())
 
 
-def unsharded_timeline(plan: Any, prefetch: int = 1) -> list[int]:
+def unsharded_timeline(
+    plan: Any, prefetch: int = 1, *, reshard_after_forward: Any = True
+) -> list[int]:
     """Unsharded parameter bytes at each unit step of one training step.
 
     The bytes of :meth:`WrapPlan.unsharded_timeline` (its docstring states
     the model of the step): ``2 * len(plan.units)`` entries, forward then
-    backward; the maximum is ``plan.stats(prefetch).peak_unsharded_bytes``.
+    backward; with reshard after forward everywhere the maximum is
+    ``plan.stats(prefetch).peak_unsharded_bytes``.
     """
-    return [int(step.unsharded_bytes) for step in plan.unsharded_timeline(prefetch)]
+    steps = plan.unsharded_timeline(prefetch, reshard_after_forward=reshard_after_forward)
+    return [int(step.unsharded_bytes) for step in steps]

@@ -71,6 +71,10 @@ def write_report(
             without a plan, or a baseline planned from another order.
         TypeError: ``order_or_plan`` is neither an order nor a plan, a
             baseline is not a plan, or ``prefetch`` is not an int.
+        ValueError: ``out_dir`` is empty (``""``: say ``"."`` for the current folder).
+        execwrap.report.ownership.ForeignFilesError: a file the report would
+            write is there and execwrap did not write it (a
+            ``FileExistsError``; nothing is touched: choose another folder).
         OSError: ``out_dir`` cannot be created or written; nothing is left
             behind in it.
 
@@ -82,6 +86,11 @@ def write_report(
         >>> sorted(paths)  # doctest: +SKIP
         ['json']
     """
+    if not str(out_dir).strip():
+        raise ValueError(
+            'write_report: out_dir is empty; name the report folder (e.g. "execwrap-report", '
+            'or "." for the current folder)'
+        )
     order, plan = _split(order_or_plan)
     formats = check_formats(formats)
     check_int(prefetch, "write_report: prefetch")

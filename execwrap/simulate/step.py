@@ -107,6 +107,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from execwrap.cost.device_memory import overshoot_message
 from execwrap.cost.model import CostModel
 from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
 from execwrap.simulate.compute import UnitCompute, unit_compute
@@ -195,7 +196,8 @@ def simulate_step(
             given one replaces that field of ``training``.
 
     Returns:
-        A :class:`StepEstimate`.
+        A :class:`StepEstimate`; a peak over ``cost_model.device_memory_bytes``
+        logs one WARNING naming the overshoot.
 
     Raises:
         ValueError: the cost model is for another world size or device (the
@@ -210,6 +212,34 @@ def simulate_step(
         >>> est = simulate_step(plan, CostModel.preset("h100-nvlink-8"), world_size=8)  # doctest: +SKIP
         >>> est.step_time_s, est.peak_memory_bytes, est.memory.dominant  # doctest: +SKIP
     """
+    keywords = {k: v for k, v in locals().items() if k not in ("plan", "cost_model")}
+    estimate = step_estimate(plan, cost_model, **keywords)  # every keyword, as given
+    over = overshoot_message(int(estimate.peak_memory_bytes), cost_model, "simulate_step: the plan")
+    if over is not None:
+        logger.warning("%s", over)
+    return estimate
+
+
+def step_estimate(
+    plan: WrapPlan,
+    cost_model: CostModel,
+    *,
+    world_size: int,
+    prefetch: int | None = None,
+    reshard_after_forward: bool | Sequence[bool] | None = None,
+    optimizer: str = "adamw",
+    compute: UnitCompute | None = None,
+    facts: SimulationFacts | None = None,
+    training: TrainingStep | None = None,
+    precision: Precision | None = None,
+    checkpointing: str | None = None,
+    offload: str | None = None,
+    micro_batches: int | None = None,
+    gradient_sync: str | None = None,
+) -> StepEstimate:
+    """:func:`simulate_step` without the WARNING of a peak over the device's memory:
+    for the auto-planner's candidates, most of which may not fit, and for callers
+    that say so in their own words."""
     world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
     prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")

@@ -10,10 +10,11 @@ from its creation: FSDP1 (the policy's ``_run_policy``) and
 :func:`execwrap.apply_fully_shard` mark what they apply, and the first
 ``optimizer.step()`` of the process after a watched object was created logs
 one WARNING for each watched object that is still alive and was never applied,
-naming it, where it was created and what would have applied it. A plan applied
-to a model other than the one it was planned for (its order does not fit the
-model: other parameters, sizes or modules) is logged the same way, once, when
-it is applied.
+naming it, where it was created and what would have applied it. An object that
+execwrap refused to apply (an exception from FSDP1's policy call or
+``apply_fully_shard``) is no longer watched: the caller has that error. A plan
+applied to a model other than the one it was planned for (its order does not
+fit the model: other parameters, sizes or modules) is refused when applied.
 
 Nothing is stored on the watched objects or on the user's modules: the
 registry holds them weakly (an object garbage-collected before the first step
@@ -25,12 +26,15 @@ nothing.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -39,10 +43,13 @@ from torch.utils.hooks import RemovableHandle
 
 from execwrap.plan.model_view import ModelView, check_order_fits
 from execwrap.watch.hints import ignored_by
+from tracing.fqn import clean_fqn
 
-__all__ = ["mark_applied", "warn_if_other_model", "watch"]
+__all__ = ["check_same_model", "mark_applied", "unwatched_if_refused", "watch"]
 
 logger = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: Source folders of execwrap and tracing (frames there are not "where it was created").
 _OWN_DIRS = tuple(
@@ -91,40 +98,79 @@ def mark_applied(obj: Any) -> None:
         entry.applied = True
 
 
-def warn_if_other_model(plan: Any, model: nn.Module, where: str) -> bool:
-    """Log one WARNING when ``plan`` was planned for a model other than ``model``.
+def unwatched_if_refused(argument: str) -> Callable[[_F], _F]:
+    """Decorator: when the function raises, stop watching its argument ``argument``
+    (a policy or plan): execwrap refused it (or applying it failed), the caller has
+    that error, and a later "never applied" WARNING would only repeat it.
+
+    >>> @unwatched_if_refused("plan")
+    ... def apply(model, plan): ...
+    """
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                obj = signature.bind_partial(*args, **kwargs).arguments.get(argument)
+                entry = _WATCHED.get(id(obj))
+                if entry is not None and entry.ref() is obj:
+                    del _WATCHED[id(obj)]
+                raise
+
+        return cast(_F, wrapper)
+
+    return decorate
+
+
+def check_same_model(plan: Any, model: nn.Module, where: str) -> None:
+    """Refuse ``plan`` when it was planned for a model other than ``model``.
 
     The plan's order must fit ``model`` (:func:`execwrap.plan.model_view.check_order_fits`:
     the same parameters with the same numel and shape, every module it calls);
     a plan whose order has no parameter table (a hand-built one) is not checked.
+    A model that shares some module names with the planned one is another model:
+    its other parameters would be sharded where the plan never looked.
 
     Args:
         plan: the :class:`~execwrap.WrapPlan` about to be applied.
         model: the model it is applied to.
         where: the caller, for the message (e.g. ``"apply_fully_shard"``).
 
-    Returns:
-        Whether a warning was logged.
+    Raises:
+        ValueError: naming what differs, before anything is wrapped.
     """
     try:
         check_order_fits(
             ModelView.build(model, plan.ignored_modules), plan.order, type(model).__name__
         )
     except (ValueError, KeyError) as e:
+        if _fits_without_wrappers(model, plan.order):
+            return  # the same model, torch's wrappers (checkpoint_wrapper, compile) inside it
         detail = str(e).removeprefix("plan_wrap: ")
-        logger.warning(
-            "%s: the plan (policy %s, %d groups) was planned for another model than the %s "
-            "it is applied to: %s. Expected a plan made from this model's own order; "
-            "modules or parameters the plan does not know stay in their enclosing group. "
-            "Plan this model: plan_wrap(model, capture_execution_order(model, ...), ...)",
-            where,
-            plan.policy_name,
-            len(plan.units),
-            type(model).__name__,
-            detail,
-        )
-        return True
-    return False
+        raise ValueError(
+            f"{where}: the plan (policy {plan.policy_name}, {len(plan.units)} groups) was "
+            f"planned for another model than the {type(model).__name__} it is applied to, so "
+            f"nothing was wrapped: {detail}, then plan_wrap(model, order, ...)"
+        ) from None
+
+
+def _fits_without_wrappers(model: nn.Module, order: Any) -> bool:
+    """Whether ``model`` is the order's model once the names torch's wrappers insert
+    (``_checkpoint_wrapped_module``, ``_fsdp_wrapped_module``, ``_orig_mod``) are
+    removed: the same parameters and shapes, every module the order calls."""
+    names = [fqn for fqn, _ in model.named_modules()] + [n for n, _ in model.named_parameters()]
+    if all(clean_fqn(n) == n for n in names) or not order.params:
+        return False
+    params = {clean_fqn(n): tuple(p.shape) for n, p in model.named_parameters()}
+    modules = {clean_fqn(fqn) for fqn, _ in model.named_modules()}
+    return (
+        params == {f: tuple(i.shape) for f, i in order.params.items()}
+        and set(order.module_forward_order) <= modules
+    )
 
 
 def _first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

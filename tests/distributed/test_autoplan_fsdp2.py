@@ -11,7 +11,7 @@ One spawn runs every case, each trained against an unwrapped reference
 * ``ParamExecOrderWrapPolicy(..., bucket_numel="auto", cost_model=...)``
   through ``apply_fully_shard(..., prefetch="auto")``: the groups, prefetch
   depth and flags applied are the plan's;
-* the same policy under FSDP1: the auto plan's groups become FSDP1 units;
+* (the same policy under FSDP1 is refused: ``tests/distributed/test_fsdp1_buckets.py``);
 * ``prefetch="auto"`` on a plan without a chosen depth is refused;
 * an explicit ``reshard_after_forward`` and an int ``prefetch`` that differ
   from the plan's choices are applied, each with one WARNING.
@@ -23,11 +23,9 @@ import dataclasses
 import warnings
 from typing import Any
 
-import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from execwrap import (
     ModuleWrapPolicy,
@@ -112,35 +110,6 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         "prefetch": plan.prefetch,
     }
 
-    # 3. The same policy under FSDP1.
-    policy1 = ParamExecOrderWrapPolicy(
-        ModuleWrapPolicy({Block}), TracingConfig(), bucket_numel="auto", cost_model=cm
-    )
-
-    def wrap_fsdp1(m: nn.Module) -> nn.Module:
-        cpu = torch.device("cpu")
-        return FSDP(m, auto_wrap_policy=policy1, use_orig_params=True, device_id=cpu)
-
-    def full_grads(m: nn.Module) -> dict[str, torch.Tensor | None]:
-        with FSDP.summon_full_params(m, with_grads=True):
-            return {
-                n.replace("_fsdp_wrapped_module.", ""): None if p.grad is None else p.grad.clone()
-                for n, p in m.named_parameters()
-            }
-
-    res = run_parity(rank, world_size, gpt_case(), wrap_fsdp1, full_grads)
-    units = [
-        n.replace("_fsdp_wrapped_module.", "")
-        for n, m in res["wrapped"].named_modules()
-        if isinstance(m, FSDP)
-    ]
-    out["fsdp1"] = {
-        "losses": res["losses"],
-        "diff": res["max_grad_diff"],
-        "units": units,
-        "fsdp1_modules": policy1.plan.fsdp1_modules(),
-    }
-
     # 4. prefetch="auto" needs a chosen depth.
     try:
         apply_fully_shard(gpt_case().model(), base, mesh=mesh, prefetch="auto")
@@ -157,7 +126,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
 
 def test_auto_plans_on_fsdp2_and_fsdp1() -> None:
     r0, r1 = run_ranks(_worker, world_size=2, timeout_s=180)
-    for name in ("chosen", "auto", "fsdp1"):
+    for name in ("chosen", "auto"):
         assert r0[name]["losses"] == r1[name]["losses"], name
         assert len(r0[name]["losses"]) == 3
         assert r0[name]["diff"] <= 1e-5, (name, r0[name]["diff"])
@@ -182,9 +151,6 @@ def test_auto_plans_on_fsdp2_and_fsdp1() -> None:
     depth = auto["prefetch"]
     others = [lb for lb in auto["labels"] if lb != "<root>"]
     assert auto["applied"]["<root>"]["forward"] == others[:depth]
-
-    fsdp1 = r0["fsdp1"]
-    assert fsdp1["units"] == ["", *[m for m in fsdp1["fsdp1_modules"] if m]]
 
     assert r0["refused"].startswith(
         'apply_fully_shard: prefetch="auto" uses the depth the auto-planner chose, but this '

@@ -6,6 +6,8 @@ import math
 import re
 from typing import Any
 
+import psutil
+
 from tests._dist import run_ranks
 
 
@@ -45,8 +47,14 @@ def test_calibrate_two_gloo_ranks() -> None:
     assert 0 <= cm.group_overhead_s < 0.1 and 0 <= cm.optimizer_param_overhead_s < 0.1
     assert all(math.isfinite(v) for v in (cm.group_overhead_s, cm.overlap))
     assert cm.source.startswith("calibrated on 2 gloo ranks (cpu")
+    # the host's memory per rank (both spawned ranks run on this host)
+    assert cm.device_memory_bytes == psutil.virtual_memory().total // 2
     # the host's steal during calibration (execwrap.cost.host), as a share of the CPU time
-    assert re.search(r" s, host steal \d+\.\d%; in-step factors: ", cm.source), cm.source
+    # and the other processes' share (execwrap.cost.host: busy CPU time minus the ranks')
+    assert re.search(
+        r" s, host steal \d+\.\d%, other processes \d+\.\d% of the CPU time; in-step factors: ",
+        cm.source,
+    ), cm.source
     # the in-step factors the curves were multiplied by, named in the source at the larger
     # stacks' sizes (their values are tested exactly in tests/execwrap/test_cost.py)
     factors = re.search(

@@ -2,8 +2,9 @@
 host interrupts them, the same rounds on every rank, medians over the clean runs.
 
 The host's steal cannot be made on demand, so each rank reads a scripted counter in
-place of ``/proc/stat`` (``execwrap.cost.fixed_costs.steal_seconds``); the rounds, the
-barriers and the all-reduce that shares the readings are real.
+place of ``/proc/stat`` (``execwrap.cost.fixed_costs.disturbance_reading``: steal, no
+other processes); the rounds, the barriers and the all-reduce that shares the readings
+are real.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def _rounds(rank: int, world_size: int, dirty_calls: tuple[int, ...]) -> dict[st
     import execwrap.cost.fixed_costs as fixed_costs
 
     counter = {"steal": 0.0}
-    fixed_costs.steal_seconds = lambda: counter["steal"]  # type: ignore[assignment]
+    fixed_costs.disturbance_reading = lambda: (counter["steal"], 0.0)  # type: ignore[assignment]
     calls = {"a": 0, "b": 0}
 
     def run(name: str) -> tuple[float, ...]:
@@ -41,13 +42,16 @@ def test_rounds_are_added_until_every_stack_has_enough_clean_runs() -> None:
     assert results[0] == results[1] == {"medians": {"a": (2.5,), "b": (3.5,)}, "rounds": 6}
 
 
-def test_at_most_twice_the_rounds_then_the_clean_half_or_all() -> None:
-    # b is interrupted in all but runs 0 and 5: 8 rounds (twice 4) and 2 clean runs, half
-    # of the 4 asked for, so b's median is over runs 0 and 5
-    clean_two = tuple(i for i in range(8) if i not in (0, 5))
-    results = run_ranks(_rounds, world_size=2, args=(clean_two,), timeout_s=60)
-    assert results[0] == results[1] == {"medians": {"a": (3.5,), "b": (2.5,)}, "rounds": 8}
-    # one clean run only: fewer than half of 4, so b's median is over all 8 runs
-    clean_one = tuple(range(1, 8))
-    results = run_ranks(_rounds, world_size=2, args=(clean_one,), timeout_s=60)
-    assert results[0]["medians"] == {"a": (3.5,), "b": (3.5,)}
+def test_rounds_go_on_while_half_are_clean_and_at_most_twice() -> None:
+    # b is interrupted in every other run: at each round at least half of b's runs so
+    # far were clean, so rounds go on until b has 4 clean runs (0, 2, 4, 6): 7 rounds
+    results = run_ranks(_rounds, world_size=2, args=((1, 3, 5, 7),), timeout_s=60)
+    assert results[0] == results[1] == {"medians": {"a": (3.0,), "b": (3.0,)}, "rounds": 7}
+
+
+def test_a_machine_that_stays_busy_gets_no_more_rounds() -> None:
+    # b is interrupted in all but run 0: after 4 rounds 1 of 4 was clean, fewer than
+    # half, so more rounds would not help: 4 rounds, and b's median is over all of them
+    busy = tuple(range(1, 8))
+    results = run_ranks(_rounds, world_size=2, args=(busy,), timeout_s=60)
+    assert results[0] == results[1] == {"medians": {"a": (1.5,), "b": (1.5,)}, "rounds": 4}

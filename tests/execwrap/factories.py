@@ -24,11 +24,14 @@ __all__ = [
     "FlagModel",
     "GainBlock",
     "HostileNames",
+    "ManyNotes",
     "broken",
     "demo2",
     "flag_model",
     "gpt2",
     "hostile_names",
+    "llama8",
+    "many_notes",
     "not_a_module",
     "raising_model",
     "returns_int",
@@ -261,3 +264,31 @@ class ShapeModel(nn.Module):
 def shape_model() -> nn.Module:
     torch.manual_seed(0)
     return ShapeModel()
+
+
+def llama8() -> nn.Module:
+    """An 8-layer Llama-style model (dim 1024, MLP 2816, vocab 32000), for auto plans
+    on the GPU presets (build it on the meta device: ``--device meta``)."""
+    from execwrap.demo_models import Llama, LlamaConfig
+
+    return Llama(LlamaConfig(vocab_size=32000, dim=1024, n_heads=16, n_layers=8, mlp_hidden=2816))
+
+
+class ManyNotes(nn.Module):
+    """Six linears that never run (a note each) and a 0-dim parameter (a warning: FSDP
+    refuses it), for the command line's notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 4)
+        for i in range(6):
+            self.add_module(f"unused{i}", nn.Linear(4, 4))
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x) * self.scale
+
+
+def many_notes() -> nn.Module:
+    torch.manual_seed(0)
+    return ManyNotes()

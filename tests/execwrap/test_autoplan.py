@@ -64,7 +64,9 @@ def test_three_layers_by_hand(exhaustive_limit: int) -> None:
     assert best.reshard_after_forward == (False, False)
     assert best.estimate.step_time_s == pytest.approx(expected, rel=1e-12)
     assert best.estimate.step_time_s == pytest.approx(0.1897, rel=1e-12)
-    assert best.search.best.label == f"1 group of 3 units, prefetch {best.prefetch}, no reshard"
+    assert (
+        best.search.best.label == f"root + 1 group of 3 units, prefetch {best.prefetch}, no reshard"
+    )
     assert best.bucket_numel is None and best.atomic_units == plan.units
 
 
@@ -127,7 +129,7 @@ def _model_and_order() -> tuple[nn.Module, object]:
         (
             dict(bucket_numel="auto", cost_model=cost_model(), memory_budget=0),
             ValueError,
-            r"plan_wrap: memory_budget must be > 0 bytes per rank, got 0; pass None for no limit",
+            r"plan_wrap: memory_budget must be > 0 bytes per rank, got 0; pass None to plan within the device's memory",
         ),
         (
             dict(bucket_numel="auto", cost_model=cost_model(), memory_budget=-5),

@@ -528,7 +528,10 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
     assert out.splitlines()[0].endswith("GPT, captured symbolic (torch " + torch.__version__ + ")")
     assert "  11  blocks.1  (Block)  [unit 1]" in out
     assert "  unit 2: blocks.2, blocks.3  (24 parameters, 99968 elements" in out
-    assert "stats (prefetch 1, reshard after forward): 3 units, 5 all-gathers/step" in out
+    assert (
+        "figures (prefetch 1, every group but the root resharded after forward): 3 groups, 5 "
+        "all-gathers/step, 3 reduce-scatters/step, peak unsharded 861.50 KiB"
+    ) in out
     assert "tied parameters:\n  wte.weight = lm_head.weight" in out
 
     bare = tmp_path / "order.json"
@@ -1016,3 +1019,49 @@ def test_an_input_the_model_cannot_take_is_one_line_on_stderr(tmp_path: Path) ->
         "RuntimeError: The size of tensor a (999) must match the size of tensor b (64) at "
         "non-singleton dimension 1 (in the root module <root> (GPT))"
     ]
+
+
+# ------------------------------------------------------------- the current folder
+HOSTILE = """import pathlib
+pathlib.Path(__file__).with_name("IMPORTED").write_text("the stray tabulate.py ran")
+raise ImportError("a stray tabulate.py")
+"""
+
+
+def _console_script() -> list[str]:
+    """The installed ``execwrap`` command (not ``python -m``, which puts the current
+    folder on ``sys.path`` itself), else ``python -P -m execwrap`` (3.11+)."""
+    script = Path(sys.executable).with_name("execwrap")
+    if script.is_file():
+        return [str(script)]
+    if sys.version_info < (3, 11):
+        pytest.skip("no execwrap console script, and python -P needs 3.11")
+    return [sys.executable, "-P", "-m", "execwrap"]
+
+
+def test_report_never_imports_a_stray_module_from_the_current_folder(tmp_path):
+    (tmp_path / "tabulate.py").write_text(HOSTILE)
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    proc = subprocess.run(
+        [*_console_script(), "report", "--format", "json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "IMPORTED").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["execwrap-report", "tabulate.py"]
+
+
+def test_a_model_module_named_in_the_current_folder_is_found(tmp_path, monkeypatch):
+    (tmp_path / "my_model_here.py").write_text(
+        "import torch.nn as nn\n\ndef make():\n    return nn.Sequential(nn.Linear(4, 4))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    out = tmp_path / "r"
+    assert (
+        main(["report", "--model", "my_model_here:make", "--out", str(out), "--format", "json"])
+        == 0
+    )
+    assert sys.path[-1] == str(tmp_path)  # the folder of the module named, at the end
+    assert json.loads((out / "report.json").read_text())["plan"]["groups"] == [[""], ["0"]]
+    monkeypatch.delitem(sys.modules, "my_model_here")

@@ -91,7 +91,7 @@ def test_cost_model_folder_is_named_as_one(
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "0"],
             "--memory-budget '0': must be > 0 bytes per rank, got 0; leave --memory-budget out "
-            "for no limit",
+            "to plan within the device's memory",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "4e5"],
@@ -141,7 +141,7 @@ def test_negative_memory_budget_is_named(
     text = budget[-1].split("=")[-1]
     assert _err_line(capsys) == (
         f"execwrap: error: --memory-budget {text!r}: must be > 0 bytes per rank, got "
-        "-5368709120; leave --memory-budget out for no limit"
+        "-5368709120; leave --memory-budget out to plan within the device's memory"
     )
 
 
@@ -224,18 +224,24 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     shown = capsys.readouterr().out
     assert ", bucket size auto\n" in shown
     kept = sum(1 for f in plan["reshard_after_forward"][1:] if not f)
+    settings = (
+        f"prefetch {plan['prefetch']} (chosen), every group but the root resharded after forward"
+        if kept == 0
+        else f"prefetch {plan['prefetch']} (chosen), {kept} group{'' if kept == 1 else 's'} "
+        "besides the root not resharded after forward"
+    )
     assert (
-        f"auto plan: prefetch {plan['prefetch']}, {kept} group(s) besides the root not resharded "
-        f"after forward, predicted step {plan['estimate']['step_time_s'] * 1e3:.1f} ms, peak "
+        f"auto plan: {settings}, predicted step {plan['estimate']['step_time_s'] * 1e3:.3f} ms, "
+        "peak "
     ) in shown
     assert "on 2 ranks (budget 10.00 MiB)\n" in shown
     # the same counts `execwrap report` printed: at the auto plan's own choices
     peak = rows[f"peak unsharded (prefetch {plan['prefetch']}, as chosen)"]
     assert (
-        f"stats (the auto plan's choices, prefetch {plan['prefetch']}): "
-        f"{len(plan['units'])} units, {plan['estimate']['all_gathers']} all-gathers/step, "
-        f"peak unsharded {peak}\n"
+        f"figures ({settings}): {len(plan['units'])} groups, "
+        f"{plan['estimate']['all_gathers']} all-gathers/step, "
     ) in shown
+    assert f"peak unsharded {peak}\n" in shown
     page = (out / "report.html").read_text()
     assert '<section id="predicted">' in page
     assert ('id="chart-step"' in page and 'id="chart-candidates"' in page) or NO_CHARTS_LINE in page

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,13 +89,27 @@ def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
         env=environ,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,  # 165 s while other processes took 77% of a 2-core machine
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     cm = CostModel.load(tmp_path / "cost.json")
     assert (cm.world_size, cm.backend, cm.device_type) == (2, "gloo", "cpu")
     assert proc.stdout.count("wrote cost.json") == 1  # rank 0 only
     assert "fixed cost per group per collective" in proc.stdout
+    # progress on stderr, a line per phase (not a terminal), from rank 0 only
+    phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("calibrate: ")]
+    names = [
+        "the sweep of collectives and copies",
+        "compute rates",
+        "the optimizer step",
+        "compute beside a collective \\(overlap\\)",
+        "FSDP2 steps of synthetic stacks \\(fixed costs, in-step factors\\)",
+        "the wait for the slowest rank",
+    ]
+    patterns = [rf"calibrate: {i}/6 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
+    patterns.append(r"calibrate: measured in \d+ s")
+    assert len(phases) == len(patterns), proc.stderr[-4000:]
+    assert all(re.fullmatch(p, ln) for p, ln in zip(patterns, phases, strict=True)), phases
 
 
 def test_summary_shows_the_optimizer_curve() -> None:

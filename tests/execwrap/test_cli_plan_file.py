@@ -85,3 +85,26 @@ def test_plan_file_bad_usage_is_exit_2(
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert err.startswith("execwrap: error: " + message.format(path=str(path)))
+
+
+def test_report_of_a_pinned_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the plan.json that execwrap.save_plan writes beside a checkpoint is a --plan file too
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from execwrap import plan_wrap, save_plan
+    from execwrap.demo_models import Block, build_demo_model
+    from tracing import trace_execution_order
+
+    model = build_demo_model()
+    plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block}), bucket_numel=1)
+    path = save_plan(plan, tmp_path / "ckpt")
+    rc = main(["report", "--plan", str(path), "--out", str(tmp_path / "r"), "--format", "json"])
+    capsys.readouterr()
+    assert rc == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["plan"]["groups"] == plan.groups
+    other = ["report", "--model", "tests.execwrap.factories:gpt2", "--plan", str(path)]
+    assert main([*other, "--out", str(tmp_path / "r2"), "--format", "json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"execwrap: error: --plan: {path} was made for another model")
+    assert err.count("\n") == 1  # one line, no traceback

@@ -25,7 +25,7 @@ from execwrap import (
 )
 from execwrap.demo_models import GPT, Block, GPTConfig
 from execwrap.fsdp.first_step import FirstStepRecording, record_first_step
-from execwrap.fsdp.fsdp2 import _post_order
+from execwrap.fsdp.groups import post_order
 from tests.distributed._policy_cases import L0L2L1, BranchModel, hook_census
 from tracing import ParamInfo, ParamUse, trace_execution_order
 
@@ -278,9 +278,9 @@ def test_post_order_puts_nested_groups_first() -> None:
         ["blocks.0.mlp.fc", "blocks.0.mlp.proj", "blocks.1"],
         ["blocks.1.ln1"],
     ]
-    assert _post_order(model, groups) == [groups[2], groups[1], groups[0]]
+    assert post_order(model, groups) == [groups[2], groups[1], groups[0]]
     with pytest.raises(ValueError, match="enclose each other"):
-        _post_order(model, [["blocks.0", "blocks.1.ln1"], ["blocks.1", "blocks.0.ln1"]])
+        post_order(model, [["blocks.0", "blocks.1.ln1"], ["blocks.1", "blocks.0.ln1"]])
 
 
 def test_order_fingerprint_ignores_metadata() -> None:

@@ -273,7 +273,7 @@ def test_html_structure_and_charts(written, plan):
     assert doc.table_classes == ["summary", "units", "baselines", "calls", "params"]
     assert doc.tags.count("svg") == 2
     assert doc.tags.count("tr") == (
-        13  # summary rows with a plan
+        15  # summary rows with a plan
         + 1
         + len(plan.units)  # units header + rows
         + 1

@@ -114,14 +114,14 @@ CASES: list[tuple[str, Any, Any, str]] = [
         _set(("order", "schema_version"), 1.0),
         None,
         "malformed ExecutionOrder: field order.schema_version: expected an int layout version "
-        "(1 or 2), got float 1.0",
+        "(1, 2 or 3), got float 1.0",
     ),
     (
         "order-schema-version-true",
         _set(("order", "schema_version"), True),
         None,
         "malformed ExecutionOrder: field order.schema_version: expected an int layout version "
-        "(1 or 2), got bool True",
+        "(1, 2 or 3), got bool True",
     ),
     (
         "negative-numel",

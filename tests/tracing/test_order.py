@@ -21,7 +21,7 @@ def order() -> ExecutionOrder:
 
 def test_to_dict_from_dict_round_trip(order: ExecutionOrder) -> None:
     data = order.to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
     assert data["param_uses"][2] == {
         "module_fqn": "head",
         "call_index": 3,
@@ -247,7 +247,7 @@ def test_version_1_files_still_load(order: ExecutionOrder, tmp_path: Path) -> No
     path.write_text(json.dumps(data))
     loaded = ExecutionOrder.load(path)
     assert loaded == order
-    assert (loaded.zero_cost, loaded.warnings, loaded.schema_version) == (False, [], 2)
+    assert (loaded.zero_cost, loaded.warnings, loaded.schema_version) == (False, [], 3)
 
 
 def test_zero_cost_and_warnings_round_trip() -> None:

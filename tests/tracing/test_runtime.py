@@ -14,6 +14,7 @@ from execwrap.demo_models import GPT, GPTConfig
 from tracing import ExecutionOrder, ParamUse, RuntimeRecorder, TracingError, record_execution_order
 from tracing.nested import default_loss
 from tracing.runtime import RecorderState
+from tracing.runtime.step_calls import NO_AUTOGRAD_WARNING
 
 # ------------------------------------------------------------------ models
 
@@ -584,7 +585,11 @@ def test_eval_mode_and_no_grad_context_are_kept() -> None:
         order = record_execution_order(model, _x())
         assert not torch.is_grad_enabled()
     assert not model.training
-    assert order.param_backward_order[0] == "layer1.bias"  # backward still ran
+    # captured without autograd: no backward order, and the order says why
+    assert (order.training, order.grad_enabled) == (False, False)
+    assert (order.param_backward_order, order.module_backward_order) == ([], [])
+    assert order.warnings == [NO_AUTOGRAD_WARNING]
+    assert order.module_forward_order == ["", "layer0", "layer2", "layer1"]
 
 
 # --------------------------------------------------------------------- meta

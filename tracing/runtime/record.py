@@ -62,11 +62,11 @@ def record_execution_order(
     and values), buffers (e.g. BatchNorm statistics) restored, and the CPU and
     CUDA RNG states restored so the user's random stream does not shift (and,
     unless the model is wrapped by FSDP/DDP, the values of plain tensor
-    attributes). The training flag and ``requires_grad`` are never touched.
+    attributes). The training flag, ``requires_grad`` and autograd's mode are never
+    touched (under ``torch.no_grad()`` no backward runs; ``order.warnings`` says so).
 
-    Runs on the meta device too (meta model and meta inputs): no memory is
-    allocated for weights or activations, provided the model's control flow
-    depends on shapes only.
+    Runs on the meta device too (meta model and inputs: nothing allocated for
+    weights or activations), provided the model's control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
@@ -157,7 +157,7 @@ def record_step(
     param_dtype: torch.dtype | None,
 ) -> ExecutionOrder:
     """The recorded step's order (``param_dtype``: the dtype the parameters were cast to)."""
-    with recorder, torch.set_grad_enabled(backward or torch.is_grad_enabled()):
+    with recorder:  # in the caller's grad mode: under no_grad, no backward (the order says so)
         run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=recorder.timer)
     order = recorder.order
     if param_dtype is not None:
@@ -185,8 +185,7 @@ def _timed_step(
                 saved.clear_grads()
             timer = CallTimer(params.modules, clock)
             try:
-                with torch.set_grad_enabled(backward or torch.is_grad_enabled()):
-                    run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
+                run_step(model, args, kwargs, backward=backward, loss_fn=loss_fn, timer=timer)
             finally:
                 timer.remove()
             if timer.num_calls != len(order.module_forward_order):

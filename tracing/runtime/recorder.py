@@ -29,6 +29,7 @@ from tracing.runtime.estimate import FusedAttentionMode, RooflineMode
 from tracing.runtime.hooks import HookSet
 from tracing.runtime.op_record import OpRecordMode
 from tracing.runtime.param_map import ParamMap
+from tracing.runtime.step_calls import NO_AUTOGRAD_WARNING, StepCalls, keep_calls
 from tracing.runtime.timing import CallTimer, Clock, CudaClock, PerfClock, VirtualClock
 from tracing.runtime.use_mode import ParamUseMode
 
@@ -82,6 +83,13 @@ class RuntimeRecorder:
     RNG (use :func:`record_execution_order` for a self-contained capture that
     restores them).
 
+    The order holds the calls of one step: when some top-level calls run in
+    training mode with autograd and others do not (a ``generate`` loop under
+    ``torch.no_grad()``, an evaluation pass), the others are left out, with a
+    note in ``order.warnings`` (:mod:`tracing.runtime.step_calls`). The order
+    records the mode of its calls (``training``, ``grad_enabled``); one
+    recorded without autograd has no backward order, and says so.
+
     With ``timing``, the order also gets per-call compute times and saved
     activation bytes (:mod:`tracing.runtime.timing`): ``True`` measures them
     (``time.perf_counter_ns`` on CPU, CUDA events on GPU; the times include
@@ -126,6 +134,7 @@ class RuntimeRecorder:
         self._seen_params: set[str] = set()
         self._param_uses: list[ParamUse] = []
         self._recompute_order: list[str] = []
+        self._steps = StepCalls()
         self._backward = GradReadyOrder()
         self._calls = CallStack(ParamUseMode(self._params.fqn_of, self._on_use))
         #: innermost module an exception unwound through: (fqn, class, exc).
@@ -182,6 +191,8 @@ class RuntimeRecorder:
             calls.push(module, CallKind.RECOMPUTE, None)
             return
         target = (fqn, len(self._module_forward_order))
+        if calls.forward_depth() == 0:
+            self._steps.top_level(target[1], fqn, module)
         self._module_forward_order.append(fqn)
         self._module_call_depths.append(calls.forward_depth())
         calls.push(module, CallKind.FORWARD, target)
@@ -302,15 +313,24 @@ class RuntimeRecorder:
 
     def _build_order(self) -> ExecutionOrder:
         params = self._params
-        return ExecutionOrder(
+        fields: dict[str, Any] = dict(
             module_forward_order=list(self._module_forward_order),
             module_call_depths=list(self._module_call_depths),
             param_forward_order=list(self._param_forward_order),
             param_uses=list(self._param_uses),
+            **self._timing_fields(),
+        )
+        calls = len(self._module_forward_order)
+        keep = self._steps.kept(calls)
+        if keep is not None:  # calls outside the training step (see step_calls)
+            fields = keep_calls(fields, keep)
+        mode = self._steps.mode()
+        return ExecutionOrder(
+            **fields,
             param_backward_order=list(self._backward.order),
             module_backward_order=module_backward_order(
                 self._backward.order,
-                self._module_forward_order,
+                fields["module_forward_order"],
                 params.names,
                 params.module_classes,
             ),
@@ -319,8 +339,23 @@ class RuntimeRecorder:
             params=params.param_infos(),
             module_classes=dict(params.module_classes),
             method="runtime",
-            **self._timing_fields(),
+            training=None if mode is None else mode.training,
+            grad_enabled=None if mode is None else mode.grad_enabled,
+            warnings=self._warnings(calls),
         )
+
+    def _warnings(self, calls: int) -> list[str]:
+        """Calls left out of the step, and a recording without autograd (each logged)."""
+        out = []
+        note = self._steps.left_out_note(calls)
+        if note is not None:
+            out.append(note)
+        mode = self._steps.mode()
+        if mode is not None and not mode.grad_enabled:
+            out.append(NO_AUTOGRAD_WARNING)
+        for line in out:
+            logger.info("RuntimeRecorder: %s", line)
+        return out
 
 
 def timing_clock(model: nn.Module, timing: bool | ComputeRates) -> Clock:

@@ -28,7 +28,9 @@ class AutoOptions:
         cost_model: the :class:`~execwrap.cost.CostModel` that prices every candidate.
         world_size: ranks planned for (``None``: the cost model's own world size); the cost
             model was checked to fit it.
-        memory_budget: peak memory per rank in bytes, or ``None`` for no limit.
+        memory_budget: peak memory per rank in bytes, or ``None`` (``plan_wrap`` then
+            plans within the device's memory less a reserve; ``search_plan`` alone:
+            no limit).
         optimizer: the optimizer whose state the memory model counts
             (:data:`execwrap.simulate.OPTIMIZERS`; ``"adamw"`` when not given).
     """
@@ -63,7 +65,7 @@ def check_memory_budget(memory_budget: Any, where: str) -> int | None:
     except ValueError as e:
         raise ValueError(
             f"{where}: memory_budget must be > 0 bytes per rank, got {memory_budget!r}; pass "
-            "None for no limit"
+            "None to plan within the device's memory"
         ) from e
 
 

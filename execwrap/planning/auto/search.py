@@ -62,16 +62,15 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from execwrap.errors import MemoryBudgetError
-from execwrap.plan.search_record import Candidate, CandidateKind, PlanSearch
+from execwrap.plan.search_record import Candidate, CandidateKind, PlanSearch, candidate_label
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import AutoOptions, check_auto_options
 from execwrap.planning.auto.partition import best_partition
 from execwrap.util.formatting import format_bytes
-from execwrap.util.text import plural
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -143,7 +142,7 @@ def search_plan(
     Example:
         >>> best = search_plan(plan, CostModel.preset("h100-nvlink-8"))  # doctest: +SKIP
         >>> best.prefetch, best.search.best.label  # doctest: +SKIP
-        (1, '4 groups of 2 units, prefetch 1')
+        (1, 'root + 4 groups of 2 units, prefetch 1')
     """
     options = check_auto_options(
         "search_plan", "auto", cost_model, world_size, memory_budget, optimizer=optimizer
@@ -316,7 +315,7 @@ class _Evaluations:
         estimate = self.space.simulate(groups, prefetch, flags)
         peak = int(estimate.peak_memory_bytes)
         candidate = Candidate(
-            label=label or _label(groups, prefetch, flags),
+            label=label or candidate_label([j - i for i, j in groups], prefetch, flags),
             kind=kind,
             group_sizes=tuple(j - i for i, j in groups),
             prefetch=prefetch,
@@ -330,21 +329,6 @@ class _Evaluations:
         self.estimates.append(estimate)
         self.keys.append(key)
         return candidate
-
-
-def _label(groups: Sequence[tuple[int, int]], prefetch: int, flags: Sequence[bool]) -> str:
-    sizes = {j - i for i, j in groups}
-    shape = plural(len(groups), "group")
-    if len(sizes) == 1:  # all of one size: say which
-        shape += f" of {plural(sizes.pop(), 'unit')}"
-    kept = sum(1 for f in flags if not f)
-    if kept == 0:
-        reshard = ""
-    elif kept == len(flags):
-        reshard = ", no reshard"
-    else:
-        reshard = f", no reshard: last {kept}"
-    return f"{shape}, prefetch {prefetch}{reshard}"
 
 
 def _choose(

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto import mergeable
 from execwrap.planning.bucketing import merge_units
-from execwrap.simulate import UnitCompute, simulate_step, unit_compute
+from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
 from execwrap.simulate.facts import SimulationFacts
+from execwrap.simulate.step import step_estimate
 
 logger = logging.getLogger(__name__)
 
@@ -371,7 +372,7 @@ class SearchSpace:
     def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
         """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
         plan, compute = self._planned(groups)
-        return simulate_step(
+        return step_estimate(
             plan,
             self.cost_model,
             world_size=self.world_size,
