@@ -149,21 +149,22 @@ def example_inputs(model: Any, entry: ModelEntry) -> dict[str, Any]:
     also gets decoder ids ``[BATCH, SEQUENCE // 2]``; an image classifier gets pixel
     values ``[BATCH, num_channels, height, width]`` of its config's image size.
     Each goes to the argument ``forward`` has for it: ``input_ids``, else the
-    model's ``main_input_name``. ``use_cache=False`` where ``forward`` takes it: a
-    training step keeps no cache of keys and values.
+    model's ``main_input_name``. ``use_cache=False`` where ``forward`` takes it (also
+    through ``**kwargs`` when the config has ``use_cache``): a training step keeps no
+    cache of keys and values. A config that fixes the training length (Reformer's
+    ``axial_pos_shape``: its product) sets the sequence length.
     """
     import inspect
+    import math
 
     import torch
 
     config = model.config
     params = inspect.signature(model.forward).parameters
     main = getattr(model, "main_input_name", "input_ids")
-    if "for_image_classification" in entry.mappings and not set(entry.mappings) & {
-        "for_causal_lm",
-        "for_masked_lm",
-        "for_seq_to_seq_causal_lm",
-    }:
+    text_mappings = {"for_causal_lm", "for_masked_lm", "for_seq_to_seq_causal_lm"}
+    image = "for_image_classification" in entry.mappings and not set(entry.mappings) & text_mappings
+    if image and main != "input_ids":  # ImageGPT classifies images given as token ids
         vision = _image_config(config)
         height, width = _side(getattr(vision, "image_size", None))
         channels = getattr(vision, "num_channels", None) or 3
@@ -175,12 +176,15 @@ def example_inputs(model: Any, entry: ModelEntry) -> dict[str, Any]:
     }
     token = next(i for i in range(vocab - 1, -1, -1) if i not in special)
     rows = BATCH * (getattr(text, "num_codebooks", None) or 1)
-    ids = torch.full((rows, SEQUENCE), token, dtype=torch.long)
+    # A config that fixes the training length (Reformer's axial position shape) sets it.
+    sequence = math.prod(getattr(config, "axial_pos_shape", None) or ()) or SEQUENCE
+    ids = torch.full((rows, sequence), token, dtype=torch.long)
     out: dict[str, Any] = {"input_ids" if "input_ids" in params else main: ids}
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         out["decoder_input_ids"] = torch.full((rows, SEQUENCE // 2), token, dtype=torch.long)
-    if "use_cache" in params:  # a training step keeps no cache of keys and values
-        out["use_cache"] = False
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "use_cache" in params or (takes_kwargs and hasattr(config, "use_cache")):
+        out["use_cache"] = False  # a training step keeps no cache of keys and values
     return out
 
 
@@ -230,7 +234,7 @@ def _capture(entry: ModelEntry, cost: Any) -> tuple[Any, Any, str]:
     """The fake model, its timed order and the level, trying the levels in turn.
 
     Raises:
-        _BuildError: no level builds (the first level's error).
+        _BuildError: no level builds (:func:`_build_reason`).
         Exception: the first capture error of a level that built.
     """
     from tracing import capture_execution_order
@@ -257,7 +261,23 @@ def _capture(entry: ModelEntry, cost: Any) -> tuple[Any, Any, str]:
     if capture_error is not None:
         raise capture_error
     assert build_error is not None
-    raise _BuildError(_first_line(build_error)) from build_error
+    raise _BuildError(_build_reason(entry, build_error)) from build_error
+
+
+def _build_reason(entry: ModelEntry, error: BaseException) -> str:
+    """Why no level builds: a missing library, transformers' own default config of the
+    class failing too, or the first level's error."""
+    from benchmarks._tiny_configs import build_meta
+
+    if isinstance(error, ImportError):
+        return _first_line(error)
+    try:
+        build_meta(entry, ("defaults",))
+    except ImportError as e:
+        return _first_line(e)
+    except Exception as e:  # noqa: BLE001 - the reason reported
+        return f"transformers' default config of the class does not build it: {_first_line(e)}"
+    return _first_line(error)
 
 
 class _BuildError(Exception):
@@ -269,9 +289,8 @@ def run_class(entry: ModelEntry, cost: Any | None = None) -> Row:
     from execwrap import CostModel
 
     cost = cost or CostModel.preset(PRESET)
-    row = Row(
-        entry.class_name, tuple(m.removeprefix("for_") for m in entry.mappings if m in MAPPINGS)
-    )
+    mappings = tuple(dict.fromkeys(m.removeprefix("for_") for m in entry.mappings if m in MAPPINGS))
+    row = Row(entry.class_name, mappings)
     start = time.perf_counter()
     with _quiet():
         try:

@@ -25,6 +25,7 @@ train for real on CPU (:func:`build_real`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -56,10 +57,20 @@ _HEAD_DIMS = re.compile(r"^(\w+_)?head_dim$")
 _OFFSET = re.compile(r"^(\w+)_offset$")
 
 #: How much :func:`tiny_config` shrinks: everything, everything and the sizes a class
-#: leaves at ``None``, the counts only, nothing.
-LEVELS = ("shrunk", "filled", "counts", "defaults")
+#: leaves at ``None``, the counts only, the widths only (every layer kept), nothing.
+LEVELS = ("shrunk", "filled", "counts", "widths", "defaults")
 #: The shrunk value of a size, by its pattern, for sizes left at ``None`` (``"filled"``).
-_FILL = ((_EXPERTS, 4), (_KV_HEADS, 2), (_HEAD_DIMS, 16), (re.compile(r"^vocab_size$"), 128))
+_FILL = (
+    (_EXPERTS, 4),
+    (_PER_TOKEN, 2),
+    (_SHARED, 1),
+    (_KV_HEADS, 2),
+    (_HEAD_DIMS, 16),
+    (re.compile(r"^vocab_size$"), 128),
+    (re.compile(r"^pad_token_id$"), 0),
+)
+#: The levels that shrink widths (heads, hidden and feed-forward sizes, image size).
+_WIDTHS = ("shrunk", "filled", "widths")
 
 
 def _is_int(v: Any) -> bool:
@@ -69,14 +80,14 @@ def _is_int(v: Any) -> bool:
 def _shrunk(key: str, v: int, level: str) -> int | None:
     """``key``'s shrunk value, or ``None`` to keep it."""
     if _LAYERS.search(key):
-        return min(v, 2)
+        return None if level == "widths" else min(v, 2)
     if _EXPERTS.match(key):
         return min(v, 4)
     if _PER_TOKEN.match(key):
         return min(v, 2)
     if _SHARED.match(key) or _EXPERT_GROUPS.match(key):
         return min(v, 1)
-    if level in ("shrunk", "filled"):
+    if level in _WIDTHS:
         if key == "image_size":
             return min(v, 64)
         for pattern, value in (
@@ -104,10 +115,48 @@ def _layers_for_kinds(values: dict[str, Any], layers: int) -> int:
     return need
 
 
-def _overrides(config: Any, level: str) -> dict[str, Any]:
-    values = config.to_dict()
+def _derived(config: Any) -> set[str]:
+    """The keys of ``config.to_dict()`` its class derives from others (``head_dim`` from
+    the hidden size and heads, ``qk_head_dim`` from its parts): not dataclass fields, or
+    fields whose value differs from the field's default. Empty for a config class that
+    is no dataclass. Passing a derived key would keep it from being derived again."""
+    if not dataclasses.is_dataclass(config):
+        return set()
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    out = set()
+    for key, v in config.to_dict().items():
+        f = fields.get(key)
+        if f is None:
+            out.add(key)
+        elif f.default is not dataclasses.MISSING and f.default is None and v is not None:
+            out.add(key)
+    return out
+
+
+def _filled_choices(values: dict[str, Any]) -> dict[str, Any]:
+    """Choices a class leaves open that its config fixes (``"filled"``): a ``default_<x>``
+    left at ``None`` is the first of the config's ``<x>s``; flat rope parameters are
+    given to each layer kind of ``layer_types`` (a class that keys them by kind)."""
     out: dict[str, Any] = {}
     for key, v in values.items():
+        choices = values.get(f"{key.removeprefix('default_')}s")
+        if key.startswith("default_") and v is None and isinstance(choices, (list, tuple)):
+            if choices:
+                out[key] = choices[0]
+    kinds = values.get("layer_types")
+    rope = values.get("rope_parameters")
+    if isinstance(kinds, list) and isinstance(rope, dict) and "rope_type" in rope:
+        out["rope_parameters"] = {kind: dict(rope) for kind in dict.fromkeys(kinds)}
+    return out
+
+
+def _overrides(config: Any, level: str) -> dict[str, Any]:
+    values = config.to_dict()
+    derived = _derived(config) - set(getattr(config, "sub_configs", {}) or {})
+    out: dict[str, Any] = {}
+    for key, v in values.items():
+        if key in derived:
+            continue
         if level == "filled" and v is None:
             filled = [value for pattern, value in _FILL if pattern.match(key)]
             if filled:
@@ -119,9 +168,13 @@ def _overrides(config: Any, level: str) -> dict[str, Any]:
                     small = max(small, _layers_for_kinds(values, v))
                 out[key] = small
         elif isinstance(v, list) and v and all(_is_int(x) and x >= 1 for x in v):
-            if _HEADS.match(key) and level in ("shrunk", "filled"):  # per-stage heads
+            if _HEADS.match(key) and level in _WIDTHS:  # per-stage heads
                 out[key] = [min(x, 4) for x in v]
-    if level in ("shrunk", "filled") and _is_int(values.get("vocab_size")):
+            elif _FFN.match(key) and level in _WIDTHS:  # per-layer feed-forward sizes
+                out[key] = [min(x, 64) for x in v]
+    if level == "filled":
+        out.update(_filled_choices(values))
+    if level in _WIDTHS and _is_int(values.get("vocab_size")) and "vocab_size" not in derived:
         ids = [
             v for k, v in values.items() if k.endswith(("_token_id", "_token_index")) and _is_int(v)
         ]
