@@ -137,8 +137,12 @@ so the predicted steps are a fraction of a millisecond and dominated by collecti
 latency: the columns compare the two plans' structure (execwrap merges the blocks into
 fewer groups), not the cost of the full-size models. The config column says which
 level of the generic shrink built and captured: `shrunk`; `filled` (a size the class
-leaves at `None` given its shrunk value); `counts` (layers and experts shrunk, widths
-kept, where the shrunk widths break a size the class ties to another).
+leaves at `None` given its shrunk value, and choices it leaves open that its config
+fixes); `counts` (layers and experts shrunk, widths kept, where the shrunk widths break
+a size the class ties to another); `widths` (widths and experts shrunk, every layer kept,
+where the class ties its layer counts or per-layer lists together). A class that no level
+builds says why (a library that is not installed, or transformers' own default config of
+the class failing too).
 
 Rerun: `python -m benchmarks.architectures` (writes this page and
 `benchmarks/results/architectures-*.md`); the default test run checks a sample of
@@ -148,11 +152,20 @@ Rerun: `python -m benchmarks.architectures` (writes this page and
 
 def page(rows: Sequence[Row], when: str, result_file: str, machine: str) -> str:
     """The documentation page for a full run."""
+    import transformers
+
     intro = _INTRO.format(preset=PRESET, world=WORLD_SIZE, sample=len(SAMPLE))
     return (
-        f"{intro}\n## {when} (latest)\n\n{machine}; `{result_file}`; the predictions do not "
+        f"{intro}\n## {when} (latest)\n\ntransformers {transformers.__version__}; {machine}; "
+        f"`{result_file}`; the predictions do not "
         f"depend on the machine.\n\n{tables(rows)}"
     )
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -174,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     note = (
         "# Architectures: captured without computing, planned, predicted\n\n"
-        f"{len(rows)} classes; predictions on `{PRESET}` ({WORLD_SIZE} ranks). "
+        f"{len(rows)} classes; transformers {_transformers_version()}; "
+        f"predictions on `{PRESET}` ({WORLD_SIZE} ranks). "
         f"Wall time {sum(r.seconds for r in rows):.0f} s (under load, not a benchmark of speed)."
     )
     path = publish("architectures", note, tables(rows), args)
