@@ -177,7 +177,8 @@ def example_inputs(model: Any, entry: ModelEntry) -> dict[str, Any]:
     token = next(i for i in range(vocab - 1, -1, -1) if i not in special)
     rows = BATCH * (getattr(text, "num_codebooks", None) or 1)
     # A config that fixes the training length (Reformer's axial position shape) sets it.
-    sequence = math.prod(getattr(config, "axial_pos_shape", None) or ()) or SEQUENCE
+    axial = getattr(config, "axial_pos_shape", None)
+    sequence = math.prod(axial) if axial else SEQUENCE
     ids = torch.full((rows, sequence), token, dtype=torch.long)
     out: dict[str, Any] = {"input_ids" if "input_ids" in params else main: ids}
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:

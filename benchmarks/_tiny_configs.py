@@ -123,30 +123,37 @@ def _derived(config: Any) -> set[str]:
     if not dataclasses.is_dataclass(config):
         return set()
     fields = {f.name: f for f in dataclasses.fields(config)}
+    stored = set((getattr(config, "attribute_map", None) or {}).values())  # a field's alias
     out = set()
     for key, v in config.to_dict().items():
         f = fields.get(key)
         if f is None:
-            out.add(key)
+            if key not in stored:
+                out.add(key)
         elif f.default is not dataclasses.MISSING and f.default is None and v is not None:
             out.add(key)
     return out
 
 
+def _keep_heads_tied(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """A key-value head count equal to the head count (multi-head attention, which
+    latent attention requires) stays equal to it when both are shrunk."""
+    heads = [k for k in values if _HEADS.match(k) and k in out and _is_int(out[k])]
+    for key in [k for k in out if _KV_HEADS.match(k)]:
+        tied = [h for h in heads if values[h] == values[key]]
+        if tied:
+            out[key] = out[tied[0]]
+
+
 def _filled_choices(values: dict[str, Any]) -> dict[str, Any]:
     """Choices a class leaves open that its config fixes (``"filled"``): a ``default_<x>``
-    left at ``None`` is the first of the config's ``<x>s``; flat rope parameters are
-    given to each layer kind of ``layer_types`` (a class that keys them by kind)."""
+    left at ``None`` is the first of the config's ``<x>s`` (X-MOD's default language)."""
     out: dict[str, Any] = {}
     for key, v in values.items():
         choices = values.get(f"{key.removeprefix('default_')}s")
         if key.startswith("default_") and v is None and isinstance(choices, (list, tuple)):
             if choices:
                 out[key] = choices[0]
-    kinds = values.get("layer_types")
-    rope = values.get("rope_parameters")
-    if isinstance(kinds, list) and isinstance(rope, dict) and "rope_type" in rope:
-        out["rope_parameters"] = {kind: dict(rope) for kind in dict.fromkeys(kinds)}
     return out
 
 
@@ -174,6 +181,7 @@ def _overrides(config: Any, level: str) -> dict[str, Any]:
                 out[key] = [min(x, 64) for x in v]
     if level == "filled":
         out.update(_filled_choices(values))
+    _keep_heads_tied(values, out)
     if level in _WIDTHS and _is_int(values.get("vocab_size")) and "vocab_size" not in derived:
         ids = [
             v for k, v in values.items() if k.endswith(("_token_id", "_token_index")) and _is_int(v)
