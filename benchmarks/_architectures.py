@@ -18,11 +18,14 @@ For each class of those auto mappings (:func:`suite_entries`), :func:`run_class`
    (:func:`execwrap.integrations.transformers.load_fsdp_plan`, where the model has
    one) with :func:`execwrap.simulate_step` on one cost-model preset.
 
-Where the shrunk config builds but fails to capture (a size it ties to another that the
-shrink broke), the class is captured again from its ``"counts"`` config (widths kept,
-two layers): on fake tensors widths cost nothing. A default config (full depth) is never
-tried. A class that fails every way is kept
-with the stage and the reason (:attr:`Row.failed`, :attr:`Row.reason`).
+Where the shrunk config does not build or fails to capture (a size it ties to another
+that the shrink broke), the next level of the generic shrink is tried
+(:data:`CAPTURE_LEVELS`: sizes left at ``None`` filled, then the widths kept with two
+layers, then every layer kept with small widths): on fake tensors sizes cost nothing.
+transformers' own default config is never captured, only built to tell a broken default
+from a shrink that fails. A class that fails every way is kept with the stage and the
+reason (:attr:`Row.failed`, :attr:`Row.reason`): a library that is not installed,
+transformers' default config failing too, or the capture error (module, op, source line).
 """
 
 from __future__ import annotations

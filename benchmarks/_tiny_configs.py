@@ -7,14 +7,20 @@ a hybrid's attention layer after its linear-attention ones; experts to 4 with 2 
 token, heads to 4 (2 key-value heads, also in per-stage lists), hidden sizes to 64
 with 16 per head, feed-forward sizes to 64, the vocabulary to 128 or just above the
 largest special token id), recursively in each sub-config (text, vision, audio). Only
-the shrunk fields are passed to the config class, so that fields derived from them
-(``layer_types``, ``head_dim``) are derived again. A class of the causal-LM mapping
-alone is built as a decoder (``is_decoder=True``, as its users build it).
+the shrunk fields are passed to the config class, and never a field the class derives
+from others (one its ``__post_init__`` sets: ``layer_types``, ``head_dim``,
+DeepSeek's ``qk_head_dim``), so that those are derived again from the shrunk sizes. A
+key-value head count equal to the head count stays equal (latent attention needs it).
+A class of the causal-LM mapping alone is built as a decoder (``is_decoder=True``, as
+its users build it).
 
 Where a class refuses the full shrink, the next level is tried (:data:`LEVELS`):
 ``"filled"`` also gives a size the class leaves at ``None`` by default (``head_dim``,
-key-value heads, experts, vocabulary) its shrunk value; ``"counts"`` shrinks the
-counts alone (layers, experts), keeping the widths; ``"defaults"`` shrinks nothing.
+key-value heads, experts, experts per token, shared experts, vocabulary, padding id)
+its shrunk value, and a ``default_<x>`` it leaves open the first of its config's
+``<x>s``; ``"counts"`` shrinks the counts alone (layers, experts), keeping the widths;
+``"widths"`` shrinks the widths and experts and keeps every layer (for a class that
+ties its layer counts or per-layer lists together); ``"defaults"`` shrinks nothing.
 :attr:`Built.level` says which worked.
 
 On the meta device and under fake tensors sizes cost nothing; shrinking keeps building

@@ -47,7 +47,12 @@ __all__ = ["PAGE", "QUICK", "main", "page", "summary"]
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "architectures.md"
 #: The ``--quick`` classes.
-QUICK = ("LlamaForCausalLM", "T5ForConditionalGeneration", "BertForMaskedLM", "ViTForImageClassification")
+QUICK = (
+    "LlamaForCausalLM",
+    "T5ForConditionalGeneration",
+    "BertForMaskedLM",
+    "ViTForImageClassification",
+)
 _SHORT = {m: m.removeprefix("for_") for m in MAPPINGS}
 
 

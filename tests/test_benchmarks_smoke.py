@@ -34,6 +34,7 @@ CASES = [
     ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
     ("autoplan", ["-m", "benchmarks.autoplan"], True),
     ("published", ["-m", "benchmarks.published"], True),
+    ("architectures", ["-m", "benchmarks.architectures"], True),
 ]
 
 

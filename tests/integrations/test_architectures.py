@@ -94,7 +94,9 @@ def test_the_widths_level_keeps_every_layer() -> None:
     from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import GPTNeoConfig
 
-    with pytest.raises(StrictDataclassClassValidationError, match="len\\(config.attention_layers\\)"):
+    with pytest.raises(
+        StrictDataclassClassValidationError, match="len\\(config.attention_layers\\)"
+    ):
         tiny_config(GPTNeoConfig)
     config = tiny_config(GPTNeoConfig, "widths")
     assert (config.num_layers, config.hidden_size, config.num_heads) == (24, 64, 4)
