@@ -10,10 +10,12 @@ trains it :data:`STEPS` steps twice on its own batches:
    (:func:`execwrap.plan_wrap`, ``bucket_numel="auto"``: groups, prefetch,
    resharding), applied with :func:`execwrap.apply_fully_shard`;
 2. **plain FSDP2**: ``fully_shard`` by hand on every block (the classes of
-   :func:`benchmarks._architectures.wrap_policy`), then on the root.
+   :func:`benchmarks._architectures.wrap_policy`; a block holding a parameter tied to
+   one outside it stays with the root), then on the root.
 
-The losses are equal (in float32 a grouping moves parameters, not arithmetic), the
-groups built are the plan's, and the model trained (the loss moved). One spawn runs
+The losses are equal to float32 rounding (:data:`RTOL`: a grouping moves parameters,
+and at most the order in which a tied parameter's gradients are summed), the groups
+built are the plan's, and the model trained (the loss moved). One spawn runs
 the whole list in sequence; the default run takes :data:`FAST`, the rest is ``slow``.
 """
 
@@ -29,6 +31,10 @@ pytest.importorskip("transformers")
 
 STEPS = 2
 LR = 1e-2
+#: Relative tolerance of the losses: one float32 rounding step (2**-23 = 1.19e-7) of a
+#: loss near 1, doubled. Other groups sum a tied parameter's gradients (T5's shared
+#: embedding, used by the encoder, the decoder and the head) in another order.
+RTOL = 2.4e-7
 #: The default run's sample, one or two per family.
 FAST = (
     "LlamaForCausalLM",  # dense decoder
@@ -53,14 +59,14 @@ REST = (
     "RobertaForMaskedLM",  # encoder
     "ResNetForImageClassification",  # convolutions, batch norm
     "ConvNextForImageClassification",  # convolutions
-    "SwinForImageClassification",  # windowed attention
-    "Qwen2_5_VLForConditionalGeneration",  # multimodal
+    "BeitForImageClassification",  # relative position bias
+    "GitForCausalLM",  # multimodal: image encoder and text decoder
 )
 
 
 def _batch(model: Any, entry: Any, seed: int) -> dict[str, Any]:
     """The example inputs' shapes with random values from ``seed`` (token ids in the
-    vocabulary, pixel values in [0, 1))."""
+    vocabulary, pixel values in [0, 1)); other arguments as they are."""
     import torch
 
     from benchmarks._architectures import example_inputs
@@ -68,7 +74,9 @@ def _batch(model: Any, entry: Any, seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, t in example_inputs(model, entry).items():
-        if t.is_floating_point():
+        if not isinstance(t, torch.Tensor):  # use_cache=False
+            out[name] = t
+        elif t.is_floating_point():
             out[name] = torch.rand(t.shape, generator=g)
         else:
             out[name] = torch.randint(0, int(t.max()) + 1, t.shape, generator=g)
@@ -118,7 +126,6 @@ def _execwrap_plan(model: Any, entry: Any, world_size: int) -> Any:
 def _one(entry: Any, rank: int, world_size: int) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
-    from benchmarks._architectures import wrap_policy
     from benchmarks._tiny_configs import build_real
     from execwrap import apply_fully_shard
     from execwrap.integrations import fsdp_groups
@@ -129,12 +136,31 @@ def _one(entry: Any, rank: int, world_size: int) -> dict[str, Any]:
     apply_fully_shard(model, plan, prefetch="auto")
     ours = {"groups": fsdp_groups(model), "losses": _train(model, batches)}
     plain_model = build_real(entry, seed=0).model
-    blocks = tuple(wrap_policy(plain_model)._module_classes)
-    for module in reversed(list(plain_model.modules())):  # children first
-        if isinstance(module, blocks):
-            fully_shard(module)
+    for module in _plain_blocks(plain_model):
+        fully_shard(module)
     fully_shard(plain_model)
     return {"ours": ours, "plain": _train(plain_model, batches), "plan": plan.groups}
+
+
+def _plain_blocks(model: Any) -> list[Any]:
+    """The blocks plain FSDP2 is applied to, children first: the modules of
+    :func:`benchmarks._architectures.wrap_policy`'s classes, less a block holding a
+    parameter tied to one outside it (BERT's word embeddings and its decoder): FSDP2
+    refuses a tied parameter in two groups, so by hand it stays with the root."""
+    from collections import Counter
+
+    from benchmarks._architectures import wrap_policy
+
+    blocks = tuple(wrap_policy(model)._module_classes)
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    out = []
+    for module in reversed(list(model.modules())):
+        if not isinstance(module, blocks):
+            continue
+        inside = Counter(id(p) for _, p in module.named_parameters(remove_duplicate=False))
+        if all(uses[i] == n for i, n in inside.items()):
+            out.append(module)
+    return out
 
 
 def _worker(rank: int, world_size: int, names: tuple[str, ...]) -> dict[str, Any]:
@@ -148,11 +174,15 @@ def _worker(rank: int, world_size: int, names: tuple[str, ...]) -> dict[str, Any
 
 
 def _check(names: tuple[str, ...]) -> None:
+    import torch
+
     results = run_ranks(_worker, args=(names,), timeout_s=600)
     for name in names:
         for rank, per_rank in enumerate(results):
             got = per_rank[name]
-            assert got["ours"]["losses"] == got["plain"], (name, rank)
+            torch.testing.assert_close(
+                got["ours"]["losses"], got["plain"], rtol=RTOL, atol=0, msg=f"{name}, rank {rank}"
+            )
             assert got["ours"]["losses"][0] != got["ours"]["losses"][-1], (name, rank)
             built = sorted(sorted(g) for g in got["ours"]["groups"])
             assert built == sorted(sorted(g) for g in got["plan"]), (name, rank)
