@@ -194,10 +194,11 @@ def plan_wrap(
         memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
         optimizer: ``"auto"`` only: the optimizer priced
             (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
-        group, across_ranks: with a process group initialised, planning is a collective
-            of ``group`` (default ``WORLD``): every rank plans from the slowest rank's
-            compute times (:mod:`execwrap.distributed.timing`) and a failing rank is named on
-            the others (:mod:`execwrap.distributed.status`). ``across_ranks``: ``None``, for
+        group: with a process group initialised, planning is a collective of ``group``
+            (default ``WORLD``): every rank plans from the slowest rank's compute times
+            (:mod:`execwrap.distributed.timing`) and a failing rank is named on the others
+            (:mod:`execwrap.distributed.status`).
+        across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
     Returns:

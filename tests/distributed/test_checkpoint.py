@@ -8,7 +8,7 @@ equal to the bit; after a change of world size they agree to ``RTOL`` (the
 batch mean is summed in another order).
 
 One spawn of 2 ranks runs the same-world cases (FSDP2 per-block -> auto-bucketed,
-FSDP2 prefetch/resharding change, FSDP1 -> FSDP1 with ``SHARDED_STATE_DICT``,
+FSDP2 prefetch/resharding change, FSDP1 per block -> FSDP1 per sublayer with ``SHARDED_STATE_DICT``,
 FSDP1 -> FSDP2, a restart from the pinned plan, and the refusals); the
 world-size change runs 2 ranks -> 1 rank.
 """
@@ -30,11 +30,10 @@ from execwrap import (
     ModuleWrapPolicy,
     ParamExecOrderWrapPolicy,
     TracingConfig,
-    always_wrap_policy,
     apply_fully_shard,
     plan_wrap,
 )
-from execwrap.demo_models import GPT, Block, GPTConfig
+from execwrap.demo_models import GPT, MLP, Block, CausalSelfAttention, GPTConfig
 from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
 from execwrap.plan.pinned import PLAN_FILE, load_plan, save_plan
 from tests._dist import run_ranks
@@ -110,7 +109,11 @@ def fsdp1(policy: str, *, use_orig_params: bool) -> Shard:
         if policy == "blocks":
             p = ParamExecOrderWrapPolicy(ModuleWrapPolicy({Block}), TracingConfig())
         else:
-            p = ParamExecOrderWrapPolicy(always_wrap_policy, TracingConfig(), bucket_numel=20_000)
+            # finer units: attention and MLP of each block (FSDP1 builds no bucketed
+            # group that no called module holds exactly)
+            p = ParamExecOrderWrapPolicy(
+                ModuleWrapPolicy({CausalSelfAttention, MLP}), TracingConfig()
+            )
         wrapped = FullyShardedDataParallel(
             model,
             auto_wrap_policy=p,
@@ -148,7 +151,10 @@ PAIRS: dict[str, tuple[Shard, Shard]] = {
         _FSDP2_BLOCKS,
         fsdp2(prefetch=2, reshard_after_forward=False),
     ),
-    "FSDP1 per-block -> bucketed": (_FSDP1_BLOCKS, fsdp1("bucketed", use_orig_params=True)),
+    "FSDP1 per-block -> per-sublayer": (
+        _FSDP1_BLOCKS,
+        fsdp1("sublayers", use_orig_params=True),
+    ),
     "FSDP1 -> FSDP2": (_FSDP1_BLOCKS, fsdp2("auto")),
 }
 

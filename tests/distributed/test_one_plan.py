@@ -6,7 +6,8 @@ rank 0's blocks 0-2 ten times slower than the rest, rank 1's blocks 2-5, so rank
 (``across_ranks=False``), the ranks choose different groupings. Through
 ``plan_wrap``, ``apply_fully_shard`` with a policy, the FSDP1 policy and the
 torchtitan integration, both ranks get the same plan: rank 1's (the slowest
-rank's timing record, :mod:`execwrap.distributed.timing`).
+rank's timing record, :mod:`execwrap.distributed.timing`). FSDP1 plans it too, then
+refuses it on both ranks (an auto plan is FSDP2's groups).
 
 Then 20 rounds of what a user does, with real timing: each rank captures with
 ``record_execution_order(..., timing=True)``, plans with ``bucket_numel="auto"``
@@ -123,9 +124,12 @@ def _entry_points(rank: int, world_size: int) -> dict[str, Any]:
     out["plan_wrap timing"] = planned.order.forward_times_s
     out["apply_fully_shard"] = _choices(apply_fully_shard(_model(), _policy(mine, cm, budget)))
     policy = _policy(mine, cm, budget)
-    FullyShardedDataParallel(
-        _model(), auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
-    )
+    try:  # FSDP1 plans (a collective), then refuses an auto plan on every rank
+        FullyShardedDataParallel(
+            _model(), auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
+        )
+    except ValueError as e:
+        out["FSDP1 refusal"] = str(e)
     assert policy.plan is not None
     out["FSDP1 policy"] = _choices(policy.plan)
     plan = apply_fsdp(
@@ -153,6 +157,10 @@ def test_every_entry_point_gives_the_slowest_ranks_plan_on_every_rank() -> None:
         assert ranks[0][name] == ranks[1][name] == expected, name
     for rank in ranks:
         assert rank["plan_wrap timing"] == rank["rank 1 timing"]
+        assert rank["FSDP1 refusal"].startswith(
+            'ParamExecOrderWrapPolicy(bucket_numel="auto") plans for FSDP2: its groups, '
+            "prefetch depth, reshard_after_forward per group and predicted step are FSDP2's"
+        )
 
 
 class _Net(nn.Module):

@@ -192,7 +192,10 @@ def test_failure_in_the_checks_before_sharding_is_named(outcomes: list[Any]) -> 
     assert kind == "RankFailure"
     assert message.startswith(
         "rank 1 failed during apply_fully_shard: the checks before sharding: ValueError: "
-        "apply_fully_shard: the plan names module 'blocks.2', which Net does not have"
+        "apply_fully_shard: the plan (policy ModuleWrapPolicy({Block}), 4 groups) was planned "
+        "for another model than the Net it is applied to, so nothing was wrapped: the order's "
+        "parameters do not match those of Net: 2 parameters differ (in the order but not in "
+        "the model: 'blocks.2.fc.weight', 'blocks.2.fc.bias')"
     )
     assert outcomes[1]["checks before sharding"][0] == "ValueError"
 
