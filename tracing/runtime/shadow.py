@@ -277,23 +277,7 @@ def record_zero_cost(
         >>> order.module_forward_order, order.zero_cost
         (['', '0', '1'], True)
     """
-    check_no_lazy_modules(model)
-    param_dtype = check_compute_dtype(param_dtype, "record_zero_cost")
-    if timing is not None and not isinstance(timing, ComputeRates):
-        raise TypeError(
-            "record_zero_cost: timing must be a tracing.rates.ComputeRates (e.g. "
-            f"CostModel.preset(...).compute) or None, got {type(timing).__name__}"
-        )
-    wrapped = distributed_wrapper(model)
-    if wrapped is not None:
-        raise wrapped_error(
-            wrapped,
-            lambda where, label: (
-                f"zero-cost runtime capture cannot run {where}: it is wrapped by {label}, "
-                "whose forward runs collectives on real shards. Capture before wrapping, or "
-                "record a real step with RuntimeRecorder(model)."
-            ),
-        )
+    param_dtype = _check_runnable(model, param_dtype, timing)
     mode = ShadowMode()
     rng = RngState()
     recorder: RuntimeRecorder | None = None
@@ -314,6 +298,30 @@ def record_zero_cost(
     order.zero_cost = True
     order.warnings.extend(mode.known.notes)
     return order
+
+
+def _check_runnable(
+    model: nn.Module, param_dtype: torch.dtype | None, timing: ComputeRates | None
+) -> torch.dtype | None:
+    """``record_zero_cost``'s checks of its arguments; the checked ``param_dtype``."""
+    check_no_lazy_modules(model)
+    param_dtype = check_compute_dtype(param_dtype, "record_zero_cost")
+    if timing is not None and not isinstance(timing, ComputeRates):
+        raise TypeError(
+            "record_zero_cost: timing must be a tracing.rates.ComputeRates (e.g. "
+            f"CostModel.preset(...).compute) or None, got {type(timing).__name__}"
+        )
+    wrapped = distributed_wrapper(model)
+    if wrapped is not None:
+        raise wrapped_error(
+            wrapped,
+            lambda where, label: (
+                f"zero-cost runtime capture cannot run {where}: it is wrapped by {label}, "
+                "whose forward runs collectives on real shards. Capture before wrapping, or "
+                "record a real step with RuntimeRecorder(model)."
+            ),
+        )
+    return param_dtype
 
 
 def _know_inputs(mode: ShadowMode, inputs: Any) -> None:
