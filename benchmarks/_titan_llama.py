@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 __all__ = [
     "LLAMA2_13B",
+    "LLAMA2_34B",
     "LLAMA2_70B",
+    "LLAMA2_7B",
     "LLAMA3_70B",
     "LLAMA3_8B",
     "TitanBlock",
@@ -87,6 +89,32 @@ LLAMA2_70B = TitanLlamaArgs(
     rope_theta=10000.0,
     max_seq_len=4096,
     float_output=True,
+)
+
+#: Llama 2 7B and the 34B shape (Code Llama 34B, grouped-query attention with 8 key/value
+#: heads), as IBM's fms-fsdp trains them (``fms.models.llama`` configs "7b" and "34b":
+#: feed-forward widths 11008 and 22016, the Llama 2 tokenizer, logits in bfloat16).
+LLAMA2_7B = TitanLlamaArgs(
+    dim=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=32,
+    vocab_size=32000,
+    multiple_of=256,
+    ffn_dim_multiplier=None,
+    rope_theta=10000.0,
+    max_seq_len=4096,
+)
+LLAMA2_34B = TitanLlamaArgs(
+    dim=8192,
+    n_layers=48,
+    n_heads=64,
+    n_kv_heads=8,
+    vocab_size=32000,
+    multiple_of=256,
+    ffn_dim_multiplier=None,
+    rope_theta=10000.0,
+    max_seq_len=4096,
 )
 
 

@@ -53,6 +53,12 @@ _TITAN_A100 = (
 )
 #: The A100 cluster's network is not published; these rows assume 400 Gb/s InfiniBand per GPU.
 _A100_NET = "network not published: 400 Gb/s per GPU assumed"
+_FMS = (
+    "https://github.com/foundation-model-stack/fms-fsdp/blob/"
+    "0d319983c4b3b7f7b3b5e2c5e7f746746b6f73a9/README.md (IBM's FSDP1 Llama 2 pre-training; "
+    "configs: docs/configurations.md, pretraining/config/training.py, "
+    "pretraining/policies/mixed_precision.py)"
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class PublishedRun:
         outcome: ``"OOM"`` when the run was published as out of memory (then
             ``tokens_per_s`` is 0 and the prediction should exceed the GPU's memory).
         notes: assumptions the row needs.
+        shard: HSDP's shard group size (``None``: FSDP over all ``gpus``).
+        reduce_dtype: the gradient reduction dtype (``param_dtype`` is bfloat16).
+        keep_last: whether the last block is kept after forward (torchtitan does;
+            FSDP1 reshards every unit but the root).
     """
 
     name: str
@@ -93,6 +103,9 @@ class PublishedRun:
     fit: bool = False
     outcome: str = ""
     notes: str = field(default="")
+    shard: int | None = None
+    reduce_dtype: str = "float32"
+    keep_last: bool = True
 
 
 #: The rows, with their sources. Table 1 and Table 3 of torchtitan's December 2024
@@ -189,6 +202,33 @@ ROWS: tuple[PublishedRun, ...] = (
             ("70B", 2, "full", "full", 1, 353),
         )
     ),
+    # IBM's fms-fsdp on 128 A100 80GB (16 nodes of 8): FSDP1, bf16 parameters *and*
+    # reduction (bfSixteen), HSDP sharding within a node (sharding_group_size 8) or FSDP
+    # over all 128, full checkpointing of every block when on, sequence 4096, AdamW.
+    *(
+        PublishedRun(
+            f"fms-fsdp Llama 2 {size} {'HSDP' if shard else 'FSDP'}",
+            _FMS + ", throughput table",
+            f"llama2-{size.lower()}-fms",
+            128,
+            "h100-ib-400g",
+            "a100-sxm4-80gb",
+            batch,
+            4096,
+            mode,
+            tokens_per_s=tps,
+            notes=_A100_NET,
+            shard=shard,
+            reduce_dtype="bfloat16",
+            keep_last=False,
+        )
+        for size, shard, mode, batch, tps in (
+            ("7B", 8, "none", 2, 3760),
+            ("13B", 8, "none", 1, 1700),
+            ("34B", None, "full", 8, 772),
+            ("70B", None, "full", 6, 380),
+        )
+    ),
 )
 
 
@@ -221,6 +261,10 @@ MODELS: dict[str, tuple[Callable[[], Any], str]] = {
     "llama3-70b-2404": (_titan("LLAMA3_70B", float_output=True), "TitanBlock"),
     "llama2-13b-2404": (_titan("LLAMA2_13B"), "TitanBlock"),
     "llama2-70b-2404": (_titan("LLAMA2_70B"), "TitanBlock"),
+    "llama2-7b-fms": (_titan("LLAMA2_7B"), "TitanBlock"),
+    "llama2-13b-fms": (_titan("LLAMA2_13B", float_output=False), "TitanBlock"),
+    "llama2-34b-fms": (_titan("LLAMA2_34B"), "TitanBlock"),
+    "llama2-70b-fms": (_titan("LLAMA2_70B", float_output=False), "TitanBlock"),
 }
 
 
@@ -272,14 +316,23 @@ def predict(run: PublishedRun, cache: dict[Any, Any] | None = None) -> Predictio
     block = getattr(_titan_llama, MODELS[run.model][1])
     plan = plan_wrap(model, order, ModuleWrapPolicy({block}))
     last = f"layers.{model.args.n_layers - 1}"  # torchtitan keeps the last block after forward
-    reshard = [u.is_root or u.label != last for u in plan.units]
+    if run.keep_last:  # as torchtitan passes it: the root too, the last block not
+        reshard = [u.is_root or u.label != last for u in plan.units]
+    else:  # FSDP1 FULL_SHARD / HYBRID_SHARD: every unit but the root
+        reshard = [not u.is_root for u in plan.units]
     step = TrainingStep(
-        precision=Precision(param_dtype="bfloat16", reduce_dtype="float32"),
+        precision=Precision(param_dtype="bfloat16", reduce_dtype=run.reduce_dtype),
         checkpointing=run.checkpointing,
         checkpoint_every=run.checkpoint_every,
     )
+    mesh = None if run.shard is None else (run.gpus // run.shard, run.shard)
     est = simulate_step(
-        plan, cost_model, world_size=run.gpus, training=step, reshard_after_forward=reshard
+        plan,
+        cost_model,
+        world_size=run.gpus,
+        training=step,
+        reshard_after_forward=reshard,
+        mesh=mesh,
     )
     tokens = step.micro_batches * run.batch * run.seq
     return Prediction(
@@ -319,7 +372,8 @@ def fit(rows: tuple[PublishedRun, ...]) -> dict[str, float]:
 
 def _step_text(r: PublishedRun) -> str:
     ac = r.checkpointing + ("" if r.checkpoint_every == 1 else f" every {r.checkpoint_every}")
-    return f"b{r.batch} s{r.seq}, {ac} AC"
+    mesh = "" if r.shard is None else f", HSDP {r.gpus // r.shard}x{r.shard}"
+    return f"b{r.batch} s{r.seq}, {ac} AC{mesh}"
 
 
 def _table(predictions: list[Prediction]) -> str:
@@ -395,7 +449,9 @@ def _summary(predictions: list[Prediction]) -> str:
         f"Fitted efficiency factors (execwrap.cost.gpus.FITTED_EFFICIENCY): {fitted}; fitted "
         f"on: {fit_rows}."
     )
-    sources = dict.fromkeys(r.source.split(", Table")[0].split(", Llama")[0] for r in ROWS)
+    sources = dict.fromkeys(
+        r.source.split(", Table")[0].split(", Llama")[0].split(", throughput")[0] for r in ROWS
+    )
     lines.append("Sources: " + "; ".join(sources) + ".")
     return "\n".join(lines)
 

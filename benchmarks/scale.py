@@ -12,12 +12,20 @@ that size alone: one process for the symbolic path, one for the runtime path.
   bucket_numel=2e9)`` (two blocks per FSDP2 group) plus ``plan.stats()``,
   from the symbolic order.
 
+* ``mesh`` (issue 32): the auto-planner choosing the shard group size too
+  (``plan_wrap(..., bucket_numel="auto", mesh="auto")``) for 1,024 ranks of
+  ``h100-ib-400g`` under an 80 GiB budget, every divisor of 1,024 considered,
+  from a runtime order with estimated H100 times (tokens (1, 1024), bf16):
+  the planner's time, its own peak memory (``tracemalloc``, in a second run:
+  tracing slows Python down) and the process's peak RSS.
+
 Times are medians of ``--repeats`` runs inside the process (the first run
 pays one-time costs), each after an untimed ``gc.collect()``. Targets: at 80
 layers (80e9 parameters here: full K/V projections, no grouped-query
 attention) symbolic capture + plan under 5 s and peak RSS under 1 GiB; time
 per module flat within 1.5x from the smallest to the largest size (linear
-cost).
+cost); planning every shard size of 1,024 ranks under 5 s, the planner's own
+memory under 2 GiB.
 
 Usage::
 
@@ -49,7 +57,7 @@ from benchmarks._bench import (
     run_child,
 )
 
-__all__ = ["build_llama", "main", "measure"]
+__all__ = ["build_llama", "main", "measure", "measure_mesh"]
 
 LLAMA_70B = {"dim": 8192, "n_heads": 64, "mlp_hidden": 28672, "vocab_size": 128256}
 BUCKET_NUMEL = 2_000_000_000
@@ -57,6 +65,14 @@ TARGET_LAYERS = 80
 TARGET_SECONDS = 5.0
 TARGET_RSS = 2**30
 TARGET_FLATNESS = 1.5
+#: The mesh search: ranks, budget per rank (80 GiB, the nominal size of an H100's memory:
+#: above the 74.5 GiB the preset knows, so plan_wrap warns that the chosen plan would not
+#: fit; within the default budget, 65.7 GiB, no plan of this model without activation
+#: checkpointing fits, and this benchmark times the search, not the training step), targets.
+MESH_RANKS = 1024
+MESH_BUDGET = 80 * 2**30
+TARGET_MESH_SECONDS = 5.0
+TARGET_MESH_MEMORY = 2 * 2**30
 
 
 def build_llama(n_layers: int) -> Any:
@@ -132,6 +148,75 @@ def measure(n_layers: int, method: str, repeats: int) -> dict[str, Any]:
     out["calls"] = len(order.module_forward_order)
     out["peak_rss"] = peak_rss_bytes()
     return out
+
+
+def measure_mesh(n_layers: int, ranks: int, repeats: int) -> dict[str, Any]:
+    """Plan every shard group size of ``ranks`` for ``n_layers`` layers (call it in a
+    fresh process): the planner's median seconds, its peak traced memory, the process's
+    peak RSS, and what it chose."""
+    import tracemalloc
+
+    import torch
+
+    from benchmarks._bench import peak_rss_bytes
+    from execwrap import CostModel, ModuleWrapPolicy, plan_wrap
+    from execwrap.demo_models import LlamaBlock
+    from tracing import record_execution_order
+
+    model = build_llama(n_layers)
+    cm = CostModel.preset("h100-ib-400g", world_size=ranks)
+    tokens = torch.zeros(1, 1024, dtype=torch.long, device="meta")
+    order = record_execution_order(model, tokens, timing=cm.compute, param_dtype=torch.bfloat16)
+    base_rss = peak_rss_bytes()
+
+    def plan() -> Any:
+        policy = ModuleWrapPolicy({LlamaBlock})
+        return plan_wrap(
+            model,
+            order,
+            policy,
+            bucket_numel="auto",
+            cost_model=cm,
+            memory_budget=MESH_BUDGET,
+            mesh="auto",
+        )
+
+    plan_s, chosen = _median_time(plan, repeats)
+    gc.collect()
+    tracemalloc.start()
+    plan()
+    traced = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    search = chosen.search
+    return {
+        "layers": n_layers,
+        "ranks": ranks,
+        "plan_s": plan_s,
+        "traced_peak": traced,
+        "peak_rss": peak_rss_bytes(),
+        "base_rss": base_rss,
+        "shapes": [(m.shard, m.status) for m in search.meshes],
+        "chosen": chosen.mesh.label,
+        "reason": search.mesh_reason,
+        "step_s": chosen.estimate.step_time_s,
+        "peak_gib": chosen.estimate.peak_memory_bytes / 2**30,
+    }
+
+
+def _mesh_lines(r: dict[str, Any]) -> list[str]:
+    statuses: dict[str, list[int]] = {}
+    for shard, status in r["shapes"]:
+        statuses.setdefault(status, []).append(shard)
+    considered = "; ".join(f"{k}: {v}" for k, v in statuses.items())
+    return [
+        f"- mesh search, {r['layers']} layers on {r['ranks']} ranks (every shard group size: "
+        f"{len(r['shapes'])}; {considered}): planning {r['plan_s']:.2f} s (target < "
+        f"{TARGET_MESH_SECONDS:.0f}), the planner's own peak memory (tracemalloc) "
+        f"{fmt_bytes(r['traced_peak'])} (target < {fmt_bytes(TARGET_MESH_MEMORY)}), process "
+        f"peak RSS {fmt_bytes(r['peak_rss'])} ({fmt_bytes(r['base_rss'])} before planning)",
+        f"- chosen mesh {r['chosen']} (replicate x shard): predicted step {r['step_s']:.2f} s, "
+        f"peak {r['peak_gib']:.1f} GiB; {r['reason']}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     base = rows[0]["sym"]["base_rss"]
     lines.append(f"- peak RSS after `import torch, execwrap` alone: {fmt_bytes(base)}")
+    mesh_layers, mesh_ranks = (8, 64) if args.quick else (TARGET_LAYERS, MESH_RANKS)
+    mesh = run_child(
+        "benchmarks.scale",
+        "measure_mesh",
+        {"n_layers": mesh_layers, "ranks": mesh_ranks, "repeats": repeats},
+        timeout_s=900,
+    )
+    lines += _mesh_lines(mesh)
     body = "\n".join(lines)
     note = (
         "`execwrap.demo_models.Llama` at Llama-3-70B widths (dim 8192, 64 heads, MLP 28672, vocab "

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     )
     from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
     from execwrap.fsdp.fsdp2 import apply_fully_shard
+    from execwrap.fsdp.mesh import applied_mesh
     from execwrap.fsdp.ranks import check_order_across_ranks, order_fingerprint
     from execwrap.fsdp.restart import load_checkpoint, restart_fully_shard, save_checkpoint
     from execwrap.order.divergence import Divergence, first_divergence
@@ -61,9 +62,11 @@ if TYPE_CHECKING:
     from execwrap.plan.prefetch import prefetch_schedule
     from execwrap.plan.search_record import PlanSearch
     from execwrap.plan.stats import PlanStats, TimelineStep
+    from execwrap.plan.training_step import Precision, TrainingStep
     from execwrap.plan.unit import WrapUnit
     from execwrap.plan.wrap_plan import WrapPlan
     from execwrap.planning.bucketing import min_contiguous_groups
+    from execwrap.planning.micro_batch import MicroBatchFit, largest_micro_batch
     from execwrap.planning.planner import plan_wrap, policy_units
     from execwrap.report.writer import write_report
     from execwrap.simulate import (
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
         simulate_step,
         unit_compute,
     )
+    from execwrap.util.mesh import MeshShape
     from tracing import ExecutionOrder, TracingConfig, TracingError
 
 #: Public name -> module that defines it (imported on first use).
@@ -137,6 +141,14 @@ _EXPORTS: dict[str, str] = {
     "selective_checkpoint_policy": "execwrap.fsdp.checkpointing",
     "GRADIENT_SYNCS": "execwrap.fsdp.accumulation",
     "accumulate_gradients": "execwrap.fsdp.accumulation",
+    # issue 32: HSDP and 2-D meshes
+    "MeshShape": "execwrap.util.mesh",
+    "applied_mesh": "execwrap.fsdp.mesh",
+    # issue 31: the training step as part of the plan, planned together
+    "Precision": "execwrap.plan.training_step",
+    "TrainingStep": "execwrap.plan.training_step",
+    "MicroBatchFit": "execwrap.planning.micro_batch",
+    "largest_micro_batch": "execwrap.planning.micro_batch",
 }
 
 __all__ = [
@@ -150,6 +162,8 @@ __all__ = [
     "GRADIENT_SYNCS",
     "MemoryBreakdown",
     "MemoryBudgetError",
+    "MeshShape",
+    "MicroBatchFit",
     "ModuleWrapPolicy",
     "OrderDivergenceError",
     "ParamMismatchError",
@@ -158,11 +172,13 @@ __all__ = [
     "PlanError",
     "PlanSearch",
     "PlanStats",
+    "Precision",
     "RankFailure",
     "StepEstimate",
     "TimelineStep",
     "TracingConfig",
     "TracingError",
+    "TrainingStep",
     "UnitCompute",
     "WrapPlan",
     "WrapUnit",
@@ -170,11 +186,13 @@ __all__ = [
     "always_wrap_policy",
     "apply_checkpointing",
     "apply_fully_shard",
+    "applied_mesh",
     "build_order_graph",
     "check_order_across_ranks",
     "compare_plans",
     "first_divergence",
     "lambda_auto_wrap_policy",
+    "largest_micro_batch",
     "load_checkpoint",
     "load_plan",
     "min_contiguous_groups",

@@ -35,6 +35,15 @@ CASES = [
     ("autoplan", ["-m", "benchmarks.autoplan"], True),
     ("published", ["-m", "benchmarks.published"], True),
     ("architectures", ["-m", "benchmarks.architectures"], True),
+    ("joint_plan", ["-m", "benchmarks.joint_plan"], True),
+    # 2 spawned ranks over 38 training steps: minutes, so kept out of the default run
+    pytest.param(
+        "training_step",
+        ["-m", "benchmarks.training_step"],
+        True,
+        marks=pytest.mark.slow,
+        id="training_step",
+    ),
 ]
 
 
@@ -42,7 +51,9 @@ def _results_listing() -> set[str]:
     return {p.name for p in RESULTS.glob("*")} if RESULTS.exists() else set()
 
 
-@pytest.mark.parametrize("name,command,writes", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "name,command,writes", CASES, ids=[c[0] if isinstance(c, tuple) else c.id for c in CASES]
+)
 def test_benchmark_quick(name: str, command: list[str], writes: bool, tmp_path: Path) -> None:
     before = _results_listing()
     out_args = ["--out", str(tmp_path)] if writes else ["--no-write"]
@@ -161,3 +172,27 @@ def test_autoplan_speed_probe_divides_the_steps_median_by_the_calibrations() -> 
     assert probe.during == [] and probe.drift() == {}  # a new model starts afresh
     assert describe(drift) == "compute 1.25x, dispatch 1.20x, all-gather 1.25x"
     assert describe({}) == "-" and PARTS == ("compute", "dispatch", "all-gather")
+
+
+def test_training_step_claims_are_the_issues() -> None:
+    from benchmarks._training_step_grid import AUTO, BASELINE, FALLBACK, claims, grid
+
+    names = [s.name for s in grid()]
+    assert len(names) == 19 and names[0] == BASELINE and names[-1] == AUTO
+    # every step predicted and measured alike: 1 ms per grid index; peaks 100 bytes,
+    # the auto plan's budget 100; the auto plan half the fallback's time
+    rows = [
+        {"name": n, "predicted_s": i + 1.0, "measured_s": i + 1.0, "predicted_peak": 100,
+         "measured_peak": 100}
+        for i, n in enumerate(names)
+    ]  # fmt: skip
+    fallback = names.index(FALLBACK) + 1.0
+    rows[-1] = {**rows[-1], "predicted_s": fallback / 2, "measured_s": fallback / 2}
+    c = claims(rows, 100)
+    assert (c["peak_within"], c["rows"], c["ratio_within"], c["ratios"]) == (19, 19, 18, 18)
+    assert c["auto_fits"] == 1.0 and c["auto_vs_fallback"] == 0.5
+    # the best fitting float32 step of 4 micro-batches is the fastest such: fp32, none, 4 mb every
+    assert c["best_name"] == "fp32, none, 4 mb every"
+    assert c["auto_vs_best"] == (fallback / 2) / 2.0
+    assert c["spearman"] == pytest.approx(1.0)
+    assert not c["all_met"]  # the auto plan is 1.25x the best fitting step, over 1.03x

@@ -9,7 +9,11 @@ other block with ``python``. Markers on the line before a fence:
 - ``<!-- file: NAME.py -->``: write the block to ``NAME.py`` (a module a later
   block imports); do not run it;
 - ``<!-- run -->`` before a ```bash block: run it (after the files before it);
-- ``<!-- skip: why -->``: do not run the block (e.g. a GPU-only recipe).
+- ``<!-- skip: why -->``: do not run the block (e.g. a GPU-only recipe);
+- ``<!-- continue: HEADING -->`` before a ```python block: the example goes on
+  from section HEADING of the same page: the block runs as one script after that
+  section's last python block (itself with what it continued), so a page can
+  capture in one section and predict in the next.
 
 A section whose code imports a framework of the ``[integrations]`` extra that
 is not installed is skipped (the ``[test]`` extra, which CI installs, has them).
@@ -45,7 +49,7 @@ PAGES = [ROOT / "README.md"] + sorted(
 # A fence's info string may be a MyST directive (```{eval-rst}); only its first
 # word counts as the language.
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*\n", re.S | re.M)
-_MARK = re.compile(r"<!--\s*(file|run|skip)\s*:?\s*(.*?)\s*-->\s*$")
+_MARK = re.compile(r"<!--\s*(file|run|skip|continue)\s*:?\s*(.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ def _setup_commands() -> list[str]:
 def _sections(text: str) -> dict[str, list[Block]]:
     """Heading -> its code blocks in order (headings of level 1 to 3)."""
     out: dict[str, list[Block]] = {}
+    last_script: dict[str, str] = {}  # heading -> its last python block, as it runs
     heading = "(top)"
     pos = 0
     for match in _FENCE.finditer(text):
@@ -72,11 +77,15 @@ def _sections(text: str) -> dict[str, list[Block]]:
             if re.match(r"#{1,3} ", line):
                 heading = line.lstrip("#").strip()
         last = before.rstrip("\n").splitlines()[-1] if before.strip() else ""
-        mark = _MARK.search(last)
+        mark, arg = _MARK.search(last).groups() if _MARK.search(last) else ("", "")
         lang = (match.group(1).split() or [""])[0]
-        out.setdefault(heading, []).append(
-            Block(lang, match.group(2), *(mark.groups() if mark else ("", "")))
-        )
+        code = match.group(2)
+        if mark == "continue":
+            assert arg in last_script, f"<!-- continue: {arg} -->: no python block under {arg!r}"
+            code, mark, arg = last_script[arg] + "\n" + code, "", ""
+        if lang == "python" and mark == "":
+            last_script[heading] = code
+        out.setdefault(heading, []).append(Block(lang, code, mark, arg))
         pos = match.end()
     return out
 
@@ -151,8 +160,11 @@ def _run(cmd: list[str], cwd: Path, what: str) -> str:
 
 
 def _promised_prints(code: str) -> list[str]:
-    """VALUE of every ``print(...)  # VALUE`` line."""
-    return [m.group(1).strip() for m in re.finditer(r"^\s*print\(.*\)\s+#\s*(.+)$", code, re.M)]
+    """VALUE of every ``print(...)  # VALUE`` line (the comment on the print's own
+    line: a comment on the next line is no promise)."""
+    return [
+        m.group(1).strip() for m in re.finditer(r"^[ \t]*print\(.*\)[ \t]+#[ \t]*(.+)$", code, re.M)
+    ]
 
 
 def _check_prints(code: str, stdout: str, what: str) -> None:

@@ -162,9 +162,10 @@ class ExecutionOrder:
             tensor arguments that are not parameters (what full activation
             checkpointing of the call keeps).
         compute_ops: the forward matmuls and fused attention kernels, in order
-            (:class:`ComputeOp`; estimated timing only), for selective checkpointing.
+            (:class:`ComputeOp`; with timing: measured or estimated seconds), for
+            selective checkpointing.
         forward_transient_bytes: per call, the most bytes alive while its own
-            forward ops ran, beyond the saved tensors (estimated timing only;
+            forward ops ran, beyond the saved tensors (with timing;
             :mod:`tracing.runtime.op_record`); the root's includes the loss.
         backward_transient_bytes: the same for its backward ops.
         param_dtype: the dtype the floating-point parameters were cast to for the

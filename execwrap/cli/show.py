@@ -75,14 +75,18 @@ def _print_plan(plan: WrapPlan, stats: dict[str, Any] | None) -> None:
             f"auto plan: {fig.settings}, predicted step {fig.step_time_s * 1e3:.3f} ms, peak "
             f"{format_bytes(fig.peak_memory_bytes)} per rank on {fig.world_size} ranks{budget}"
         )
+    if plan.training is not None:
+        echo(f"training step: {plan.training.describe()}")
+    modes = plan.checkpoint_modes()
     for i, unit in enumerate(plan.units):
         mods = ", ".join(call_label(m) for m in unit.module_fqns)
         calls = (
             "never called" if unit.first_use is None else f"calls {unit.first_use}..{unit.last_use}"
         )
+        checkpointed = "" if modes[i] == "none" else f", {modes[i]} checkpointing"
         echo(
             f"  unit {i}: {mods}  ({len(unit.param_fqns)} parameters, {unit.numel} elements, "
-            f"{format_bytes(unit.bytes)}, {calls})"
+            f"{format_bytes(unit.bytes)}, {calls}{checkpointed})"
         )
     # the figures `execwrap report` prints, the HTML shows and report.json holds
     echo(

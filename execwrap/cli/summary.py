@@ -149,4 +149,9 @@ def _estimate_rows(
                 + (" (the device's memory minus a reserve: see the notes)" if default else ""),
             )
         )
+    if plan.training is not None:
+        modes = plan.checkpoint_modes()
+        counts = [f"{modes.count(m)} {m}" for m in ("full", "selective") if m in modes]
+        rows.append(("training step", plan.training.describe()))
+        rows.append(("units checkpointed", ", ".join(counts) if counts else "none"))
     return rows

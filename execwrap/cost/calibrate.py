@@ -72,6 +72,7 @@ from execwrap.cost.fixed_costs import (
     in_step_curve,
 )
 from execwrap.cost.host import StealMeter, clean_median, own_processes
+from execwrap.cost.mesh_sweep import measure_mesh_groups
 from execwrap.cost.optimizer import measure_optimizer
 from execwrap.cost.sweep import SMALLEST_BYTES, sweep, sweep_sizes, timed_runs
 from execwrap.cost.sync_wait import measure_sync_wait
@@ -121,8 +122,11 @@ def calibration_fields(
     device: torch.device | str | None = None,
     max_bytes: int | None = None,
     repeat: int = 1,
+    mesh: Any = None,
 ) -> dict[str, Any]:
-    """Measure (see the module docstring) and return the CostModel's arguments.
+    """Measure (see the module docstring) and return the CostModel's arguments; with a
+    2-D ``mesh``, over all its ranks and then each of its dimensions' groups
+    (:mod:`execwrap.cost.mesh_sweep`).
 
     ``repeat`` multiplies the runs of the sweep, the optimizer loop, the
     overlap measurement and the FSDP2 stacks (their medians then come from
@@ -134,12 +138,7 @@ def calibration_fields(
         ValueError: ``max_bytes`` is not a positive int, or ``repeat`` not an int >= 1;
             ``device`` is neither a CPU nor an available CUDA device.
     """
-    if not (is_int(repeat) and repeat >= 1):
-        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
-    if device is not None:
-        _checked_device(device)
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(NO_PROCESS_GROUP_HINT)
+    _check_arguments(repeat, device)
     group = dist.group.WORLD if group is None else group
     assert group is not None
     backend = str(dist.get_backend(group))
@@ -149,7 +148,7 @@ def calibration_fields(
         max_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     _check_max_bytes(max_bytes)
     sizes = sweep_sizes(max_bytes, world)
-    m, host = _measure(group, dev, sizes, repeat)
+    m, host = _measure(group, dev, sizes, repeat, mesh)
     sweep_ag, sweep_rs, in_step = m["sweep_ag"], m["sweep_rs"], m["in_step"]
     _warn_of_steal(host, group)
     ag_curve = in_step_curve(sweep_ag, sizes, [(n, a) for n, a, _ in in_step.factors])
@@ -173,9 +172,17 @@ def calibration_fields(
         "optimizer_curve": m["optimizer_curve"],
         "sync_jitter": m["jitter"],
         "device_memory_bytes": measure_device_memory(dev, world),
+        "mesh_groups": m["mesh_groups"],
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), m["jitter"]),
         "torch_version": str(torch.__version__),
     }
+    return _broadcast(fields, group, dev)
+
+
+def _broadcast(
+    fields: dict[str, Any], group: dist.ProcessGroup, dev: torch.device
+) -> dict[str, Any]:
+    """Rank 0's fields, on every rank of ``group``."""
     box: list[Any] = [fields]
     src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
     dist.broadcast_object_list(
@@ -185,13 +192,23 @@ def calibration_fields(
     return dict(box[0])
 
 
+def _check_arguments(repeat: Any, device: Any) -> None:
+    if not (is_int(repeat) and repeat >= 1):
+        raise ValueError(f"calibrate: repeat must be an int >= 1, got {repeat!r}")
+    if device is not None:
+        _checked_device(device)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(NO_PROCESS_GROUP_HINT)
+
+
 def _measure(
-    group: dist.ProcessGroup, dev: torch.device, sizes: list[int], repeat: int
+    group: dist.ProcessGroup, dev: torch.device, sizes: list[int], repeat: int, mesh: Any
 ) -> tuple[dict[str, Any], StealMeter]:
-    """Every measurement of the module docstring, each phase logged with its progress,
-    with the group's ranks on this machine as the own processes: the results by
-    name, and the steal and other processes' time over them."""
-    phases = _Phases(6 if dev.type == "cpu" else 5)
+    """Every measurement of the module docstring (with ``mesh``, each of its dimensions'
+    groups too), each phase logged with its progress, with the group's ranks on this
+    machine as the own processes: the results by name, and the steal and other
+    processes' time over them."""
+    phases = _Phases((6 if dev.type == "cpu" else 5) + (mesh is not None))
     with own_processes(_local_pids(group)), StealMeter() as host:
         phases.next("the sweep of collectives and copies")
         ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
@@ -213,6 +230,13 @@ def _measure(
         if dev.type == "cpu":
             phases.next("the wait for the slowest rank")
         jitter = measure_sync_wait(group, dev, repeat=repeat) if dev.type == "cpu" else 0.0
+        if mesh is not None:
+            phases.next("each mesh dimension's group")
+        groups = (
+            ()
+            if mesh is None
+            else measure_mesh_groups(mesh, dev, sizes[-1], factors=in_step.factors, repeat=repeat)
+        )
     phases.done()
     return {
         "sweep_ag": sweep_ag,
@@ -225,6 +249,7 @@ def _measure(
         "copy_curve": copy_curve,
         "in_step": in_step,
         "jitter": jitter,
+        "mesh_groups": groups,
     }, host
 
 

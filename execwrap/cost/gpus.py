@@ -46,7 +46,9 @@ MEMORY_EFFICIENCY = 0.75
 #: abstract; the middle of the range, 0.6, for training's backward-heavy mix);
 #: H100: "FlashAttention-2 achieves only 35% utilization on H100 GPUs" (Shah et al.,
 #: FlashAttention-3, arXiv:2407.08608, abstract).
-ATTENTION_EFFICIENCY = {"ampere": 0.60, "hopper": 0.35}
+#: Blackwell: assumed, not sourced: torch's flash kernel is FlashAttention-2's, which uses
+#: neither Hopper's nor Blackwell's new tensor-core paths; taken as Hopper's 35%.
+ATTENTION_EFFICIENCY = {"ampere": 0.60, "hopper": 0.35, "blackwell": 0.35}
 #: Assumed, not sourced: the per-op launch gap once kernels are queued (GPU-bound steps).
 OP_OVERHEAD_S = 2e-6
 
@@ -57,7 +59,8 @@ class Gpu:
 
     Attributes:
         name: the key in :data:`GPUS`.
-        family: ``"hopper"`` or ``"ampere"`` (NCCL's tables, attention efficiency).
+        family: ``"ampere"``, ``"hopper"`` or ``"blackwell"`` (NCCL's tables, attention
+            efficiency).
         peak_flops: dtype name -> dense peak FLOP/s (``"tfloat32"``: float32 on the
             tensor cores).
         memory_bytes_per_s: peak memory bandwidth, bytes/s.
@@ -91,6 +94,8 @@ _PCIE5, _PCIE4 = 63.0e9, 31.5e9
 _DGX_H100_HOST = 2 * 8 * 38.4e9 / 8
 #: DGX A100: 2x EPYC 7742, 8 DDR4-3200 channels each (8 x 25.6 GB/s), for 8 GPUs.
 _DGX_A100_HOST = 2 * 8 * 25.6e9 / 8
+#: DGX B200: 2x Xeon Platinum 8570, 8 DDR5-5600 channels each (8 x 44.8 GB/s), for 8 GPUs.
+_DGX_B200_HOST = 2 * 8 * 44.8e9 / 8
 
 #: GPU name -> :class:`Gpu`.
 GPUS: dict[str, Gpu] = {
@@ -146,6 +151,24 @@ GPUS: dict[str, Gpu] = {
             _DGX_A100_HOST,
             "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: FP32 19.5 TFLOP/s, TF32 156, "
             "BF16/FP16 312 dense; HBM2e 2,039 GB/s; PCIe Gen4); DGX A100 datasheet (2x EPYC 7742)",
+        ),
+        Gpu(
+            "b200-sxm-180gb",
+            "blackwell",
+            {
+                "float64": 37e12,
+                "float32": 75e12,
+                "tfloat32": 1.1e15,
+                "bfloat16": 2.25e15,
+                "float16": 2.25e15,
+            },
+            8.0e12,
+            180 * 10**9,
+            _PCIE5,
+            _DGX_B200_HOST,
+            "NVIDIA HGX B200 datasheet, per GPU (FP64 37, FP32 75 TFLOP/s; TF32 2.2, BF16/FP16 "
+            "4.5 PFLOP/s with sparsity, half of it dense; HBM3e 180 GB, 8 TB/s; PCIe Gen5); "
+            "DGX B200 datasheet (2x Xeon Platinum 8570)",
         ),
     )
 }

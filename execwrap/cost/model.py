@@ -21,10 +21,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from execwrap.cost.compatibility import incompatibility
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.host_link import HostLink
-from execwrap.cost.model_fields import COST_MODEL_FIELDS, checked_device_memory
-from execwrap.util.text import plural
+from execwrap.cost.mesh import GroupCurves, mesh_fields
+from execwrap.cost.model_fields import (
+    COST_MODEL_FIELDS,
+    checked_device_memory,
+    cost_model_dict,
+    cost_model_kwargs,
+)
+from execwrap.cost.topology import Topology
+from execwrap.util.mesh import MeshShape
 from tracing.atomic import atomic_write_text, refuse_folder
 from tracing.checks import check_integral
 from tracing.rates import ComputeRates
@@ -92,6 +100,17 @@ class CostModel:
             measured: :mod:`execwrap.cost.device_memory`); ``None``: unknown.
         host: the GPU's link to its host and the CPU optimizer's rate, for CPU
             offload (:class:`~execwrap.cost.host_link.HostLink`; ``None``: unknown).
+        topology: the cluster's nodes and links (:class:`~execwrap.cost.topology.Topology`;
+            every preset has one), which prices any process group of a mesh over these
+            ranks (:meth:`for_mesh`); ``None``: only the measured groups.
+        mesh_groups: curves measured on the process groups of a 2-D mesh
+            (:class:`~execwrap.cost.mesh.GroupCurves`, ``calibrate(mesh=...)``).
+        mesh: set by :meth:`for_mesh` only: the mesh this model is resolved for; then
+            ``world_size``, ``all_gather`` and ``reduce_scatter`` are one shard group's.
+        all_reduce: with ``mesh``: seconds of an all-reduce over a replicate group,
+            by tensor bytes (``None``: no replicas).
+        all_reduce_own_link: with ``mesh``: whether the all-reduces run on other
+            links than the shard group's collectives (not sharing their bandwidth).
         source: how the model was obtained (calibration machine, or preset).
         created: ISO date-time of creation.
         torch_version: ``torch.__version__`` where it was measured (``""``
@@ -120,6 +139,11 @@ class CostModel:
     sync_jitter: float = 0.0
     device_memory_bytes: int | None = None
     host: HostLink | None = None
+    topology: Topology | None = None
+    mesh_groups: tuple[GroupCurves, ...] = ()
+    mesh: MeshShape | None = None
+    all_reduce: CollectiveCurve | None = None
+    all_reduce_own_link: bool = False
     source: str = ""
     created: str = field(
         default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds")
@@ -139,12 +163,8 @@ class CostModel:
             raise ValueError(
                 f"CostModel.copy_bytes_per_s must be a finite number > 0, got {self.copy_bytes_per_s!r}"
             )
-        for name in (
-            "group_overhead_s",
-            "optimizer_param_overhead_s",
-            "param_overhead_s",
-            "sync_jitter",
-        ):
+        seconds = ("group_overhead_s", "optimizer_param_overhead_s", "param_overhead_s")
+        for name in (*seconds, "sync_jitter"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(
@@ -167,6 +187,39 @@ class CostModel:
     def reduce_scatter_time(self, nbytes: int) -> float:
         """Seconds of one reduce-scatter of ``nbytes`` unsharded gradient bytes."""
         return self.reduce_scatter.time(nbytes)
+
+    def all_reduce_time(self, nbytes: int) -> float:
+        """Seconds of one all-reduce of ``nbytes`` bytes across the replicate group of
+        :attr:`mesh` (``0`` without replicas)."""
+        return 0.0 if self.all_reduce is None else self.all_reduce.time(nbytes)
+
+    def for_mesh(self, mesh: Any) -> CostModel:
+        """This model as one shard group of ``mesh`` sees it (:mod:`execwrap.cost.mesh`):
+        ``world_size``, ``all_gather`` and ``reduce_scatter`` of the shard group,
+        ``all_reduce`` of the replicate group, priced from what was measured on each
+        group or from :attr:`topology`. A flat mesh ``(1, world_size)`` is this model.
+
+        Args:
+            mesh: a :class:`~execwrap.util.mesh.MeshShape`, a ``(replicate, shard)`` or
+                ``(replicate, shard, tp)`` tuple, or a ``DeviceMesh``, of this model's ranks.
+
+        Raises:
+            ValueError: the mesh does not hold :attr:`world_size` ranks, or a group of it
+                cannot be priced (a flat calibration without topology: the message says
+                to calibrate on the mesh or to use a preset).
+
+        Example:
+            >>> cm = CostModel.preset("h100-ib-400g", world_size=16)
+            >>> hsdp = cm.for_mesh((2, 8))
+            >>> hsdp.world_size, round(hsdp.all_gather_time(2**30) * 1e3, 3)
+            (8, 2.571)
+            >>> round(cm.all_gather_time(2**30) * 1e3, 3)
+            25.146
+        """
+        shape = MeshShape.of(mesh, world_size=self.world_size, where="CostModel.for_mesh")
+        if shape == MeshShape(1, self.world_size) and self.mesh is None:
+            return self
+        return replace(self, **mesh_fields(self, shape))
 
     def collective_overhead(self, tensors: int) -> float:
         """Fixed seconds a group with ``tensors`` parameter tensors spends per collective."""
@@ -272,44 +325,9 @@ class CostModel:
             ValueError: naming what differs (world size, device type), what
                 this model was made for, and how to get a fitting one.
         """
-        problems = []
-        if world_size != self.world_size:
-            problems.append(
-                f"world size {world_size} (this cost model is for {plural(self.world_size, 'rank')})"
-            )
-        if device_type != self.device_type:
-            problems.append(
-                f"device type {device_type!r} (this cost model is for {self.device_type!r})"
-            )
-        if problems:
-            origin = self.source.split(";")[0].strip() or "unnamed"
-            if len(origin) > 100:
-                origin = origin[:99] + "…"
-            remedies = []
-            if world_size != self.world_size:
-                remedy = (
-                    f"calibrate on the target's {plural(world_size, 'rank')} (`execwrap calibrate` "
-                    "under torchrun)"
-                )
-                if world_size >= 2:  # presets describe 2 or more GPUs
-                    remedy += (
-                        " or use a preset that describes them (CostModel.preset(name, "
-                        f"world_size={world_size}): the NVLink presets one node of 2-8 GPUs, "
-                        "h100-ib-400g 2 or more whole nodes of 8)"
-                    )
-                remedies.append(remedy)
-            if device_type != self.device_type:
-                remedies.append(
-                    f"the order's compute times are for {device_type!r}: time it on the cost "
-                    "model's device, or estimate it (record_execution_order on the meta device "
-                    f"with timing=cost_model.compute), or use a cost model for {device_type!r}"
-                )
-            raise ValueError(
-                f"cost model ({origin}) does not fit "
-                + " and ".join(problems)
-                + ": "
-                + "; and ".join(remedies)
-            )
+        message = incompatibility(self, world_size, device_type)
+        if message:
+            raise ValueError(message)
 
     # ------------------------------------------------------- constructors
     @classmethod
@@ -320,6 +338,7 @@ class CostModel:
         device: torch.device | str | None = None,
         max_bytes: int | None = None,
         repeat: int = 1,
+        mesh: Any = None,
     ) -> CostModel:
         """Measure the cost model on the live process group (collective, every rank).
 
@@ -349,6 +368,9 @@ class CostModel:
                 samples (a 25 MiB all-gather in a step: 14.3-26.3 ms over five
                 default calibrations on 2 gloo ranks, 15.1-19.6 ms over three
                 ``repeat=4`` ones), not the drift of a machine's speed.
+            mesh: a 2-D ``(replicate, shard)`` ``DeviceMesh`` over the world: each of its
+                dimensions' groups is measured too (``mesh_groups``,
+                :mod:`execwrap.cost.mesh_sweep`), so :meth:`for_mesh` prices HSDP on it.
 
         Returns:
             The measured :class:`CostModel`.
@@ -365,7 +387,10 @@ class CostModel:
         """
         from execwrap.cost.calibrate import calibration_fields
 
-        return cls(**calibration_fields(group, device=device, max_bytes=max_bytes, repeat=repeat))
+        fields = calibration_fields(
+            group, device=device, max_bytes=max_bytes, repeat=repeat, mesh=mesh
+        )
+        return cls(**fields)
 
     @classmethod
     def preset(
@@ -392,27 +417,7 @@ class CostModel:
         return {
             "kind": COST_MODEL_KIND,
             "schema_version": COST_MODEL_SCHEMA_VERSION,
-            "device_type": self.device_type,
-            "backend": self.backend,
-            "world_size": self.world_size,
-            "all_gather": self.all_gather.to_dict(),
-            "reduce_scatter": self.reduce_scatter.to_dict(),
-            "copy_bytes_per_s": self.copy_bytes_per_s,
-            "group_overhead_s": self.group_overhead_s,
-            "param_overhead_s": self.param_overhead_s,
-            "copy_curve": None if self.copy_curve is None else self.copy_curve.to_dict(),
-            "overlap": self.overlap,
-            "compute": self.compute.to_dict(),
-            "optimizer_param_overhead_s": self.optimizer_param_overhead_s,
-            "optimizer_curve": None
-            if self.optimizer_curve is None
-            else self.optimizer_curve.to_dict(),
-            "sync_jitter": self.sync_jitter,
-            "device_memory_bytes": self.device_memory_bytes,
-            **({} if self.host is None else {"host": self.host.to_dict()}),
-            "source": self.source,
-            "created": self.created,
-            "torch_version": self.torch_version,
+            **cost_model_dict(self),
         }
 
     @classmethod
@@ -446,11 +451,7 @@ class CostModel:
             )
         f = COST_MODEL_FIELDS.check(data, source=source, what="cost model")
         try:
-            return cls(
-                **{k: f[k] for k in COST_MODEL_FIELDS.fields if k not in ("compute", "host")},
-                compute=ComputeRates(**f["compute"]),
-                host=None if f["host"] is None else HostLink(**f["host"]),
-            )
+            return cls(**cost_model_kwargs(f))
         except (TypeError, ValueError) as e:  # the ranges the constructors check
             raise ValueError(f"{source}: malformed cost model: {e}") from e
 

@@ -21,23 +21,37 @@ from __future__ import annotations
 from typing import Any
 
 from execwrap.cost.curve import CollectiveCurve, CurveSegment
+from execwrap.cost.host_link import HostLink
+from execwrap.cost.mesh import GroupCurves
+from execwrap.cost.topology import FAMILIES, NETWORKS, Topology
+from execwrap.util.mesh import MeshShape
 from tracing.checks import check_integral
+from tracing.rates import ComputeRates
 from tracing.schema import (
     Check,
     Field,
     Record,
     SchemaError,
+    boolean,
     dict_of,
     field_path,
     integer,
     list_of,
     number,
+    one_of,
     optional,
     string,
     type_and_value,
 )
 
-__all__ = ["BACKENDS", "COST_MODEL_FIELDS", "DEVICE_TYPES", "checked_device_memory"]
+__all__ = [
+    "BACKENDS",
+    "COST_MODEL_FIELDS",
+    "DEVICE_TYPES",
+    "checked_device_memory",
+    "cost_model_dict",
+    "cost_model_kwargs",
+]
 
 #: Devices a cost model can describe: the ones calibration times on and presets describe.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -140,6 +154,36 @@ _HOST = Record(
     }
 )
 
+_TOPOLOGY = Record(
+    {
+        "gpus_per_node": Field(integer(1, what="GPUs")),
+        "family": Field(one_of(*FAMILIES)),
+        "intra_node_bytes_per_s": Field(number(None)),
+        "inter_node_bytes_per_s": Field(optional(number(None))),
+        "network": Field(one_of("", *NETWORKS), required=False, default=""),
+        "source": Field(string(), required=False, default=""),
+    }
+)
+
+_GROUP = Record(
+    {
+        "dim": Field(one_of("shard", "replicate")),
+        "size": Field(integer(1, what="ranks")),
+        "stride": Field(integer(1, what="ranks")),
+        "all_gather": Field(optional(_curve()), required=False),
+        "reduce_scatter": Field(optional(_curve()), required=False),
+        "all_reduce": Field(optional(_curve()), required=False),
+    }
+)
+
+_MESH = Record(
+    {
+        "replicate": Field(integer(1, what="ranks")),
+        "shard": Field(integer(1, what="ranks")),
+        "tp": Field(integer(1, what="ranks")),
+    }
+)
+
 #: How each field of a saved cost model is checked (``kind`` and ``schema_version``
 #: are read before: :meth:`~execwrap.cost.CostModel.from_dict`).
 COST_MODEL_FIELDS = Record(
@@ -160,11 +204,80 @@ COST_MODEL_FIELDS = Record(
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
         "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
         "host": Field(optional(_HOST), required=False),
+        "topology": Field(optional(_TOPOLOGY), required=False),
+        "mesh_groups": Field(list_of(_GROUP), required=False, default=[]),
+        "mesh": Field(optional(_MESH), required=False),
+        "all_reduce": Field(optional(_curve()), required=False),
+        "all_reduce_own_link": Field(boolean(), required=False, default=False),
         "source": Field(string(), required=False, default=""),
         "created": Field(string(), required=False, default=""),
         "torch_version": Field(string(), required=False, default=""),
     }
 )
+
+
+def cost_model_dict(cm: Any) -> dict[str, Any]:
+    """The fields of :meth:`execwrap.cost.CostModel.to_dict` after ``kind`` and
+    ``schema_version`` (optional ones only when set, so older readers see what they know)."""
+
+    def curve(c: CollectiveCurve | None) -> Any:
+        return None if c is None else c.to_dict()
+
+    out: dict[str, Any] = {
+        "device_type": cm.device_type,
+        "backend": cm.backend,
+        "world_size": cm.world_size,
+        "all_gather": cm.all_gather.to_dict(),
+        "reduce_scatter": cm.reduce_scatter.to_dict(),
+        "copy_bytes_per_s": cm.copy_bytes_per_s,
+        "group_overhead_s": cm.group_overhead_s,
+        "param_overhead_s": cm.param_overhead_s,
+        "copy_curve": curve(cm.copy_curve),
+        "overlap": cm.overlap,
+        "compute": cm.compute.to_dict(),
+        "optimizer_param_overhead_s": cm.optimizer_param_overhead_s,
+        "optimizer_curve": curve(cm.optimizer_curve),
+        "sync_jitter": cm.sync_jitter,
+        "device_memory_bytes": cm.device_memory_bytes,
+    }
+    if cm.host is not None:
+        out["host"] = cm.host.to_dict()
+    if cm.topology is not None:
+        out["topology"] = cm.topology.to_dict()
+    if cm.mesh_groups:
+        out["mesh_groups"] = [g.to_dict() for g in cm.mesh_groups]
+    if cm.mesh is not None:
+        out.update(
+            mesh=cm.mesh.to_dict(),
+            all_reduce=curve(cm.all_reduce),
+            all_reduce_own_link=cm.all_reduce_own_link,
+        )
+    out.update(source=cm.source, created=cm.created, torch_version=cm.torch_version)
+    return out
+
+
+def cost_model_kwargs(f: dict[str, Any]) -> dict[str, Any]:
+    """:class:`execwrap.cost.CostModel`'s constructor arguments from the fields
+    :data:`COST_MODEL_FIELDS` checked."""
+    nested = ("compute", "host", "topology", "mesh_groups", "mesh")
+    return {
+        **{k: f[k] for k in COST_MODEL_FIELDS.fields if k not in nested},
+        "compute": ComputeRates(**f["compute"]),
+        "host": None if f["host"] is None else HostLink(**f["host"]),
+        "topology": None if f["topology"] is None else Topology(**f["topology"]),
+        "mesh_groups": tuple(
+            GroupCurves(
+                g["dim"],
+                g["size"],
+                g["stride"],
+                g["all_gather"],
+                g["reduce_scatter"],
+                g["all_reduce"],
+            )
+            for g in f["mesh_groups"]
+        ),
+        "mesh": None if f["mesh"] is None else MeshShape(**f["mesh"]),
+    }
 
 
 def checked_device_memory(value: Any, name: str) -> int | None:

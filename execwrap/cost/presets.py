@@ -1,64 +1,44 @@
 """Cost-model presets for common GPU clusters, each constant with its public source.
 
-Collective curves follow NCCL's own tuning model as torch's inductor
-reproduces it (``torch/_inductor/comm_analysis.py``, adapted from
-``nccl/src/graph/tuning.cc``, ``ncclTunerConstantsDefaults``): for a ring
-all-gather or reduce-scatter over ``W`` ranks, each protocol (LL, LL128,
-Simple) is a line ``time = latency + nbytes / algorithm_bandwidth`` with
-
-* ``latency = baseLat[ring][proto] + (W - 1 - inter_steps) * intraLat +
-  inter_steps * interLat`` (``inter_steps = nodes - 1``), where intraLat is at
-  least the network overhead (1 us, 3 us for Simple) on several nodes;
-* ``algorithm_bandwidth = bus_bandwidth * W / (W - 1)`` (NCCL's ring
-  bus-bandwidth convention: ``nbytes`` is the whole buffer), the bus bandwidth
-  capped per protocol (LL: half the link and ``llMaxBws``; LL128: 120/128 of
-  it; LL128 is off across InfiniBand nodes);
-
-and the curve is the best protocol at each size (the lower envelope). Each
-preset names its GPU model (:mod:`execwrap.cost.gpus`: peak rates per dtype,
-memory bandwidth, host link, from datasheets); ``gpu=`` puts another GPU
-model in the same cluster (its family's NVLink bandwidth and NCCL constants
-replace the preset's: A100 nodes on the InfiniBand preset's fabric, say). These are estimates: measure your
-own cluster with ``execwrap calibrate``.
+A preset is nodes of 8 GPUs of one model (:mod:`execwrap.cost.gpus`: peak rates
+per dtype, memory bandwidth, host link, from datasheets) joined by NVLink inside
+a node and, for the multi-node presets, by one 200/400/800 Gb/s InfiniBand or
+RoCE NIC per GPU: a :class:`~execwrap.cost.topology.Topology`, whose collectives
+follow NCCL's own tuning model as torch's inductor reproduces it
+(``torch/_inductor/comm_analysis.py``; the model is written out in
+:mod:`execwrap.cost.topology`). The cost model's all-gather and reduce-scatter
+curves are those of the group of all ``world_size`` ranks (a ring LL / LL128 /
+Simple lower envelope: ``latency = baseLat + (W - 1 - inter_steps) * intraLat +
+inter_steps * interLat``, ``algorithm_bandwidth = bus_bandwidth * W / (W - 1)``);
+:meth:`~execwrap.cost.CostModel.for_mesh` prices any other group of a mesh over
+the same ranks from the topology. ``gpu=`` puts another GPU model in the same
+cluster (its family's NVLink bandwidth and NCCL constants replace the preset's:
+A100 nodes on the InfiniBand preset's fabric, say). These are estimates: measure
+your own cluster with ``execwrap calibrate``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.gpus import GPUS, MEMORY_EFFICIENCY, gpu_compute_rates
 from execwrap.cost.host_link import HostLink
+from execwrap.cost.topology import NCHANNELS, Topology
 
-__all__ = ["PRESETS", "Preset", "preset_fields"]
+__all__ = ["PRESETS", "Preset", "preset_fields", "preset_topology"]
 
-# --- NCCL tuning constants, from torch/_inductor/comm_analysis.py (torch 2.13), which copies
-# --- nccl/src/graph/tuning.cc (ncclTunerConstantsDefaults). Microseconds.
-#: baseLat[Ring][LL, LL128, Simple]
-_BASE_LAT_RING_US = (6.6, 14.0, 8.4)
-#: hwLat[NVLINK][Ring][LL, LL128, Simple]
-_HW_LAT_NVLINK_RING_US = (0.6, 1.9, 3.4)
-#: hwLat[NET][Ring][LL, LL128, Simple]
-_HW_LAT_NET_RING_US = (2.7, 4.0, 14.0)
-#: llMaxBws[Hopper][1 node] / llMaxBws[Ampere][1 node] (GB/s); across nodes comm_analysis reads
-#: row 0 (llMaxBws[0] = [39.0, 39.0, 20.4]): 39.0 for 2 nodes, 20.4 for more.
-_LL_MAX_BW_GBPS = {"hopper": 141.0, "ampere": 87.7, "2-nodes": 39.0, "more-nodes": 20.4}
-#: perChMaxRingLL128Bws per channel (GB/s) x _GPU_NCHANNELS (Hopper 16, Ampere 8 channels).
-_LL128_CAP_GBPS = {"hopper": 16 * 36.7, "ampere": 8 * 20.0}
+# --- Link bandwidths per GPU (bytes/s). NVLink: comm_analysis.py's _GPU_NVLINK_BW (NVIDIA's
+# --- NVLink figures, nccl/src/graph/topo.h). Network: one NIC per GPU, its line rate in bytes
+# --- (400 Gb/s = 50 GB/s: comm_analysis.py's _GPU_INTER_NODE_BW for Hopper; 200 Gb/s HDR = 25 GB/s
+# --- for Ampere), from the node's datasheet named by each preset.
+_NVLINK_BW = {"ampere": 240e9, "hopper": 370e9, "blackwell": 720e9}
+_NIC_200G, _NIC_400G, _NIC_800G = 25e9, 50e9, 100e9
 
-# --- Link bandwidths per GPU (GB/s), from comm_analysis.py's _GPU_NVLINK_BW and
-# --- _GPU_INTER_NODE_BW (NVIDIA's NVLink figures, nccl/src/graph/topo.h; NDR 400 Gb/s = 50 GB/s
-# --- per NIC with one NIC per GPU, as on DGX H100).
-_NVLINK_BW_GBPS = {"hopper": 370.0, "ampere": 240.0}
-_IB_NDR_BW_GBPS = 50.0
-
-#: Streaming multiprocessors (H100 SXM5: 132; A100: 108; NVIDIA architecture whitepapers).
-_SMS = {"hopper": 132, "ampere": 108}
-#: NCCL channels (one SM each) per collective: comm_analysis.py's _GPU_NCHANNELS.
-_NCHANNELS = {"hopper": 16, "ampere": 8}
+#: Streaming multiprocessors (H100 SXM5: 132; A100: 108; NVIDIA architecture whitepapers;
+#: B200: 148, two dies of 74, NVIDIA Blackwell architecture technical brief).
+_SMS = {"hopper": 132, "ampere": 108, "blackwell": 148}
 #: Assumed, not sourced: FSDP2's GPU-side fixed cost per group per collective (the copy-in and
 #: copy-out kernels and events, a few kernel launches of ~5 us each); measure with calibrate.
 _GROUP_OVERHEAD_S = 10e-6
@@ -73,12 +53,16 @@ class Preset:
 
     Attributes:
         name: the preset's name.
-        gpu: ``"hopper"`` or ``"ampere"`` (the tables' row).
+        gpu: the GPU family of NCCL's tables (``"ampere"``, ``"hopper"``, ``"blackwell"``).
         gpus_per_node: GPUs per node (8).
         default_world_size: the world size used when none is given.
-        inter_node: whether ranks span nodes over InfiniBand.
+        inter_node: whether ranks span nodes over a network.
         description: one line for ``--help`` and reports.
         device: the GPU model (a key of :data:`execwrap.cost.gpus.GPUS`).
+        nic_bytes_per_s: the network's bandwidth per GPU (one NIC each), bytes/s
+            (``None``: one node).
+        network: ``"infiniband"`` or ``"roce"`` (``""``: one node).
+        source: the datasheet or page the node's NVLink and NICs come from.
     """
 
     name: str
@@ -88,15 +72,42 @@ class Preset:
     inter_node: bool
     description: str
     device: str = "h100-sxm5-80gb"
+    nic_bytes_per_s: float | None = None
+    network: str = ""
+    source: str = ""
+
+
+_DGX_H100 = "NVIDIA DGX H100 datasheet: 8x H100 SXM5, NVLink 4 via NVSwitch, 8x ConnectX-7 400 Gb/s"
+
+
+def _nodes(
+    name: str, device: str, family: str, nic: float, network: str, description: str, source: str
+) -> Preset:
+    """A preset of whole nodes of 8 GPUs over a network (16 ranks by default)."""
+    return Preset(name, family, 8, 16, True, description, device, nic, network, source)
 
 
 #: Preset name -> :class:`Preset`.
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("h100-nvlink-8", "hopper", 8, 8, False, "8x H100 SXM in one node, NVLink/NVSwitch"),
         Preset(
-            "h100-ib-400g", "hopper", 8, 16, True, "H100 nodes of 8 over 400 Gb/s NDR InfiniBand"
+            "h100-nvlink-8",
+            "hopper",
+            8,
+            8,
+            False,
+            "8x H100 SXM in one node, NVLink/NVSwitch",
+            source=_DGX_H100,
+        ),
+        _nodes(
+            "h100-ib-400g",
+            "h100-sxm5-80gb",
+            "hopper",
+            _NIC_400G,
+            "infiniband",
+            "H100 nodes of 8 over 400 Gb/s NDR InfiniBand",
+            _DGX_H100,
         ),
         Preset(
             "a100-nvlink-8",
@@ -106,6 +117,56 @@ PRESETS: dict[str, Preset] = {
             False,
             "8x A100 SXM 80GB in one node, NVLink",
             "a100-sxm4-80gb",
+            source="NVIDIA DGX A100 datasheet: 8x A100 SXM4 80GB, NVLink 3 via NVSwitch",
+        ),
+        _nodes(
+            "h100-roce-400g",
+            "h100-sxm5-80gb",
+            "hopper",
+            _NIC_400G,
+            "roce",
+            "H100 nodes of 8 over 400 Gb/s RoCE per GPU",
+            "Meta's Grand Teton as torchtitan describes it (benchmarks/"
+            "llama3_h100_202412_torchtitan.md: 'RDMA network with 400 Gb/s per GPU'); "
+            "comm_analysis.py's network corrections were fitted on Grand Teton RoCE",
+        ),
+        _nodes(
+            "h200-ib-400g",
+            "h200-sxm-141gb",
+            "hopper",
+            _NIC_400G,
+            "infiniband",
+            "H200 nodes of 8 over 400 Gb/s NDR InfiniBand",
+            "NVIDIA DGX H200 datasheet: 8x H200 SXM, NVLink 4 via NVSwitch, 8x ConnectX-7 400 Gb/s",
+        ),
+        _nodes(
+            "a100-ib-200g",
+            "a100-sxm4-80gb",
+            "ampere",
+            _NIC_200G,
+            "infiniband",
+            "A100 nodes of 8 over 200 Gb/s HDR InfiniBand",
+            "NVIDIA DGX A100 datasheet: 8x A100 SXM4, NVLink 3 via NVSwitch, "
+            "8x ConnectX-6 200 Gb/s HDR",
+        ),
+        _nodes(
+            "b200-ib-400g",
+            "b200-sxm-180gb",
+            "blackwell",
+            _NIC_400G,
+            "infiniband",
+            "B200 nodes of 8 over 400 Gb/s NDR InfiniBand",
+            "NVIDIA DGX B200 datasheet: 8x B200, NVLink 5 via NVSwitch, 8x ConnectX-7 400 Gb/s",
+        ),
+        _nodes(
+            "b200-ib-800g",
+            "b200-sxm-180gb",
+            "blackwell",
+            _NIC_800G,
+            "infiniband",
+            "B200 nodes of 8 over 800 Gb/s XDR InfiniBand",
+            "NVIDIA HGX B200 with ConnectX-8 SuperNICs (ConnectX-8 datasheet: 800 Gb/s per "
+            "port; Quantum-X800 XDR InfiniBand)",
         ),
     )
 }
@@ -146,10 +207,11 @@ def preset_fields(
             f"a multiple of {p.gpus_per_node} and >= {2 * p.gpus_per_node}, got {w}"
         )
     device = _device(p, gpu)
-    family = GPUS[device].family
-    curve = _ring_curve(dataclasses.replace(p, gpu=family), w)
+    topology = preset_topology(p, device)
+    curve = topology.curve("all_gather", w)
+    family = topology.family
     hbm = GPUS[device].memory_bytes_per_s
-    overlap = 1.0 - _NCHANNELS[family] / _SMS[family]
+    overlap = 1.0 - NCHANNELS[family] / _SMS[family]
     return {
         "device_type": "cuda",
         "backend": "nccl",
@@ -163,6 +225,7 @@ def preset_fields(
         "compute": gpu_compute_rates(device),
         "optimizer_param_overhead_s": 0.0,
         "host": _host_link(device),
+        "topology": topology,
         "device_memory_bytes": GPUS[device].memory_bytes,
         "source": f"preset {name}: {p.description}"
         + ("" if device == p.device else f", GPU {device}")
@@ -192,36 +255,15 @@ def _host_link(device: str) -> HostLink:
     )
 
 
-def _ring_curve(p: Preset, world_size: int) -> CollectiveCurve:
-    """The lower envelope of the ring LL / LL128 / Simple lines (see the module docstring)."""
-    nodes = -(-world_size // p.gpus_per_node)
-    steps = world_size - 1
-    inter_steps = nodes - 1
-    if p.inter_node:
-        # comm_analysis: IB uses the inter-node bandwidth, scaled by NIC efficiency
-        # 0.77 + 0.23 * min(1, (nodes - 1) / 7) (its multi-rail factor for > 2 nodes is left out).
-        bw = _IB_NDR_BW_GBPS * (0.77 + 0.23 * min(1.0, (nodes - 1) / 7))
-        ll_max = _LL_MAX_BW_GBPS["2-nodes" if nodes == 2 else "more-nodes"]
-    else:
-        bw = _NVLINK_BW_GBPS[p.gpu]
-        ll_max = _LL_MAX_BW_GBPS[p.gpu]
-    protos = {
-        "LL": min(ll_max, bw * 0.5),
-        "LL128": min(bw * 120.0 / 128.0, _LL128_CAP_GBPS[p.gpu]),
-        "Simple": bw,
-    }
-    lines: list[tuple[float, float]] = []
-    for k, (proto, bus_bw) in enumerate(protos.items()):
-        if proto == "LL128" and nodes > 1:
-            continue  # comm_analysis: LL128 off across IB nodes
-        intra = _HW_LAT_NVLINK_RING_US[k]
-        if nodes > 1:
-            intra = max(intra, 3.0 if proto == "Simple" else 1.0)  # netOverhead
-        lat_us = (
-            _BASE_LAT_RING_US[k]
-            + (steps - inter_steps) * intra
-            + inter_steps * _HW_LAT_NET_RING_US[k]
-        )
-        algo_bw = bus_bw * world_size / steps  # GB/s = 1e9 bytes/s
-        lines.append((lat_us * 1e-6, 1.0 / (algo_bw * 1e9)))
-    return CollectiveCurve.lower_envelope(lines)
+def preset_topology(p: Preset, device: str) -> Topology:
+    """The preset's :class:`~execwrap.cost.topology.Topology` with GPU model ``device``:
+    its family's NVLink bandwidth and NCCL constants, the preset's network."""
+    family = GPUS[device].family
+    return Topology(
+        p.gpus_per_node,
+        family,
+        _NVLINK_BW[family],
+        p.nic_bytes_per_s,
+        p.network,
+        source=p.source,
+    )

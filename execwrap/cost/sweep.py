@@ -22,6 +22,7 @@ from execwrap.cost.host import clean_median, disturbance, disturbance_reading
 
 __all__ = [
     "cache_evictor",
+    "collective_times",
     "SMALLEST_BYTES",
     "sweep",
     "sweep_sizes",
@@ -69,8 +70,9 @@ def _repeats_for(nbytes: int) -> int:
 def _collective_fn(
     kind: str, nbytes: int, group: dist.ProcessGroup, dev: torch.device
 ) -> Callable[[], None]:
-    """One all-gather (output ``nbytes``) or reduce-scatter (input ``nbytes``) as FSDP2
-    issues it: into a freshly allocated output, reduce-scatters of float32 with AVG."""
+    """One all-gather (output ``nbytes``), reduce-scatter (input ``nbytes``) or all-reduce
+    (``nbytes`` in place) as FSDP2 issues it: into a freshly allocated output,
+    reduce-scatters of float32 with AVG."""
     world = dist.get_world_size(group)
     full = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     shard = torch.zeros(nbytes // 4 // world, dtype=torch.float32, device=dev)
@@ -78,6 +80,11 @@ def _collective_fn(
 
         def run() -> None:
             dist.all_gather_single(torch.empty_like(full), shard, group=group)
+
+    elif kind == "all_reduce":  # HSDP's: in place, on the reduce-scatter's output
+
+        def run() -> None:
+            dist.all_reduce(full, group=group)
 
     else:
 
@@ -113,6 +120,25 @@ def sweep(
             runs = timed_runs(fn, dev, _repeats_for(n) * repeat, before=before)
             out[kind].append(max(clean_median(*runs), 1e-9))
     return out["all_gather"], out["reduce_scatter"], out["copy"]
+
+
+def collective_times(
+    kind: str, sizes: list[int], group: dist.ProcessGroup, dev: torch.device, *, repeat: int = 1
+) -> list[float]:
+    """Median seconds per size of ``kind`` (``"all_gather"``, ``"reduce_scatter"`` or
+    ``"all_reduce"``) over ``group``, timed as :func:`sweep` times its collectives (a
+    cache flush and a barrier before each run). Every rank of the world calls it, every
+    group of that shape at once (as a mesh dimension's groups run in a step)."""
+    evict = cache_evictor(dev)
+    out = []
+    for n in sizes:
+        fn = _collective_fn(kind, n, group, dev)
+        fn()  # warm-up
+        runs = timed_runs(
+            fn, dev, _repeats_for(n) * repeat, before=lambda: (evict(), dist.barrier(group=group))
+        )
+        out.append(max(clean_median(*runs), 1e-9))
+    return out
 
 
 def timed_runs(

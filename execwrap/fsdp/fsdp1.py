@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp.wrap import _Policy, always_wrap_policy
@@ -50,13 +49,17 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import is_recording, record_first_step
 from execwrap.fsdp.fsdp1_groups import check_fsdp1_builds
 from execwrap.fsdp.fsdp1_targets import empty_order, fsdp1_targets, resolve_modules
-from execwrap.fsdp.offload import check_offload
-from execwrap.fsdp.precision import check_mixed_precision
+from execwrap.fsdp.mesh import check_fsdp1_hybrid
+from execwrap.fsdp.plan_step import check_fsdp1_kwargs, fsdp1_step, policy_choices, policy_step
+from execwrap.fsdp.policy_helpers import short_repr
 from execwrap.fsdp.ranks import check_order_across_ranks
 from execwrap.fsdp.shardable import check_shardable, check_uniform_requires_grad
 from execwrap.plan.pinned import check_pinned_options, check_plan_fits
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import check_auto_options
+from execwrap.planning.auto.options import (
+    check_auto_options,
+)
 from execwrap.planning.auto_wrap import policy_name
 from execwrap.planning.planner import FSDPTarget, plan_wrap_unwatched
 from execwrap.watch.registry import mark_applied, unwatched_if_refused, watch
@@ -128,11 +131,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             and the model's parameters (shapes, dtypes, ``requires_grad``)
             across ranks with :func:`execwrap.check_order_across_ranks` before
             wrapping (a collective: every rank must build its model).
-        forward_prefetch: FSDP1 only: pass ``forward_prefetch=True`` to every
-            unit, so FSDP1 issues each unit's all-gather before the previous
-            unit's forward, in the order FSDP1 records in the first iteration
-            (the order this policy planned with). ``None`` keeps the root's
-            kwarg.
+        forward_prefetch: FSDP1 only: ``forward_prefetch=True`` for every unit, so FSDP1
+            issues each unit's all-gather before the previous unit's forward, in the order
+            it records in the first iteration (this plan's). ``None`` keeps the root's kwarg.
         groups: stated groups, lists of module FQNs that each form one FSDP
             group (``[["norm", "lm_head"]]``; see :func:`execwrap.plan_wrap`).
         checkpointing: activation checkpointing of the units, applied before
@@ -140,12 +141,20 @@ class ParamExecOrderWrapPolicy(_Policy):
             ``"full"``/``"selective"``/``"none"`` for every unit or
             ``{module FQN: mode}`` (:func:`execwrap.fsdp.checkpointing.apply_checkpointing`).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
+        mesh: the mesh to plan for (``plan_wrap``'s ``mesh``: a ``(replicate, shard)``
+            shape, or ``"auto"`` with ``bucket_numel="auto"``); under FSDP1 with
+            ``HYBRID_SHARD`` / ``_HYBRID_SHARD_ZERO2`` its process groups must match it.
+        training: the :class:`execwrap.TrainingStep` to plan for (``plan.training``):
+            with ``"auto"``, its precision and micro-batch count are planned for and the
+            planner chooses the rest (``choose``); ``checkpointing`` above is part of it.
+            Its checkpointing is applied; FSDP1 must be given its precision and offload.
+        choose: ``"auto"`` only: what of the step the planner chooses (see
+            :func:`execwrap.plan_wrap`).
         pinned_plan: a plan to apply as it is, with its order (a restart:
-            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no
-            planning; checked against the model when wrapping (the first
-            module or parameter that differs is named). Not combined with
-            ``order``, ``tracing_config``, ``example_inputs``, ``bucket_numel``,
-            ``groups`` or the auto-planner's options.
+            ``execwrap.plan.pinned.load_plan(checkpoint_folder)``): no capture, no planning;
+            checked against the model when wrapping (the first difference named). Not
+            combined with ``order``, ``tracing_config``, ``example_inputs``,
+            ``bucket_numel``, ``groups``, ``mesh`` or the auto-planner's options.
 
     FSDP1's own ``mixed_precision`` and ``cpu_offload`` reach every unit (each
     gets the root's kwargs) and are checked before anything is wrapped
@@ -209,6 +218,9 @@ class ParamExecOrderWrapPolicy(_Policy):
     optimizer: str | None = None
     checkpointing: Checkpointing = None
     checkpoint_every: int = 1
+    mesh: Any = None
+    training: TrainingStep | None = None
+    choose: Sequence[str] | None = None
     pinned_plan: WrapPlan | None = None
     plan: WrapPlan | None = field(default=None, init=False, compare=False)
 
@@ -234,6 +246,9 @@ class ParamExecOrderWrapPolicy(_Policy):
                     "ParamExecOrderWrapPolicy.bucket_numel must be a positive number of "
                     f'parameter elements, "auto" or None; got {self.bucket_numel!r}'
                 ) from e
+        check_checkpointing(
+            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
+        )
         auto = check_auto_options(
             "ParamExecOrderWrapPolicy",
             self.bucket_numel,
@@ -241,6 +256,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             self.world_size,
             self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
+            training=self.planned_step(),
+            choose=self._choices(),
         )
         if auto is not None:  # keep the checked values (an int budget for 40e9)
             self.world_size, self.memory_budget = auto.world_size, auto.memory_budget
@@ -254,9 +272,6 @@ class ParamExecOrderWrapPolicy(_Policy):
                 "ParamExecOrderWrapPolicy.example_kwargs must be a dict of forward keyword "
                 f"arguments or None; got {type(self.example_kwargs).__name__}"
             )
-        check_checkpointing(
-            self.checkpointing, every=self.checkpoint_every, where="ParamExecOrderWrapPolicy"
-        )
         check_pinned_options(
             self.pinned_plan,
             order=self.order,
@@ -265,14 +280,12 @@ class ParamExecOrderWrapPolicy(_Policy):
             bucket_numel=self.bucket_numel,
             groups=self.groups,
             cost_model=self.cost_model,
+            mesh=self.mesh,
         )
-        if isinstance(self.example_inputs, torch.Tensor):
-            self.example_inputs = (self.example_inputs,)
+        if isinstance(self.example_inputs, list):
+            self.example_inputs = tuple(self.example_inputs)
         elif self.example_inputs is not None and not isinstance(self.example_inputs, tuple):
-            if isinstance(self.example_inputs, list):
-                self.example_inputs = tuple(self.example_inputs)
-            else:
-                self.example_inputs = (self.example_inputs,)
+            self.example_inputs = (self.example_inputs,)  # one tensor, or any one input
         watch(self, f"ParamExecOrderWrapPolicy({policy_name(self.init_policy)})")
 
     def __repr__(self) -> str:
@@ -285,7 +298,7 @@ class ParamExecOrderWrapPolicy(_Policy):
         for f in dataclasses.fields(self)[1:]:
             value = getattr(self, f.name)
             if f.repr and value is not (None if f.default is dataclasses.MISSING else f.default):
-                parts.append(f"{f.name}={_short_repr(value)}")
+                parts.append(f"{f.name}={short_repr(value)}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
     def _use_pinned(self, model: nn.Module, group: dist.ProcessGroup | None) -> WrapPlan:
@@ -301,6 +314,21 @@ class ParamExecOrderWrapPolicy(_Policy):
         return plan
 
     # ---------------------------------------------------------------- planning
+    def planned_step(self) -> TrainingStep | None:
+        """The training step planned for: :attr:`training` with :attr:`checkpointing`
+        in it (:func:`~execwrap.fsdp.plan_step.policy_step`).
+
+        Raises:
+            ValueError: both set the checkpointing.
+        """
+        return policy_step(
+            self.training, self.checkpointing, self.checkpoint_every, self.bucket_numel
+        )
+
+    def _choices(self) -> tuple[str, ...] | None:
+        """:attr:`choose`, without ``"checkpointing"`` when :attr:`checkpointing` fixes it."""
+        return policy_choices(self.choose, self.checkpointing, self.bucket_numel)
+
     @property
     def recording(self) -> bool:
         """Whether the order is still to be recorded during the first step."""
@@ -316,11 +344,9 @@ class ParamExecOrderWrapPolicy(_Policy):
     ) -> WrapPlan:
         """Get the order (saved, captured, or none yet) and plan ``model``'s units.
 
-        Sets :attr:`order` and :attr:`plan`. Without any way to get an order
-        now (no ``order``, no ``tracing_config``, no ``example_inputs``), the
-        plan's units come from ``init_policy`` alone, in definition order, and
-        :attr:`order` stays ``None`` until recorded (see
-        :func:`execwrap.fsdp.first_step.record_first_step`).
+        Sets :attr:`order` and :attr:`plan`. With no way to an order now, the units
+        come from ``init_policy`` alone, in definition order, and :attr:`order` stays
+        ``None`` until recorded (:func:`execwrap.fsdp.first_step.record_first_step`).
 
         Args:
             model: the unwrapped model (the FSDP root).
@@ -340,8 +366,8 @@ class ParamExecOrderWrapPolicy(_Policy):
                 parameters of another shape, dtype or ``requires_grad``
                 (checked before wrapping, also when the order is recorded
                 during the first step).
-            execwrap.RankFailure: another rank failed to capture or to plan
-                (named, with its exception; :mod:`execwrap.rank_status`).
+            execwrap.RankFailure: another rank failed to capture or to plan (named,
+                with its exception; :mod:`execwrap.distributed.status`).
         """
         if self.pinned_plan is not None:
             return self._use_pinned(model, group)
@@ -382,6 +408,9 @@ class ParamExecOrderWrapPolicy(_Policy):
             world_size=self.world_size,
             memory_budget=self.memory_budget,
             optimizer=self.optimizer,
+            mesh=self.mesh,
+            training=self.planned_step(),
+            choose=self._choices(),
             group=group,
             across_ranks=ranks,
         )
@@ -445,13 +474,14 @@ class ParamExecOrderWrapPolicy(_Policy):
                 check_uniform_requires_grad(root_module, plan)
             ignored_params = root_kwargs.get("ignored_states") or ()  # FSDP passes its set
             check_shardable(root_module, ignored_params=ignored_params, api="FSDP")
-            _check_step_kwargs(root_kwargs)
+            check_fsdp1_kwargs(root_kwargs)
+            check_fsdp1_hybrid(plan.mesh, root_kwargs)
+            checkpointing, every = fsdp1_step(
+                root_module, plan, root_kwargs, self.checkpointing, self.checkpoint_every
+            )
+            where = "ParamExecOrderWrapPolicy"
             targets = checkpoint_targets(
-                root_module,
-                plan.groups,
-                self.checkpointing,
-                every=self.checkpoint_every,
-                where="ParamExecOrderWrapPolicy",
+                root_module, plan.groups, checkpointing, every=every, where=where
             )
         checkpoint_modules(root_module, targets)
         mark_applied(self)
@@ -467,30 +497,3 @@ class ParamExecOrderWrapPolicy(_Policy):
             record_first_step(self, root_module, start_now=False, group=pg)
         logger.debug("ParamExecOrderWrapPolicy: %d FSDP1 targets", len(result))
         return result
-
-
-# ------------------------------------------------------------------ helpers
-def _check_step_kwargs(root_kwargs: dict[str, Any]) -> None:
-    """FSDP1's ``mixed_precision`` and ``cpu_offload`` it would refuse later."""
-    where = "ParamExecOrderWrapPolicy"
-    check_mixed_precision(root_kwargs.get("mixed_precision"), api="FSDP", where=where)
-    device_id = root_kwargs.get("device_id")
-    check_offload(root_kwargs.get("cpu_offload"), device_id=device_id, api="FSDP", where=where)
-
-
-def _short_repr(value: Any) -> str:
-    """``repr(value)``, but one short line for a cost model, an order or a plan."""
-    from execwrap.cost import CostModel
-
-    if isinstance(value, CostModel):
-        origin = value.source.split(";")[0].split(":")[0].strip() or "unnamed"
-        origin = origin if len(origin) <= 60 else origin[:59] + "…"
-        return (
-            f"CostModel({origin}, {value.device_type}, {value.backend}, {value.world_size} ranks)"
-        )
-    if isinstance(value, ExecutionOrder):
-        calls, params = len(value.module_forward_order), len(value.params)
-        return f"ExecutionOrder({value.method}, {calls} calls, {params} params)"
-    if isinstance(value, WrapPlan):
-        return f"WrapPlan({value.policy_name}, {len(value.units)} groups)"
-    return repr(value)

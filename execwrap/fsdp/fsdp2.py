@@ -52,7 +52,9 @@ from execwrap.fsdp.checkpointing import (
 from execwrap.fsdp.first_step import record_first_step
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.groups import kwargs_by_group, plan_groups, shard_groups
+from execwrap.fsdp.mesh import fsdp_mesh
 from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.plan_step import fsdp2_step
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.fsdp.ranks import check_group, check_plan_before_sharding
 from execwrap.fsdp.shardable import check_shardable
@@ -87,20 +89,21 @@ def apply_fully_shard(
         model: the unwrapped model; sharded in place.
         policy_or_plan: a :class:`ParamExecOrderWrapPolicy` (its order is
             captured and its plan built here), or a :class:`execwrap.WrapPlan`.
-        mesh: FSDP2's data-parallel mesh (default: a 1-D mesh over the default
-            group), whose group the cross-rank checks use.
+        mesh: 1-D, ``(replicate, shard)`` (HSDP) or with a ``"tp"`` dimension (its dp part
+            is used), checked against ``plan.mesh``; default: ``plan.mesh`` built, else 1-D.
         prefetch: groups prefetched ahead each way; ``0`` keeps FSDP2's implicit
             prefetching; ``"auto"``: the auto-planner's depth (``plan.prefetch``).
-        group_kwargs: per-group overrides: called with each group's module
-            FQNs (``[""]`` for the root), it returns kwargs merged over
-            ``fully_shard_kwargs`` and the plan's ``reshard_after_forward``.
+        group_kwargs: per-group overrides: called with each group's module FQNs (``[""]``
+            for the root), kwargs over ``fully_shard_kwargs`` and the plan's resharding.
         checkpointing: activation checkpointing applied before sharding, a mode for
-            every unit or ``{module FQN: mode}`` (default: a policy's own).
+            every unit or ``{module FQN: mode}`` (default: a policy's own, else
+            ``plan.training``'s).
         checkpoint_every: with one mode, checkpoint every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``,
-            ``reshard_after_forward``, ``ignored_params``, ...). Without
-            ``reshard_after_forward``, an auto plan's per-group choices apply.
+            ``reshard_after_forward``, ``ignored_params``, ...). Without them, the
+            plan's own (``reshard_after_forward``, ``plan.training``'s precision and
+            offload: :mod:`execwrap.fsdp.plan_step`); given ones that differ, one WARNING.
 
     Returns:
         The plan applied (a policy recording during the first step replaces
@@ -108,14 +111,14 @@ def apply_fully_shard(
         world size is applied with one WARNING saying what differs.
 
     Raises:
-        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that
-            did not choose one; the model already has ``fully_shard``
-            applied; a plan made for another model (named), or naming a module the
-            model lacks, or putting the root in a group. Before anything is wrapped:
-            a 0-dim parameter, a group of mixed dtypes its ``mp_policy`` does
-            not cast (:mod:`~execwrap.fsdp.shardable`), an ``mp_policy`` FSDP would
-            refuse (:mod:`~execwrap.fsdp.precision`), CPU offload on a CPU mesh
-            (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or FQN.
+        ValueError: ``prefetch`` is negative, or ``"auto"`` for a plan that did not choose
+            one; the model already has ``fully_shard`` applied; a plan made for another
+            model (named), or naming a module the model lacks, or putting the root in a
+            group. Before anything is wrapped: a 0-dim parameter, a group of mixed dtypes
+            its ``mp_policy`` does not cast (:mod:`~execwrap.fsdp.shardable`), an
+            ``mp_policy`` FSDP would refuse (:mod:`~execwrap.fsdp.precision`), CPU offload
+            on a CPU mesh (:mod:`~execwrap.fsdp.offload`), an unknown checkpointing mode or
+            FQN; a mesh not of ``plan.mesh``'s shard group, a ``"tp"`` one without DTensors.
         RankFailure: another rank failed (named; :mod:`execwrap.distributed.status`).
         PlanError: a ready plan puts a module or parameter in two units; the
             ranks would apply different groups, prefetch or resharding.
@@ -132,9 +135,10 @@ def apply_fully_shard(
         [[''], ['blocks.0', 'blocks.1'], ['blocks.2', 'blocks.3']]
     """
     _check_arguments(model, prefetch)
-    checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
-    _check_step_kwargs(fully_shard_kwargs, mesh, model, checkpointing, every)
-    plan = _build_plan(model, policy_or_plan, mesh, fully_shard_kwargs.get("ignored_params"))
+    plan, fully_shard_kwargs, checkpointing, every = _plan_and_step(
+        model, policy_or_plan, mesh, fully_shard_kwargs, checkpointing, checkpoint_every
+    )
+    mesh = fsdp_mesh(model, plan, mesh)  # the plan's HSDP mesh, or the caller's checked
     with _together("apply_fully_shard: the checks before sharding", mesh):
         depth, groups, reshard = _prepare(model, policy_or_plan, plan, prefetch, fully_shard_kwargs)
         sharding = kwargs_by_group(
@@ -168,6 +172,22 @@ def _prepare(
 
 
 # ------------------------------------------------------------------ apply_fully_shard helpers
+def _plan_and_step(
+    model: nn.Module,
+    policy_or_plan: ParamExecOrderWrapPolicy | WrapPlan,
+    mesh: DeviceMesh | None,
+    kwargs: dict[str, Any],
+    checkpointing: Checkpointing,
+    checkpoint_every: int,
+) -> tuple[WrapPlan, dict[str, Any], Checkpointing, int]:
+    """The plan (checked settings first), and the ``fully_shard`` kwargs and
+    checkpointing with the plan's training step filled in (:func:`fsdp2_step`)."""
+    checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
+    _check_step_kwargs(kwargs, mesh, model, checkpointing, every)
+    plan = _build_plan(model, policy_or_plan, mesh, kwargs.get("ignored_params"))
+    return (plan, *fsdp2_step(model, plan, kwargs, checkpointing, every))
+
+
 def _check_arguments(model: nn.Module, prefetch: int | str) -> None:
     if prefetch != "auto":
         check_int(prefetch, "apply_fully_shard: prefetch", unit="groups ahead", hint=_AUTO_HINT)
@@ -215,8 +235,8 @@ def _check_ready_plan(plan: WrapPlan, model: nn.Module) -> None:
 
 
 def _together(phase: str, mesh: DeviceMesh | None) -> contextlib.AbstractContextManager[None]:
-    """:func:`~execwrap.rank_status.fail_together` over the ranks that apply the plan
-    together (:func:`~execwrap.ranks.check_group`); nothing for an n-D mesh over part
+    """:func:`~execwrap.distributed.status.fail_together` over the ranks that apply the plan
+    together (:func:`~execwrap.fsdp.ranks.check_group`); nothing for an n-D mesh over part
     of the world."""
     compared, group = check_group(mesh)
     return fail_together(phase, group=group) if compared else contextlib.nullcontext()

@@ -460,7 +460,7 @@ def _warn_if_planned_for_other_ranks(plan: WrapPlan, mesh: DeviceMesh | None) ->
     """One WARNING when an auto plan's world size is not the mesh's (or the world's)."""
     if plan.estimate is None:
         return
-    if mesh is not None:
+    if mesh is not None and plan.mesh is None:
         ranks = mesh.size()
     elif dist.is_available() and dist.is_initialized():
         ranks = dist.get_world_size()

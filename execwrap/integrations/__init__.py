@@ -29,7 +29,8 @@ core imports one):
 
 Framework-free helpers, re-exported here: :func:`fsdp_groups` (the groups
 FSDP really built), :func:`lift_order` / :func:`lift_plan` (a submodule's
-order or plan in its parent's FQNs).
+order or plan in its parent's FQNs), :func:`plan_for_mesh` (a policy plans for
+the framework's mesh: HSDP's replicas, tensor parallelism).
 """
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ from tracing.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from execwrap.integrations.groups import fsdp_groups
+    from execwrap.integrations.mesh import plan_for_mesh
     from execwrap.integrations.prefix import lift_order, lift_plan, submodule_prefix
 
 _EXPORTS: dict[str, str] = {
     "fsdp_groups": "execwrap.integrations.groups",
     "lift_order": "execwrap.integrations.prefix",
     "lift_plan": "execwrap.integrations.prefix",
+    "plan_for_mesh": "execwrap.integrations.mesh",
     "submodule_prefix": "execwrap.integrations.prefix",
 }
 
-__all__ = ["fsdp_groups", "lift_order", "lift_plan", "submodule_prefix"]
+__all__ = ["fsdp_groups", "lift_order", "lift_plan", "plan_for_mesh", "submodule_prefix"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

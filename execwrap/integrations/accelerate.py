@@ -10,7 +10,8 @@ plugin's own settings (``reshard_after_forward``, ``mixed_precision_policy``,
 ``cpu_offload``, ``ignored_modules``, ``activation_checkpointing``: full
 checkpointing of the plan's units, applied before sharding with FQNs kept, where
 accelerate would put a ``checkpoint_wrapper`` around its wrapped layers; the
-accelerator's FSDP mesh), and
+accelerator's FSDP mesh: with ``ParallelismConfig(dp_replicate_size=...)`` HSDP's
+2-D mesh, which a policy without a ``mesh`` plans for), and
 leaves the plugin consistent with the result (no wrap policy, no class
 names), so ``accelerator.prepare(model, optimizer)`` finds an FSDP2 model and
 keeps it as it is. A plugin that keeps ``transformer_cls_names_to_wrap`` would
@@ -41,7 +42,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.integrations.mesh import plan_for_mesh
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.util.mesh import MeshShape
 
 __all__ = ["check_fsdp_plugin", "prepare_fully_shard"]
 
@@ -96,10 +99,15 @@ def prepare_fully_shard(
     ignored = _ignored_params(model, plugin.ignored_modules)
     if ignored:
         kwargs["ignored_params"] = ignored
+    mesh = _fsdp_mesh(accelerator)
+    if mesh is not None:  # HSDP's replicas (dp_replicate_size) and tp_size, planned for
+        dp = MeshShape.from_device_mesh(mesh, where="prepare_fully_shard")
+        tp = getattr(accelerator.parallelism_config, "tp_size", 1) or 1
+        plan_for_mesh(policy_or_plan, MeshShape(dp.replicate, dp.shard, tp))
     plan = apply_fully_shard(
         model,
         policy_or_plan,
-        mesh=_fsdp_mesh(accelerator),
+        mesh=mesh,
         prefetch=prefetch,
         group_kwargs=group_kwargs,
         checkpointing="full" if plugin.activation_checkpointing else None,

@@ -53,8 +53,10 @@ from execwrap.distributed.status import fail_together
 from execwrap.fsdp.checkpointing import Checkpointing
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.integrations.mesh import plan_for_mesh
 from execwrap.integrations.prefix import lift_order, lift_plan, submodule_prefix
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.util.mesh import MeshShape
 from tracing import capture_execution_order
 
 __all__ = ["lightning_wrap_policy", "shard_lightning_module"]
@@ -87,12 +89,12 @@ def shard_lightning_module(
             ready :class:`~execwrap.WrapPlan` for the held model.
         module: the held model: the submodule itself or its FQN in
             ``pl_module``; default: the one direct child holding parameters.
-        mesh: the data-parallel mesh; default ``pl_module.device_mesh["data_parallel"]``
-            (``ModelParallelStrategy``'s), else FSDP2's default mesh.
+        mesh: the data-parallel mesh; default ``ModelParallelStrategy``'s ``data_parallel``
+            (a policy without a ``mesh`` plans the local shards of its ``tensor_parallel``
+            size once the held model's parameters are DTensors), else FSDP2's default.
         prefetch: groups prefetched ahead, as in :func:`execwrap.apply_fully_shard`.
-        checkpointing: activation checkpointing of the held model's units, applied
-            before sharding (module FQNs of the held model: ``"layers.0"``), as in
-            :func:`execwrap.apply_fully_shard`.
+        checkpointing: activation checkpointing of the held model's units (its module
+            FQNs: ``"layers.0"``), as in :func:`execwrap.apply_fully_shard`.
         checkpoint_every: with one checkpointing mode, every N-th unit only.
         **fully_shard_kwargs: passed to every ``fully_shard`` call
             (``mp_policy=MixedPrecisionPolicy(...)``, ``reshard_after_forward``, ...;
@@ -125,7 +127,9 @@ def shard_lightning_module(
         return _APPLIED[held]
     _check_nothing_outside(pl_module, prefix)
     if mesh is None:
-        mesh = _strategy_mesh(pl_module)
+        mesh, tp = _strategy_mesh(pl_module, held)
+        if mesh is not None:  # the strategy's data-parallel and tensor-parallel sizes
+            plan_for_mesh(policy_or_plan, MeshShape(1, mesh.size(), tp))
     plan = apply_fully_shard(
         held,
         policy_or_plan,
@@ -253,13 +257,20 @@ def _check_nothing_outside(pl_module: nn.Module, prefix: str) -> None:
         )
 
 
-def _strategy_mesh(pl_module: nn.Module) -> DeviceMesh | None:
-    """``ModelParallelStrategy``'s data-parallel mesh, if the module has one."""
+def _strategy_mesh(pl_module: nn.Module, held: nn.Module) -> tuple[DeviceMesh | None, int]:
+    """``ModelParallelStrategy``'s data-parallel mesh, if the module has one, and its
+    tensor-parallel size when the held model's parameters are DTensors (its TP plan
+    applied in ``configure_model`` first); without them FSDP shards whole tensors (1)."""
     try:
         mesh = getattr(pl_module, "device_mesh", None)  # LightningModule.device_mesh
     except RuntimeError:  # no strategy mesh set up yet
-        return None
+        return None, 1
     if not isinstance(mesh, DeviceMesh):
-        return None
+        return None, 1
     names = mesh.mesh_dim_names or ()
-    return mesh["data_parallel"] if "data_parallel" in names else mesh
+    tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    if tp > 1:
+        from torch.distributed.tensor import DTensor
+
+        tp = tp if any(isinstance(p, DTensor) for p in held.parameters()) else 1
+    return (mesh["data_parallel"] if "data_parallel" in names else mesh), tp

@@ -53,7 +53,9 @@ from torchtitan.distributed.fsdp import (
 from execwrap.fsdp.checkpointing import CheckpointMode, apply_checkpointing
 from execwrap.fsdp.fsdp1 import ParamExecOrderWrapPolicy
 from execwrap.fsdp.fsdp2 import apply_fully_shard
+from execwrap.integrations.mesh import plan_for_mesh
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.util.mesh import MeshShape
 
 __all__ = [
     "Parallelize",
@@ -219,7 +221,9 @@ class Parallelize:
     compile_config, ac_config, dump_folder)`` applies tensor parallelism,
     activation checkpointing and ``torch.compile`` as ``parallelize_llama``
     applies them, then :func:`apply_fsdp` with the mesh and settings torchtitan
-    would pass to ``apply_fsdp_to_decoder``; it returns the model. Full and
+    would pass to ``apply_fsdp_to_decoder``; it returns the model. A policy without a
+    ``mesh`` plans for torchtitan's (``dp_replicate`` replicas of ``dp_shard`` ranks,
+    ``tp``: :func:`~execwrap.integrations.mesh.plan_for_mesh`). Full and
     selective checkpointing are applied by execwrap (:func:`checkpointing_of`:
     the same blocks, the same policy, FQNs kept), other ``ac_config`` by
     torchtitan.
@@ -283,6 +287,8 @@ class Parallelize:
         chosen = self.policy_or_plan
         if not isinstance(chosen, (ParamExecOrderWrapPolicy, WrapPlan)):
             chosen = chosen(model)
+        dp = MeshShape.from_device_mesh(dp_mesh, where="parallelize_fn")
+        plan_for_mesh(chosen, MeshShape(dp.replicate, dp.shard, parallel_dims.tp))
         self.plan = apply_fsdp(
             model,
             dp_mesh,

@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, NamedTuple
 
+from execwrap.util.mesh import MeshShape
+
 __all__ = ["MEMORY_CATEGORIES", "MemoryBreakdown", "StepEstimate", "Stream", "StreamEvent"]
 
 #: The three streams of the model.
-Stream = Literal["compute", "all_gather", "reduce_scatter"]
+Stream = Literal["compute", "all_gather", "reduce_scatter", "all_reduce"]
 
 
 class StreamEvent(NamedTuple):
@@ -137,6 +139,10 @@ class StepEstimate:
             the sum of the peaks of the streams' pools (compute, all-gather,
             reduce-scatter; :mod:`execwrap.simulate.engine`); on CPU the peak.
         micro_batches: forward/backward passes in the step.
+        all_reduces: HSDP's all-reduces of gradient shards across replicas per step.
+        mesh: the mesh simulated (:class:`~execwrap.util.mesh.MeshShape`; ``world_size``
+            is then all its ranks, the shard group ``mesh.shard``); ``None``: FSDP over
+            ``world_size`` ranks.
     """
 
     step_time_s: float
@@ -160,6 +166,8 @@ class StepEstimate:
     backward_end_s: float = 0.0
     reserved_memory_bytes: int = 0
     micro_batches: int = 1
+    all_reduces: int = 0
+    mesh: MeshShape | None = None
 
     def phase_times_s(self) -> dict[str, float]:
         """Seconds of each phase: ``{"forward": ..., "backward": ..., "optimizer": ...}``
@@ -195,6 +203,11 @@ class StepEstimate:
             "backward_end_s": self.backward_end_s,
             "reserved_memory_bytes": self.reserved_memory_bytes,
             "micro_batches": self.micro_batches,
+            **(
+                {}
+                if self.mesh is None
+                else {"all_reduces": self.all_reduces, "mesh": self.mesh.to_dict()}
+            ),
         }
 
     @classmethod
@@ -225,4 +238,6 @@ class StepEstimate:
             backward_end_s=float(data.get("backward_end_s", 0.0)),
             reserved_memory_bytes=int(data.get("reserved_memory_bytes", 0)),
             micro_batches=int(data.get("micro_batches", 1)),
+            all_reduces=int(data.get("all_reduces", 0)),
+            mesh=None if data.get("mesh") is None else MeshShape.from_dict(data["mesh"]),
         )

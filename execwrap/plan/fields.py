@@ -13,7 +13,9 @@ from typing import Any
 
 from execwrap.plan.consistency import check_module_names, check_units
 from execwrap.plan.search_record import PlanSearch
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.unit import WrapUnit
+from execwrap.util.mesh import MeshShape
 from tracing.checks import is_int
 from tracing.order import ExecutionOrder
 from tracing.schema import (
@@ -80,17 +82,29 @@ def plan_fields(data: Any, order: ExecutionOrder, *, source: str, prefix: str) -
 
 
 #: Version of the layout written by :meth:`WrapPlan.to_dict` (2: the auto-planner's
-#: ``prefetch``, ``reshard_after_forward``, ``estimate`` and ``search``).
-PLAN_SCHEMA_VERSION = 2
+#: ``prefetch``, ``reshard_after_forward``, ``estimate`` and ``search``; 3: the
+#: ``training`` step).
+PLAN_SCHEMA_VERSION = 3
 
 
-#: Layout versions :meth:`WrapPlan.from_dict` reads (version 1 has no auto-planner fields).
-READABLE_PLAN_VERSIONS = (1, 2)
+#: Layout versions :meth:`WrapPlan.from_dict` reads (version 1 has no auto-planner fields,
+#: version 2 no training step).
+READABLE_PLAN_VERSIONS = (1, 2, 3)
 
 
 def _any(value: Any, path: str) -> Any:
     """Any value (units are checked one by one, with their order)."""
     return value
+
+
+def _mesh(value: Any, path: str) -> MeshShape:
+    """A :class:`~execwrap.util.mesh.MeshShape` as ``to_dict`` writes it."""
+    try:
+        return MeshShape.from_dict(value)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(
+            path, f"expected {{replicate, shard, tp}} ranks >= 1, got {value!r} ({e})"
+        ) from None
 
 
 def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) -> dict[str, Any]:
@@ -104,25 +118,26 @@ def _auto_fields(f: dict[str, Any], num_units: int, prefix: str, source: str) ->
             source,
             "WrapPlan",
         )
-    estimate: Any = None
-    search: PlanSearch | None = None
-    try:
-        if f["estimate"] is not None:
-            from execwrap.plan.estimate import StepEstimate
+    from execwrap.plan.estimate import StepEstimate
 
-            estimate = StepEstimate.from_dict(f["estimate"])
-        if f["search"] is not None:
-            search = PlanSearch.from_dict(f["search"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        key = "estimate" if estimate is None and f["estimate"] is not None else "search"
-        raise SchemaError(
-            field_path(prefix, key), f"malformed ({type(e).__name__}: {e})", source, "WrapPlan"
-        ) from None
+    readers: dict[str, Any] = {
+        "estimate": StepEstimate.from_dict,
+        "search": PlanSearch.from_dict,
+        "training": TrainingStep.from_dict,
+    }
+    read: dict[str, Any] = {}
+    for key, reader in readers.items():
+        try:
+            read[key] = None if f[key] is None else reader(f[key])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SchemaError(
+                field_path(prefix, key), f"malformed ({type(e).__name__}: {e})", source, "WrapPlan"
+            ) from None
     return {
         "prefetch": f["prefetch"],
         "reshard_after_forward": None if reshard is None else tuple(reshard),
-        "estimate": estimate,
-        "search": search,
+        **read,
+        "mesh": f["mesh"],
     }
 
 
@@ -187,5 +202,9 @@ PLAN_FIELDS = Record(
         "reshard_after_forward": Field(optional(list_of(boolean())), required=False),
         "estimate": Field(optional(_any), required=False),
         "search": Field(optional(_any), required=False),
+        # the mesh (HSDP / tensor parallelism) the plan is for; absent: FSDP over all ranks
+        "mesh": Field(optional(_mesh), required=False),
+        # schema 3: the training step (absent in version-1 and -2 plans)
+        "training": Field(optional(_any), required=False),
     }
 )

@@ -158,7 +158,8 @@ def plan_figures(plan: Any, prefetch: int = 1) -> PlanFigures:
 def plan_summary(plan: Any, prefetch: int = 1) -> str:
     """A few lines on ``plan`` (:meth:`execwrap.WrapPlan.summary`): its groups, the
     prefetch depth and resharding, collectives and the unsharded peak per step, the
-    predicted step and peak memory, and the notes (warnings first)."""
+    predicted step and peak memory, the training step it carries, and the notes
+    (warnings first)."""
     f = plan_figures(plan, prefetch)
     model = plan.order.module_classes.get("", "") or "a model"
     if plan.search is not None:
@@ -178,6 +179,13 @@ def plan_summary(plan: Any, prefetch: int = 1) -> str:
         lines.append(
             f"  predicted: step {f.step_time_s * 1e3:.3f} ms, peak "
             f"{format_bytes(f.peak_memory_bytes)} per rank on {f.world_size} ranks{budget}"
+        )
+    if plan.training is not None:
+        modes = plan.checkpoint_modes()
+        counts = [f"{modes.count(m)} {m}" for m in ("full", "selective") if m in modes]
+        checkpointed = ", ".join(counts) if counts else "none"
+        lines.append(
+            f"  training step: {plan.training.describe()}; groups checkpointed: {checkpointed}"
         )
     notes = f.warnings + f.infos
     if notes:

@@ -7,15 +7,18 @@ predicted step time and peak memory), the baselines it was compared with,
 the memory budget and which candidate was chosen. The report draws it as the
 candidates chart (predicted step time against peak memory). Plain data, JSON
 round trip through :meth:`PlanSearch.to_dict` / :meth:`PlanSearch.from_dict`.
+With ``mesh="auto"`` it also lists every shard group size considered
+(:class:`MeshCandidate`) and why the chosen one won.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Candidate", "CandidateKind", "PlanSearch", "candidate_label"]
+__all__ = ["Candidate", "CandidateKind", "MeshCandidate", "PlanSearch", "candidate_label"]
 
 #: ``"searched"``: made by the search; ``"baseline"``: a fixed plan it was compared with.
 CandidateKind = Literal["searched", "baseline"]
@@ -94,6 +97,13 @@ class Candidate:
         peak_memory_bytes: predicted peak memory per rank, bytes.
         fits: whether the peak is within the search's memory budget
             (always ``True`` without a budget).
+        checkpointing: each group's activation checkpointing (``"none"``,
+            ``"selective"``, ``"full"``), one per entry of ``group_sizes``; empty:
+            none anywhere (and candidates saved before the training step was searched).
+        offload: ``"none"`` or ``"cpu"`` (FSDP2's ``CPUOffloadPolicy``).
+        gradient_sync: ``"every"`` or ``"last"`` micro-batch reduce-scatters.
+        reshard_after_backward: whether micro-batches before the last reshard after
+            their backward.
     """
 
     label: str
@@ -104,10 +114,18 @@ class Candidate:
     step_time_s: float
     peak_memory_bytes: int
     fits: bool
+    checkpointing: tuple[str, ...] = ()
+    offload: str = "none"
+    gradient_sync: str = "every"
+    reshard_after_backward: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"Candidate.kind must be one of {_KINDS}, got {self.kind!r}")
+
+    def checkpointed(self) -> int:
+        """Groups with activation checkpointing (``"full"`` or ``"selective"``)."""
+        return sum(1 for m in self.checkpointing if m != "none")
 
     @property
     def num_groups(self) -> int:
@@ -125,6 +143,10 @@ class Candidate:
             "step_time_s": self.step_time_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "fits": self.fits,
+            "checkpointing": list(self.checkpointing),
+            "offload": self.offload,
+            "gradient_sync": self.gradient_sync,
+            "reshard_after_backward": self.reshard_after_backward,
         }
 
     @classmethod
@@ -139,6 +161,62 @@ class Candidate:
             step_time_s=float(data["step_time_s"]),
             peak_memory_bytes=int(data["peak_memory_bytes"]),
             fits=bool(data["fits"]),
+            checkpointing=tuple(str(m) for m in data.get("checkpointing", ())),
+            offload=str(data.get("offload", "none")),
+            gradient_sync=str(data.get("gradient_sync", "every")),
+            reshard_after_backward=bool(data.get("reshard_after_backward", True)),
+        )
+
+
+@dataclass(frozen=True)
+class MeshCandidate:
+    """One mesh shape the auto-planner considered (``plan_wrap(..., mesh="auto")``).
+
+    Attributes:
+        shard: ranks a parameter is sharded over (the shard group's size).
+        replicate: replicas (``1``: FSDP over every data-parallel rank).
+        status: ``"searched"`` (the search ran for it), ``"probed"`` (the chosen
+            shape's plan and the least-memory plan simulated for it only) or
+            ``"skipped"`` (no plan can fit it, or the cost model cannot price it).
+        step_time_s: the best predicted step time found for it (``inf``: none).
+        peak_memory_bytes: that plan's peak per rank (the least memory any plan
+            needs for a skipped shape; ``0``: unknown).
+        fits: whether that plan is within the budget.
+        note: why it was probed or skipped, in words.
+    """
+
+    shard: int
+    replicate: int
+    status: str
+    step_time_s: float
+    peak_memory_bytes: int
+    fits: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``step_time_s`` ``null`` for ``inf``)."""
+        return {
+            "shard": self.shard,
+            "replicate": self.replicate,
+            "status": self.status,
+            "step_time_s": None if math.isinf(self.step_time_s) else self.step_time_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "fits": self.fits,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MeshCandidate:
+        """Inverse of :meth:`to_dict`."""
+        step = data.get("step_time_s")
+        return cls(
+            int(data["shard"]),
+            int(data["replicate"]),
+            str(data["status"]),
+            math.inf if step is None else float(step),
+            int(data["peak_memory_bytes"]),
+            bool(data["fits"]),
+            str(data.get("note", "")),
         )
 
 
@@ -154,6 +232,9 @@ class PlanSearch:
         world_size: ranks the plan was made for.
         cost_model: one line naming the cost model (device, backend, source).
         seconds: wall time of the search, seconds.
+        meshes: with ``mesh="auto"``: every shard group size considered
+            (:class:`MeshCandidate`); the candidates above are the chosen shape's.
+        mesh_reason: why the chosen shard group size, in one sentence.
     """
 
     candidates: tuple[Candidate, ...]
@@ -162,6 +243,8 @@ class PlanSearch:
     world_size: int
     cost_model: str
     seconds: float = 0.0
+    meshes: tuple[MeshCandidate, ...] = ()
+    mesh_reason: str = ""
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and self.memory_budget <= 0:
@@ -195,6 +278,14 @@ class PlanSearch:
             "world_size": self.world_size,
             "cost_model": self.cost_model,
             "seconds": self.seconds,
+            **(
+                {}
+                if not self.meshes
+                else {
+                    "meshes": [m.to_dict() for m in self.meshes],
+                    "mesh_reason": self.mesh_reason,
+                }
+            ),
         }
 
     @classmethod
@@ -213,6 +304,8 @@ class PlanSearch:
                 world_size=int(data["world_size"]),
                 cost_model=str(data.get("cost_model", "")),
                 seconds=float(data.get("seconds", 0.0)),
+                meshes=tuple(MeshCandidate.from_dict(m) for m in data.get("meshes", [])),
+                mesh_reason=str(data.get("mesh_reason", "")),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed PlanSearch dict: {e!r}") from e

@@ -40,9 +40,12 @@ from execwrap.plan.stats import (
     runs_backward,
     unsharded_timeline,
 )
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.unit import WrapUnit
+from execwrap.util.mesh import MeshShape
 from tracing.fqn import ancestors, common_ancestor, innermost, is_within, owner_fqn
 from tracing.order import ExecutionOrder
+from tracing.schema import SchemaError, field_path
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -83,6 +86,17 @@ class WrapPlan:
             per-stream timeline) at :attr:`prefetch` and
             :attr:`reshard_after_forward`, when a cost model was given.
         search: what the auto-planner compared (:class:`~execwrap.plan.search_record.PlanSearch`).
+        mesh: the mesh the plan is for (:class:`~execwrap.util.mesh.MeshShape`: HSDP's
+            replicas and shard group, tensor parallelism), chosen by the auto-planner
+            (``mesh="auto"``) or stated (``plan_wrap(..., mesh=...)``);
+            ``apply_fully_shard`` builds it when no mesh is given. ``None``: FSDP over
+            every rank.
+        training: the training step the plan is for
+            (:class:`~execwrap.plan.training_step.TrainingStep`: precision, checkpointing
+            per unit, offload, micro-batches and gradient sync), its checkpointing written
+            out per unit (:meth:`TrainingStep.for_plan`); ``apply_fully_shard`` and the
+            FSDP1 policy apply its precision, offload and checkpointing. ``None``: none
+            stated (float32, nothing checkpointed or offloaded, one micro-batch).
     """
 
     units: list[WrapUnit]
@@ -97,6 +111,8 @@ class WrapPlan:
     reshard_after_forward: tuple[bool, ...] | None = None
     estimate: StepEstimate | None = None
     search: PlanSearch | None = None
+    mesh: MeshShape | None = None
+    training: TrainingStep | None = None
 
     # ------------------------------------------------------------ lookups
     @property
@@ -188,6 +204,14 @@ class WrapPlan:
             for i, (u, f) in enumerate(zip(self.units, flags, strict=False))
             if not f and not u.is_root
         ]
+
+    def checkpoint_modes(self) -> tuple[str, ...]:
+        """Each unit's activation checkpointing (in :attr:`units` order) under
+        :attr:`training`: ``"none"``, ``"full"`` or ``"selective"`` (all ``"none"``
+        without a training step)."""
+        if self.training is None:
+            return ("none",) * len(self.units)
+        return self.training.checkpoint_modes(self)
 
     # ----------------------------------------------------------- FSDP1 view
     def fsdp1_modules(self) -> list[str]:
@@ -367,7 +391,8 @@ class WrapPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict: units, atomic units, notes, bucket size,
         policy, FSDP1 modules, stats at prefetch 1, and the auto-planner's
-        choices, estimate and search (``null`` when not planned so; the order
+        choices, estimate and search, and the training step (``null`` when not planned
+        so; the order
         is not included; reports store it next to the plan)."""
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
@@ -387,6 +412,8 @@ class WrapPlan:
             ),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
             "search": None if self.search is None else self.search.to_dict(),
+            **({} if self.mesh is None else {"mesh": self.mesh.to_dict()}),
+            "training": None if self.training is None else self.training.to_dict(),
         }
 
     @classmethod
@@ -413,8 +440,8 @@ class WrapPlan:
             source: the file ``data`` came from, for messages.
             prefix: where ``data`` sits in that file (``"plan"`` in a report).
 
-        Reads layout versions 1 and 2 (a version-1 plan has no auto-planner
-        fields: they stay ``None``).
+        Reads layout versions 1 to 3 (a version-1 plan has no auto-planner
+        fields, a version-2 plan no training step: they stay ``None``).
 
         Raises:
             ValueError: ``data`` is of another schema version or malformed; the
@@ -422,4 +449,11 @@ class WrapPlan:
         """
         plan = cls(order=order, **plan_fields(data, order, source=source, prefix=prefix))
         check_derived(plan, data, source=source, prefix=prefix)
+        if plan.training is not None:  # its per-unit checkpointing names units of this plan
+            try:
+                plan.training.checkpoint_modes(plan)
+            except ValueError as e:
+                raise SchemaError(
+                    field_path(prefix, "training"), str(e), source, "WrapPlan"
+                ) from None
         return plan

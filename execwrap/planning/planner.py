@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch.distributed as dist
@@ -81,8 +81,8 @@ from execwrap.plan.notes import (
     fsdp1_split_note,
 )
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import AutoOptions, check_auto_options
-from execwrap.planning.auto.search import search_checked
+from execwrap.planning.auto.mesh import search_mesh
+from execwrap.planning.auto.options import AutoOptions, check_auto_options, check_training
 from execwrap.planning.auto_wrap import (
     always_wrap_policy,
     expand_ignored_modules,
@@ -98,6 +98,7 @@ from execwrap.planning.stated_groups import (
     stated_group_units,
 )
 from execwrap.planning.steps import FSDPTarget, Planner
+from execwrap.util.mesh import MeshShape
 from execwrap.watch.registry import watch
 from tracing.checks import check_size
 from tracing.fqn import is_within
@@ -105,6 +106,7 @@ from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
+    from execwrap.plan.training_step import TrainingStep
 
 __all__ = ["FSDPTarget", "plan_wrap", "plan_wrap_unwatched", "policy_units"]
 
@@ -167,6 +169,10 @@ def plan_wrap(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    mesh: Any = None,
+    tp_plan: Mapping[str, Any] | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
 ) -> WrapPlan:
@@ -180,24 +186,27 @@ def plan_wrap(
         init_policy: see :func:`policy_units`.
         bucket_numel: FSDP2 group size cap in elements (whole: ``1e8`` too); ``None``: no buckets;
             ``"auto"``: the auto-planner (:mod:`execwrap.planning.auto.search`) chooses the
-            groups, the prefetch depth and ``reshard_after_forward`` per group
-            (``plan.prefetch``, ``plan.reshard_after_forward``, ``plan.estimate``,
-            ``plan.search``).
-        ignored_modules: modules FSDP ignores (an iterable of ``nn.Module``
-            objects or module FQN strings); their parameters are in no unit.
-        groups: stated groups, each a list of module FQNs made one FSDP group
-            (``[["norm", "lm_head"]]``) as stated (:mod:`execwrap.planning.stated_groups`).
-        target: ``"fsdp1"`` or ``"fsdp2"``: the notes speak of that target only
-            (``None``: of both where they differ).
-        cost_model: ``"auto"`` only: the :class:`execwrap.cost.CostModel`.
-        world_size: ``"auto"`` only: ranks (an int, NumPy's too; default: the cost model's).
-        memory_budget: ``"auto"`` only: peak bytes per rank (``None``: the device's, less a reserve).
-        optimizer: ``"auto"`` only: the optimizer priced
-            (:data:`execwrap.simulate.OPTIMIZERS`; ``None``: ``"adamw"``).
+            groups, the prefetch depth, ``reshard_after_forward`` per group and the
+            training step's checkpointing per group, offload and accumulation mode
+            (``plan.prefetch``, ``.reshard_after_forward``, ``.training``, ``.estimate``, ``.search``).
+        ignored_modules: modules (or FQNs) FSDP ignores; their parameters are in no unit.
+        groups: stated groups of module FQNs, each one FSDP group (``[["norm", "lm_head"]]``).
+        target: ``"fsdp1"``/``"fsdp2"``: notes of that target only (``None``: both).
+        cost_model, world_size, memory_budget, optimizer: ``"auto"`` only: the
+            :class:`execwrap.cost.CostModel`; ranks (default: the cost model's); peak bytes per
+            rank (``None``: the device's, less a reserve); the optimizer (``None``: ``"adamw"``).
+        mesh: the mesh (``plan.mesh``): a ``(replicate, shard)`` shape, a
+            :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh`` (HSDP; a ``tp``
+            dimension: plans the local shards, :mod:`execwrap.planning.tensor_parallel`),
+            or with ``"auto"``: ``"auto"``, the shard group size chosen too
+            (:mod:`execwrap.planning.auto.mesh`); ``None``: FSDP over every rank.
+        tp_plan: with a ``tp`` mesh dimension and a model without DTensors: the TP plan.
+        training, choose: the :class:`execwrap.TrainingStep` the plan is for
+            (``plan.training``); ``"auto"`` keeps its precision and micro-batch count and
+            chooses ``choose`` (default: ``"checkpointing"``, ``"offload"``, ``"accumulation"``).
         group: with a process group initialised, planning is a collective of ``group``
             (default ``WORLD``): every rank plans from the slowest rank's compute times
-            (:mod:`execwrap.distributed.timing`) and a failing rank is named on the others
-            (:mod:`execwrap.distributed.status`).
+            (:mod:`execwrap.distributed.timing`), a failing rank named on the others.
         across_ranks: whether planning is that collective: ``None``, for
             ``bucket_numel="auto"`` only; ``True``, always; ``False``, never (one rank).
 
@@ -206,31 +215,28 @@ def plan_wrap(
         a WARNING naming it (:mod:`execwrap.watch.registry`).
 
     Raises:
-        TypeError: ``model``/``order``/``init_policy``/``bucket_numel``/
-            ``ignored_modules`` has the wrong type.
-        ValueError: ``bucket_numel`` is not positive; bad auto-planner
-            keywords (:func:`execwrap.planning.auto.search.check_auto_options`: a cost model
-            for another world size or device type, ``groups`` with ``"auto"``);
-            an ignored module is not part of ``model``; a stated group cannot
-            be formed (naming the member and why); or the order does not fit
-            ``model`` (other modules, parameters, numels or shapes than
-            ``model``'s: a stale order, capture it again).
+        TypeError: an argument of the wrong type.
+        ValueError: ``bucket_numel`` is not positive; bad auto-planner keywords
+            (:func:`~execwrap.planning.auto.options.check_auto_options`, ``groups`` with
+            ``"auto"``, a step the capture or cost model cannot price); a mesh not of
+            ``world_size`` ranks; an ignored module not in ``model``; a stated group that
+            cannot be formed; an order that does not fit ``model`` (capture it again).
         PlanError: no plan fits ``memory_budget`` (naming the smallest peak
             reached and what dominates it); the plan failed its own check.
 
     Example:
-        >>> from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         >>> from execwrap.demo_models import GPT, GPTConfig, Block
-        >>> from tracing import trace_execution_order
         >>> model = GPT(GPTConfig(n_blocks=2))
-        >>> plan = plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block}))
-        >>> plan.groups
+        >>> from tracing import trace_execution_order
+        >>> plan_wrap(model, trace_execution_order(model), ModuleWrapPolicy({Block})).groups
         [[''], ['blocks.0'], ['blocks.1']]
     """
     plan = plan_wrap_unwatched(
         model, order, init_policy, bucket_numel=bucket_numel, ignored_modules=ignored_modules,
         groups=groups, target=target, cost_model=cost_model, world_size=world_size,
-        memory_budget=memory_budget, optimizer=optimizer, group=group, across_ranks=across_ranks,
+        memory_budget=memory_budget, optimizer=optimizer, mesh=mesh, tp_plan=tp_plan,
+        training=training, choose=choose,
+        group=group, across_ranks=across_ranks,
     )  # fmt: skip
     watch(plan, f"WrapPlan (policy {plan.policy_name}, {len(plan.units)} groups)")
     return plan
@@ -249,6 +255,10 @@ def plan_wrap_unwatched(
     world_size: int | None = None,
     memory_budget: int | None = None,
     optimizer: str | None = None,
+    mesh: Any = None,
+    tp_plan: Mapping[str, Any] | None = None,
+    training: TrainingStep | None = None,
+    choose: Iterable[str] | None = None,
     group: dist.ProcessGroup | None = None,
     across_ranks: bool | None = None,
 ) -> WrapPlan:
@@ -263,6 +273,10 @@ def plan_wrap_unwatched(
         world_size=world_size,
         memory_budget=memory_budget,
         optimizer=optimizer,
+        mesh=mesh,
+        tp_plan=tp_plan,
+        training=training,
+        choose=choose,
     )
     auto = isinstance(bucket_numel, str) and bucket_numel == "auto"
     if not (across_ranks or (across_ranks is None and auto)) or not is_distributed(group):
@@ -286,13 +300,25 @@ def _plan_here(
     world_size: int | None,
     memory_budget: int | None,
     optimizer: str | None,
+    mesh: Any,
+    tp_plan: Mapping[str, Any] | None,
+    training: TrainingStep | None,
+    choose: Iterable[str] | None,
 ) -> WrapPlan:
     """The plan of ``plan_wrap``, made on this rank alone."""
     bucket_numel = _check_arguments(model, order, bucket_numel)
     if target is not None and target not in _TARGETS:
         raise ValueError(f"plan_wrap: target must be one of {_TARGETS} or None; got {target!r}")
     auto = check_auto_options(
-        "plan_wrap", bucket_numel, cost_model, world_size, memory_budget, optimizer=optimizer
+        "plan_wrap",
+        bucket_numel,
+        cost_model,
+        world_size,
+        memory_budget,
+        optimizer=optimizer,
+        mesh=mesh,
+        training=training,
+        choose=choose,
     )
     if groups is not None and bucket_numel == "auto":
         raise ValueError(
@@ -312,16 +338,40 @@ def _plan_here(
     candidates = list(dict.fromkeys([*policy_fqns, *(m for g in stated for m in g)]))
     planner = Planner(view, OrderView.build(view, order), candidates, target, stated)
     plan = _bucketed_plan(planner, bucket_numel, stated, policy_name(init_policy), ignored_top)
+    plan.order = _fsdp_sizes(model, order, mesh, tp_plan)  # a TP shard's local sizes
     if init_policy is not None and policy_fqns == [""] and not stated and len(view.modules) > 1:
         plan.notes.insert(0, root_only_note(plan.policy_name, type(model).__name__))
         logger.warning("plan_wrap: %s", plan.notes[0])
     if auto is not None:
         plan = _auto_plan(plan, auto, planner)
+    else:
+        if mesh is not None:
+            plan.mesh = MeshShape.parse(mesh, "plan_wrap")
+        if training is not None:
+            plan.training = check_training(training, "plan_wrap").for_plan(plan)
     if target != "fsdp2":
         _note_fsdp1_splits(plan)
     _check_own_plan(plan, view, type(model).__name__)
     logger.debug("plan: %d unit(s), %d note(s)", len(plan.units), len(plan.notes))
     return plan
+
+
+def _fsdp_sizes(
+    model: nn.Module, order: ExecutionOrder, mesh: Any, tp_plan: Mapping[str, Any] | None
+) -> ExecutionOrder:
+    """``order``, with the local sizes FSDP shards under a mesh's ``tp`` dimension
+    (:func:`~execwrap.planning.tensor_parallel.local_order`)."""
+    tp = 1 if mesh is None or isinstance(mesh, str) else MeshShape.parse(mesh, "plan_wrap").tp
+    if tp_plan is not None and tp == 1:
+        raise ValueError(
+            "plan_wrap: tp_plan= sizes tensor-parallel shards, but the mesh has no tp "
+            "dimension: pass mesh=(replicate, shard, tp) (or a DeviceMesh with a 'tp' dimension)"
+        )
+    if tp == 1:
+        return order
+    from execwrap.planning.tensor_parallel import local_order
+
+    return local_order(order, model, tp=tp, tp_plan=tp_plan)
 
 
 def _bucketed_plan(
@@ -358,7 +408,7 @@ def _bucketed_plan(
 
 
 def _auto_plan(plan: WrapPlan, auto: AutoOptions, planner: Planner) -> WrapPlan:
-    """Step 5 with ``bucket_numel="auto"``: :func:`~execwrap.planning.auto.search.search_checked`
+    """Step 5 with ``bucket_numel="auto"``: :func:`~execwrap.planning.auto.mesh.search_mesh`
     within ``memory_budget`` or, without one, the device's memory minus a reserve
     (:func:`~execwrap.cost.device_memory.default_memory_budget`; a note says so); a
     chosen peak over the device's memory is a WARNING and a note."""
@@ -367,7 +417,7 @@ def _auto_plan(plan: WrapPlan, auto: AutoOptions, planner: Planner) -> WrapPlan:
     if default is not None:
         auto = dataclasses.replace(auto, memory_budget=default[0])
     try:
-        plan = search_checked(plan, auto, trainable_dtypes=planner.trainable_dtypes)
+        plan = search_mesh(plan, auto, trainable_dtypes=planner.trainable_dtypes)
     except MemoryBudgetError as e:
         raise (e if default is None else refused_within_default(e, default[1])) from None
     assert plan.estimate is not None

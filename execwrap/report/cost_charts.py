@@ -23,6 +23,7 @@ from execwrap.report.charts import to_inline_svg
 from execwrap.util.formatting import byte_unit, format_bytes
 
 __all__ = [
+    "HSDP_LANE",
     "LANES",
     "candidates_figure",
     "candidates_svg",
@@ -37,6 +38,8 @@ LANES = (
     ("all_gather", "all-gather", "#55a868"),
     ("reduce_scatter", "reduce-scatter", "#dd8452"),
 )
+#: The lane of HSDP's all-reduces across replicas, below :data:`LANES` when a step has one.
+HSDP_LANE = ("all_reduce", "all-reduce (HSDP)", "#937860")
 _CHOSEN = "#c44e52"
 _BASELINE = "#8172b3"
 _SEARCHED = "#9aa5b1"
@@ -59,7 +62,8 @@ def step_timeline_svg(estimate: Any, *, title: str = "") -> str:
 
 
 def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
-    """The predicted timeline of one step: compute, all-gather, reduce-scatter lanes.
+    """The predicted timeline of one step: compute, all-gather, reduce-scatter lanes
+    (and HSDP's all-reduce lane when the step has one).
 
     Args:
         estimate: a :class:`~execwrap.simulate.StepEstimate`; its ``timeline``
@@ -72,7 +76,9 @@ def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
     unit, scale = time_unit(end)
     fig = Figure(figsize=(11, 2.8), layout="constrained")
     ax = fig.subplots()
-    for row, (stream, _, color) in enumerate(LANES):
+    hsdp = any(e.stream == HSDP_LANE[0] for e in events)
+    lanes = [*LANES, HSDP_LANE] if hsdp else list(LANES)
+    for row, (stream, _, color) in enumerate(lanes):
         lane = [e for e in events if e.stream == stream]
         bars = [(e.start_s / scale, max((e.end_s - e.start_s) / scale, 0.0)) for e in lane]
         ax.broken_barh(
@@ -91,9 +97,9 @@ def step_timeline_figure(estimate: Any, *, title: str = "") -> Figure:
                         color="white",
                         clip_on=True,
                     )
-    ax.set_yticks(range(len(LANES)))
-    ax.set_yticklabels([label for _, label, _ in LANES])
-    ax.set_ylim(len(LANES) - 0.5, -0.5)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([label for _, label, _ in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
     ax.set_xlim(0, end / scale)
     ax.set_xlabel(f"time from the start of the step ({unit})")
     ax.grid(axis="x", alpha=0.3)

@@ -226,6 +226,7 @@ def _predicted(ctx: ReportContext) -> list[str]:
         ("Predicted peak memory per rank", format_bytes(int(estimate.peak_memory_bytes))),
         ("Prefetch", str(blank(plan.prefetch))),
         ("Groups not resharded after forward", _kept_groups(plan)),
+        *_step_rows(plan),
     ]
     search = plan.search
     if search is not None:
@@ -243,6 +244,25 @@ def _predicted(ctx: ReportContext) -> list[str]:
     if parts:
         out.append(_table("memory", ("Memory at the peak", "Bytes"), parts))
     return out + _cost_charts(ctx, estimate, search) + ["</section>"]
+
+
+def _step_rows(plan: Any) -> list[tuple[str, str]]:
+    """The training step's settings and how many units each checkpointing mode has."""
+    step = getattr(plan, "training", None)
+    if step is None:
+        return []
+    modes = _checkpoint_modes(plan)
+    counts = [f"{modes.count(m)} {m}" for m in ("full", "selective") if m in modes]
+    return [
+        ("Training step", step.describe()),
+        ("Units checkpointed", ", ".join(counts) if counts else "none"),
+    ]
+
+
+def _checkpoint_modes(plan: Any) -> list[str]:
+    """Each unit's checkpointing mode (``"none"`` without a training step)."""
+    modes = getattr(plan, "checkpoint_modes", None)
+    return list(modes()) if callable(modes) else ["none"] * len(plan.units)
 
 
 def _kept_groups(plan: Any) -> str:
@@ -315,7 +335,17 @@ def _units(ctx: ReportContext) -> list[str]:
     out = ['<section id="units">', "<h2>Units in execution order</h2>"]
     if ctx.plan is None:
         return out + ["<p>No plan.</p>", "</section>"]
-    header = ("#", "Modules", "Parameters", "Elements", "Bytes", "First use", "Last use")
+    header = (
+        "#",
+        "Modules",
+        "Parameters",
+        "Elements",
+        "Bytes",
+        "First use",
+        "Last use",
+        "Checkpointing",
+    )
+    modes = _checkpoint_modes(ctx.plan)
     rows = (
         (
             i,
@@ -325,6 +355,7 @@ def _units(ctx: ReportContext) -> list[str]:
             format_bytes(u.bytes),
             blank(u.first_use),
             blank(u.last_use),
+            modes[i],
         )
         for i, u in enumerate(ctx.plan.units)
     )

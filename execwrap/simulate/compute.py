@@ -57,6 +57,15 @@ _OPTIONAL = (
     "selective_saved_s",
     "forward_transient_bytes",
     "backward_transient_bytes",
+    "activation_tail_bytes",
+    "head_grad_share",
+)
+#: Of :data:`_OPTIONAL`, the fields that mean "all zero" when empty.
+_ZERO_WHEN_EMPTY = (
+    "forward_transient_bytes",
+    "backward_transient_bytes",
+    "activation_tail_bytes",
+    "head_grad_share",
 )
 
 
@@ -85,6 +94,14 @@ class UnitCompute:
         forward_transient_bytes: the most bytes the unit's forward has alive beyond
             what it saves (empty: all zero).
         backward_transient_bytes: the same for its backward (empty: all zero).
+        activation_tail_bytes: the part of ``activation_bytes`` saved by the unit's
+            forward tail (its calls after the units nested in it ran forward: a
+            model's final norm, head and loss); they are made at the tail and freed by
+            the backward of the same ops, which runs first (empty: all zero).
+        head_grad_share: the share (0..1, by bytes) of the unit's trainable parameters
+            used only before or between the units nested in it (a model's input
+            embedding), whose gradients are computed at the end of its backward, after
+            the nested units' (empty: all zero).
 
     Example:
         >>> c = UnitCompute(forward_s=(1.0, 2.0, 3.0), backward_s=(2.0, 4.0, 6.0),
@@ -106,6 +123,8 @@ class UnitCompute:
     selective_saved_s: tuple[float, ...] = field(default=())
     forward_transient_bytes: tuple[int, ...] = field(default=())
     backward_transient_bytes: tuple[int, ...] = field(default=())
+    activation_tail_bytes: tuple[int, ...] = field(default=())
+    head_grad_share: tuple[float, ...] = field(default=())
 
     def __post_init__(self) -> None:
         n = len(self.forward_s)
@@ -118,7 +137,7 @@ class UnitCompute:
         ):
             value = getattr(self, name)
             if name in _OPTIONAL and not value:
-                if name.endswith("transient_bytes"):
+                if name in _ZERO_WHEN_EMPTY:
                     object.__setattr__(self, name, (0,) * n)
             elif name.endswith("tail_s") and not value:
                 object.__setattr__(self, name, (0.0,) * n)
@@ -144,6 +163,16 @@ class UnitCompute:
         for name in ("activation_bytes", *_OPTIONAL):
             if any(b < 0 for b in getattr(self, name)):
                 raise ValueError(f"UnitCompute.{name} must be >= 0")
+        for i, (tail, total) in enumerate(
+            zip(self.activation_tail_bytes, self.activation_bytes, strict=True)
+        ):
+            if tail > total:
+                raise ValueError(
+                    f"UnitCompute.activation_tail_bytes[{i}] = {tail} exceeds activation_bytes "
+                    f"{total}"
+                )
+        if any(not 0.0 <= f <= 1.0 for f in self.head_grad_share):
+            raise ValueError("UnitCompute.head_grad_share must be shares between 0 and 1")
         if self.optimizer_s is not None and (
             not math.isfinite(self.optimizer_s) or self.optimizer_s < 0
         ):
@@ -201,6 +230,13 @@ class UnitCompute:
             selective_saved_s=summed(self.selective_saved_s),
             forward_transient_bytes=largest(self.forward_transient_bytes),
             backward_transient_bytes=largest(self.backward_transient_bytes),
+            activation_tail_bytes=tuple(
+                sum(self.activation_tail_bytes[i] for i in g) for g in groups
+            ),
+            # a group's gradients come as its members' do: the earliest share counts
+            head_grad_share=tuple(
+                min((self.head_grad_share[i] for i in g), default=0.0) for g in groups
+            ),
         )
 
 
@@ -252,6 +288,7 @@ def unit_compute(plan: WrapPlan) -> UnitCompute:
     acts = [0] * n
     for call, nbytes in zip(calls, order.saved_activation_bytes, strict=True):
         acts[call] += int(nbytes)
+    tail, head_share = _tails(plan, calls, enclosing)
     ac = checkpoint_facts(plan, calls)
     return UnitCompute(
         forward_s=tuple(forward_s),
@@ -266,7 +303,54 @@ def unit_compute(plan: WrapPlan) -> UnitCompute:
         selective_saved_s=() if ac is None else ac.selective_saved_s,
         forward_transient_bytes=_largest(calls, order.forward_transient_bytes, n),
         backward_transient_bytes=_largest(calls, order.backward_transient_bytes, n),
+        activation_tail_bytes=tail,
+        head_grad_share=head_share,
     )
+
+
+def _tails(
+    plan: WrapPlan, calls: Sequence[int], enclosing: Sequence[set[int]]
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Per unit: the bytes its forward tail saves, and the share of its trainable bytes
+    used only before (or between) the units nested in it.
+
+    A unit's tail is its calls after the last call of a unit nested in it; the root's own
+    call (index 0) is in its tail too, since it holds the loss, computed after the
+    model's forward (as :func:`unit_compute` times it). A parameter used in a tail call
+    gets its gradient in the unit's first backward part; the others at its end.
+    """
+    order = plan.order
+    n = len(plan.units)
+    last_nested = [-1] * n
+    for c, u in enumerate(calls):
+        for outer in enclosing[u]:
+            last_nested[outer] = max(last_nested[outer], c)
+    root = plan.root_index
+    in_tail = [
+        last_nested[u] >= 0 and (c > last_nested[u] or (c == 0 and u == root))
+        for c, u in enumerate(calls)
+    ]
+    tail = [0] * n
+    for c, (u, nbytes) in enumerate(zip(calls, order.saved_activation_bytes, strict=True)):
+        if in_tail[c]:
+            tail[u] += int(nbytes)
+    late = {
+        p
+        for use in order.param_uses
+        if 0 <= use.call_index < len(in_tail) and in_tail[use.call_index]
+        for p in use.param_fqns
+    }
+    shares = []
+    for u, unit in enumerate(plan.units):
+        sizes = [
+            (order.params[p].bytes, p in late)
+            for p in unit.param_fqns
+            if p in order.params and order.params[p].requires_grad
+        ]
+        total = sum(b for b, _ in sizes)
+        head = sum(b for b, used_late in sizes if not used_late)
+        shares.append(head / total if last_nested[u] >= 0 and total else 0.0)
+    return tuple(tail), tuple(shares)
 
 
 def _largest(calls: Sequence[int], values: Sequence[int], n: int) -> tuple[int, ...]:

@@ -5,8 +5,9 @@ An :class:`Op` runs on one stream (``compute``, ``all_gather``,
 dependencies. Its ``work_s`` is seconds at full speed; while it runs its speed
 is:
 
-* a collective (``kind="comm"``): ``1 / k`` when ``k`` collectives run at once
-  (they share the link fairly);
+* a collective (``kind="comm"``): ``1 / k`` when ``k`` collectives on its link run
+  at once (they share the link fairly; HSDP's all-reduces across nodes run on
+  another link than all-gathers and reduce-scatters inside a node);
 * anything on the compute stream: ``overlap`` while a collective is in
   flight, else ``1`` (``overlap = 1``: communication is free beside compute;
   ``0``: compute stops while a collective runs, so the collective is fully
@@ -56,6 +57,7 @@ class Op:
         phase: ``"forward"``, ``"backward"`` or ``"optimizer"``.
         on_start: memory events when it starts.
         on_end: memory events when it finishes.
+        link: the link a collective runs on (collectives share only their own link).
     """
 
     stream: str
@@ -66,6 +68,7 @@ class Op:
     phase: str = "forward"
     on_start: tuple[MemEvent, ...] = ()
     on_end: tuple[MemEvent, ...] = ()
+    link: str = ""
 
 
 @dataclass
@@ -151,6 +154,7 @@ def run_ops(
     end = [math.nan] * n
     done = [False] * n
     is_comm = [op.kind == "comm" for op in ops]
+    links = [op.link for op in ops]
     tolerance = [1e-12 * max(1.0, op.work_s) for op in ops]  # work left that counts as done
     remaining: dict[int, float] = {}  # active op -> work left (seconds at full speed)
     busy: set[str] = set()  # the streams of the active ops (one op per stream)
@@ -164,7 +168,7 @@ def run_ops(
                 stuck = [ops[q[0]].label for q in queues.values() if q]
                 raise RuntimeError(f"simulator deadlock at t={t:.6f}s; waiting: {stuck}")
             break
-        rates = _rates(is_comm, remaining, overlap)
+        rates = _rates(is_comm, links, remaining, overlap)
         dt = min([remaining[i] / r for i, r in rates if r > 0])
         t += dt
         for i, r in rates:
@@ -233,11 +237,13 @@ def _finish(op: Op, i: int, t: float, done: list[bool], end: list[float], memory
 
 
 def _rates(
-    is_comm: list[bool], remaining: dict[int, float], overlap: float
+    is_comm: list[bool], links: list[str], remaining: dict[int, float], overlap: float
 ) -> list[tuple[int, float]]:
     """``(op, speed)`` of each active op (see the module docstring)."""
-    comms = sum([is_comm[i] for i in remaining])
-    if not comms:
+    active: dict[str, int] = {}
+    for i in remaining:
+        if is_comm[i]:
+            active[links[i]] = active.get(links[i], 0) + 1
+    if not active:
         return [(i, 1.0) for i in remaining]
-    comm_rate = 1.0 / comms
-    return [(i, comm_rate if is_comm[i] else overlap) for i in remaining]
+    return [(i, 1.0 / active[links[i]] if is_comm[i] else overlap) for i in remaining]

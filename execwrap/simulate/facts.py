@@ -27,6 +27,7 @@ from execwrap.simulate.unit_spec import UnitSpec
 from tracing.order import ExecutionOrder
 
 if TYPE_CHECKING:
+    from execwrap.plan.training_step import Precision
     from execwrap.plan.wrap_plan import WrapPlan
 
 __all__ = ["PlanFacts", "SimulationFacts", "padded_bytes", "prefetch_lists"]
@@ -129,6 +130,8 @@ class PlanFacts:
             rank (padded dim 0 / world size), unit by unit.
         prefetch: prefetch depth -> the explicit ``(forward, backward)``
             prefetch lists (filled as asked for).
+        sized: ``(precision, world size)`` -> :attr:`specs` sized under that precision
+            (filled as asked for).
     """
 
     specs: list[UnitSpec]
@@ -137,6 +140,7 @@ class PlanFacts:
     prefetch: dict[int, tuple[dict[int, list[int]], dict[int, list[int]]]] = field(
         default_factory=dict
     )
+    sized: dict[tuple[Precision, int], list[UnitSpec]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, plan: WrapPlan, facts: SimulationFacts) -> PlanFacts:
@@ -155,11 +159,21 @@ class PlanFacts:
             ],
         )
 
-    def unit_specs(self, reshard: Sequence[bool]) -> list[UnitSpec]:
-        """:attr:`specs` with ``reshard`` per unit."""
+    def unit_specs(
+        self, reshard: Sequence[bool], precision: Precision | None = None, world_size: int = 1
+    ) -> list[UnitSpec]:
+        """:attr:`specs` with ``reshard`` per unit, sized under ``precision``
+        (:meth:`UnitSpec.with_precision` for ``world_size`` ranks, kept per precision)."""
+        specs = self.specs
+        if precision is not None:
+            key = (precision, world_size)
+            sized = self.sized.get(key)
+            if sized is None:
+                sized = self.sized[key] = [s.with_precision(precision, world_size) for s in specs]
+            specs = sized
         return [
             s if s.reshard == r else dataclasses.replace(s, reshard=r)
-            for s, r in zip(self.specs, reshard, strict=True)
+            for s, r in zip(specs, reshard, strict=True)
         ]
 
     def prefetch_lists(

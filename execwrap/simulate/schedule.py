@@ -27,6 +27,7 @@ from execwrap.simulate.unit_work import UnitWork
 __all__ = ["StepProgram", "UnitSpec", "prefetch_lists"]
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = "compute", "all_gather", "reduce_scatter"
+ALL_REDUCE = "all_reduce"
 
 
 class StepProgram:
@@ -55,6 +56,7 @@ class StepProgram:
         ops: the program, in issue order.
         all_gathers: all-gathers issued.
         reduce_scatters: reduce-scatters issued.
+        all_reduces: HSDP all-reduces issued (a cost model for a mesh with replicas).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class StepProgram:
         self.ops: list[Op] = []
         self.all_gathers = 0
         self.reduce_scatters = 0
+        self.all_reduces = 0
         self._last_compute: int | None = None
         self._since_collective = 0.0  # compute-stream seconds since the last collective
         self._pending: dict[int, int] = {}  # unit -> its issued, not yet waited all-gather
@@ -259,7 +262,10 @@ class StepProgram:
         # FSDP2's post_backward holds the unsharded gradients in a list until
         # foreach_reduce returns: on CUDA right after it issues the reduce-scatter, on
         # CPU (gloo, synchronous) after the reduce-scatter, whose output it allocated first
-        grads_freed: tuple[MemEvent, ...] = (MemEvent("unsharded_grads", label),)
+        grads_freed: tuple[MemEvent, ...] = (
+            MemEvent("unsharded_grads", label),
+            MemEvent("unsharded_grads", f"{label} (head)"),
+        )
         if i in self._accumulated:  # the last micro-batch adds into the accumulated ones
             self._accumulated.discard(i)
             grads_freed = (*grads_freed, MemEvent("unsharded_grads", f"{label} (accumulated)"))
@@ -286,13 +292,28 @@ class StepProgram:
         )
         self._last_rs = (i, rs)
         self._all_rs.append(rs)
+        last, stream = rs, REDUCE_SCATTER
+        if self.cm.all_reduce is not None:  # HSDP: foreach_reduce's all-reduce of the shard
+            last, stream = self._all_reduce(spec, rs), ALL_REDUCE
+            self._all_rs.append(last)
         if self.offload:  # foreach_reduce: the reduced shard to the host, after the reduction
             d2h = self.cm.host_copy_time(spec.grad_shard_bytes, "to_host")
             self._all_rs.append(
-                self._add(
-                    Op(REDUCE_SCATTER, f"device-to-host {label}", d2h, "copy", (rs,), "backward")
-                )
+                self._add(Op(stream, f"device-to-host {label}", d2h, "copy", (last,), "backward"))
             )
+
+    def _all_reduce(self, spec: UnitSpec, rs: int) -> int:
+        """HSDP's all-reduce (``foreach_reduce``): the reduce-scatter's output, the
+        shard of the gradients in ``reduce_dtype`` (``grad_bytes / shard``), all-reduced
+        across the replicate group after the reduce-scatter, on its own stream (on CPU
+        on the training thread), in place: no memory of its own."""
+        self.all_reduces += 1
+        label = f"all-reduce {spec.label}"
+        seconds = self.cm.all_reduce_time(spec.grad_bytes // self.world_size)
+        if self.sync:
+            return self._collective(ALL_REDUCE, label, seconds, (rs,), "backward")
+        link = "replicate" if self.cm.all_reduce_own_link else ""
+        return self._add(Op(ALL_REDUCE, label, seconds, "comm", (rs,), "backward", link=link))
 
     def _accumulate(self, i: int) -> None:
         """No gradient sync: FSDP2's ``post_backward`` keeps the unsharded gradients,
@@ -309,7 +330,10 @@ class StepProgram:
             "backward",
             "copy",
             on_start=(MemEvent("unsharded_grads", f"{label} (accumulated)", spec.grad_bytes),),
-            on_end=(MemEvent("unsharded_grads", label),),
+            on_end=(
+                MemEvent("unsharded_grads", label),
+                MemEvent("unsharded_grads", f"{label} (head)"),
+            ),
         )
 
     # ------------------------------------------------------------- forward
@@ -350,7 +374,7 @@ class StepProgram:
             self.unshard(t, "forward")
         c = self.compute
         label = self.specs[u].label
-        kept = self.work.activation_bytes[u]
+        kept = self.work.activation_bytes[u] - self.work.tail_bytes[u]  # the tail's: later
         acts = (MemEvent("activations", label, kept),) if kept else ()
         self._transient(
             f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", u, acts
@@ -365,6 +389,7 @@ class StepProgram:
         on_start: tuple[MemEvent, ...] = (),
         *,
         like: str = "",
+        on_end: tuple[MemEvent, ...] = (),
     ) -> None:
         """A compute op of unit ``u`` in ``phase``, with the unit's transient memory of
         ``like`` (default ``phase``: ``"forward"`` or ``"backward"``) alive while it runs."""
@@ -374,15 +399,16 @@ class StepProgram:
         key = self.specs[u].label
         if temp > 0:
             on_start = (*on_start, MemEvent("temporaries", key, temp))
-        on_end = (MemEvent("temporaries", key),) if temp > 0 else ()
+        on_end = (*on_end, MemEvent("temporaries", key)) if temp > 0 else on_end
         self._on_compute(label, seconds, phase, on_start=on_start, on_end=on_end)
 
     def _close_forward(self, v: int) -> None:
         c = self.compute
-        if c.forward_tail_s[v] > 0:
-            self._transient(
-                f"forward {self.specs[v].label} (tail)", c.forward_tail_s[v], "forward", v
-            )
+        label = self.specs[v].label
+        tail = self.work.tail_bytes[v]  # what the tail saves, from its start
+        made = (MemEvent("activations", f"{label} (tail)", tail),) if tail else ()
+        if c.forward_tail_s[v] > 0 or made:
+            self._transient(f"forward {label} (tail)", c.forward_tail_s[v], "forward", v, made)
         if self.specs[v].reshard:
             self.reshard(v, "forward")
         self._closed.append(v)
@@ -440,20 +466,30 @@ class StepProgram:
             self._transient(
                 f"recompute {label}", w.recompute_s[u], "backward", u, (again,), like="forward"
             )
-        grads = (
-            (MemEvent("unsharded_grads", label, self.specs[u].unsharded_grad_bytes),)
-            if self.specs[u].grad_bytes
-            else ()
-        )
+        # the gradients of the parameters used in the forward tail come first, the
+        # others (head_grad_share) with the backward of the forward's head, at the end
+        first = round(self.specs[u].unsharded_grad_bytes * (1 - w.head_grad_share[u]))
+        grads = (MemEvent("unsharded_grads", label, first),) if self.specs[u].grad_bytes else ()
+        tail_freed = (MemEvent("activations", f"{label} (tail)"),) if w.tail_bytes[u] else ()
         self._transient(
-            f"backward {label}", c.backward_s[u] - c.backward_tail_s[u], "backward", u, grads
+            f"backward {label}",
+            c.backward_s[u] - c.backward_tail_s[u],
+            "backward",
+            u,
+            grads,
+            on_end=tail_freed,
         )
 
     def _close_backward(self, v: int) -> None:
         c = self.compute
         label = self.specs[v].label
-        if c.backward_tail_s[v] > 0:
-            self._transient(f"backward {label} (tail)", c.backward_tail_s[v], "backward", v)
+        spec = self.specs[v]
+        rest = spec.unsharded_grad_bytes - round(
+            spec.unsharded_grad_bytes * (1 - self.work.head_grad_share[v])
+        )
+        late = (MemEvent("unsharded_grads", f"{label} (head)", rest),) if spec.grad_bytes else ()
+        if c.backward_tail_s[v] > 0 or (rest and late):
+            self._transient(f"backward {label} (tail)", c.backward_tail_s[v], "backward", v, late)
         if self.work.activation_bytes[v] or self.work.modes[v] != "none":
             self._on_compute(
                 f"free activations {label}",
@@ -463,6 +499,7 @@ class StepProgram:
                 on_start=(
                     MemEvent("activations", label),
                     MemEvent("activations", f"{label} (recomputed)"),
+                    MemEvent("activations", f"{label} (tail)"),
                 ),
             )
         self.post_backward(v)

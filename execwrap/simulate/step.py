@@ -66,7 +66,7 @@ sets, and nothing else:
   group's post-backward.
   Allocations count when an op starts, frees when it ends.
 
-The training step around the plan (:class:`~execwrap.simulate.training.TrainingStep`,
+The training step around the plan (:class:`~execwrap.TrainingStep`,
 each field also a keyword of :func:`simulate_step`):
 
 * precision: all-gathers, unsharded parameters and their gradients in
@@ -95,14 +95,28 @@ streams' allocator pools (all-gather buffers on the all-gather stream,
 reduce-scatter buffers and sharded gradients on the reduce-scatter stream, the
 rest on the compute stream), which is what a CUDA process reserves.
 
+HSDP (``mesh=(replicate, shard)``, FSDP2's 2-D mesh: ``_fsdp_collectives.py``'s
+``foreach_reduce``): parameters are padded and sharded over the shard group
+(memory from its size), all-gathers and reduce-scatters run over it, and after
+each reduce-scatter its output (the gradient shard, in ``reduce_dtype``) is
+all-reduced in place across the replicate group: on CUDA on an all-reduce stream
+of its own (on the network's link when the shard group is inside a node, so it
+does not share the NVLink's bandwidth), on CPU on the training thread; the
+root's final callback waits for the last all-reduce. The cost model prices each
+group (:meth:`~execwrap.cost.CostModel.for_mesh`). With tensor parallelism
+(``mesh=(replicate, shard, tp)``) the plan's order must hold the local shards'
+sizes; TP's own collectives and sequence parallelism are not modelled.
+
 Not modelled: model buffers and inputs, allocator fragmentation inside a
-pool, FSDP2's ``output_dtype`` cast, HSDP, a unit called several times per
-forward (simulated as one call with the total compute; FSDP2 gathers it per
-call), the CPU-bound regime on GPUs.
+pool, FSDP2's ``output_dtype`` cast, HSDP's reduce-dtype all-reduce buffer held
+until the group's next post-backward (when ``reduce_dtype`` differs from the
+parameters'), a unit called several times per forward (simulated as one call
+with the total compute; FSDP2 gathers it per call), the CPU-bound regime on GPUs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -110,10 +124,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from execwrap.cost.device_memory import overshoot_message
 from execwrap.cost.model import CostModel
 from execwrap.plan.estimate import MemoryBreakdown, StepEstimate, StreamEvent
-from execwrap.simulate.compute import UnitCompute, unit_compute
+from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import EngineResult, run_ops
 from execwrap.simulate.facts import PlanFacts, SimulationFacts, padded_bytes
 from execwrap.simulate.schedule import StepProgram, UnitSpec
+from execwrap.simulate.step_inputs import (
+    checked_compute,
+    checked_facts,
+    cost_model_for_mesh,
+    own_choices,
+    reshard_flags,
+)
 from execwrap.simulate.training import (
     Precision,
     TrainingStep,
@@ -159,21 +180,14 @@ def simulate_step(
     offload: str | None = None,
     micro_batches: int | None = None,
     gradient_sync: str | None = None,
+    mesh: Any = None,
 ) -> StepEstimate:
     """Predict one FSDP2 training step of ``plan`` as ``apply_fully_shard`` sets it up.
 
-    A discrete-event model of FSDP2's compute, all-gather and reduce-scatter
-    streams running torch 2.13's hooks for the plan's groups, explicit
-    prefetch lists and ``reshard_after_forward`` (pre-forward all-gather,
-    copy-in/copy-out, post-forward reshard; pre-backward re-gather and
-    implicit prefetch; post-backward reshard and reduce-scatter with one
-    buffer in flight; the root's final wait; the optimizer step). On CPU the
-    collectives run synchronously on the training thread (gloo); on CUDA
-    compute runs at ``cost_model.overlap`` of its speed beside a collective
-    and the host is assumed to run ahead. Memory per rank follows FSDP2's
-    allocations (all-gather outputs, unsharded parameters and gradients,
-    reduce-scatter inputs, activations, shards, optimizer state); the model
-    and what it leaves out: :mod:`execwrap.simulate.step`.
+    A discrete-event model of FSDP2's compute, all-gather, reduce-scatter (and
+    HSDP's all-reduce) streams running torch 2.13's hooks for the plan's groups,
+    explicit prefetch lists and ``reshard_after_forward``; memory per rank follows
+    FSDP2's allocations. The model and what it leaves out: :mod:`execwrap.simulate.step`.
 
     Args:
         plan: the plan (units in execution order); its order's timing gives
@@ -190,22 +204,25 @@ def simulate_step(
         compute: per-unit compute (default: :func:`unit_compute` of ``plan``).
         facts: ``SimulationFacts(plan.order, world_size)``, kept by a caller
             that simulates many plans of one order (default: computed here).
-        training: the training step (:class:`~execwrap.simulate.training.TrainingStep`;
-            default: float32, no checkpointing, no offload, one micro-batch).
+        training: the training step (:class:`~execwrap.TrainingStep`;
+            default: ``plan.training``, the step a plan was planned for or given, else
+            float32, no checkpointing, no offload, one micro-batch).
         precision, checkpointing, offload, micro_batches, gradient_sync: each
             given one replaces that field of ``training``.
+        mesh: HSDP / tensor parallelism over the ``world_size`` ranks: a ``(replicate,
+            shard[, tp])`` tuple, a :class:`~execwrap.util.mesh.MeshShape` or a ``DeviceMesh``
+            (default: ``plan.mesh``; ``None``: FSDP over every rank), priced by ``for_mesh``.
 
     Returns:
         A :class:`StepEstimate`; a peak over ``cost_model.device_memory_bytes``
         logs one WARNING naming the overshoot.
 
     Raises:
-        ValueError: the cost model is for another world size or device (the
-            message says which), the compute was measured on another device,
-            ``reshard_after_forward`` or ``compute`` has a wrong length, an
-            unknown optimizer, the plan's order has no timing and no
-            ``compute`` is given, or ``facts`` are of another order or world size;
-            an invalid training step, or one the cost model or capture cannot price.
+        ValueError: the cost model is for another world size or device, the compute
+            for another device, ``reshard_after_forward`` or ``compute`` of a wrong length,
+            an unknown optimizer, no timing and no ``compute``, ``facts`` of another order
+            or world size; a training step invalid or not priceable; a mesh not of
+            ``world_size`` ranks, or not priceable (a flat calibration with replicas).
         TypeError: ``world_size`` is not an integer or ``prefetch`` not an int.
 
     Example:
@@ -236,21 +253,23 @@ def step_estimate(
     offload: str | None = None,
     micro_batches: int | None = None,
     gradient_sync: str | None = None,
+    mesh: Any = None,
 ) -> StepEstimate:
     """:func:`simulate_step` without the WARNING of a peak over the device's memory:
     for the auto-planner's candidates, most of which may not fit, and for callers
     that say so in their own words."""
     world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
-    prefetch, reshard_after_forward = _own_choices(plan, prefetch, reshard_after_forward)
+    prefetch, reshard_after_forward = own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
     cost_model.check_compatible(world_size=world_size, device_type=cost_model.device_type)
+    cost_model, world_size = cost_model_for_mesh(plan, cost_model, world_size, mesh)
     _check_optimizer(optimizer)
     given = _given(precision, checkpointing, offload, micro_batches, gradient_sync)
-    step = resolve_training(training, **given)
+    step = resolve_training(plan.training if training is None else training, **given)
     check_priceable(plan, cost_model, step, given_compute=compute is not None)
-    compute = _checked_compute(plan, cost_model, compute)
-    facts = _checked_facts(plan, world_size, facts)
-    reshard = _reshard_flags(plan, reshard_after_forward)
+    compute = checked_compute(plan, cost_model, compute)
+    facts = checked_facts(plan, world_size, facts)
+    reshard = reshard_flags(plan, reshard_after_forward)
     return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step)
 
 
@@ -291,7 +310,7 @@ def _simulate(
     """The checked inputs' program, run (see :func:`simulate_step`)."""
     world_size = facts.world_size
     kept = facts.plan(plan)
-    specs = [s.with_precision(step.precision, world_size) for s in kept.unit_specs(reshard)]
+    specs = kept.unit_specs(reshard, step.precision, world_size)
     work = unit_work(compute, step.checkpoint_modes(plan), [s.label for s in specs])
     program = _program(plan, kept, specs, compute, cost_model, prefetch, facts, work, step)
     offloaded = step.offload == "cpu"
@@ -306,35 +325,24 @@ def _simulate(
     }
     pools = None if cost_model.synchronous_collectives else _POOLS
     result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base, pools=pools)
-    return _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+    estimate = _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+    if cost_model.mesh is None:
+        return estimate
+    mesh = cost_model.mesh
+    return dataclasses.replace(
+        estimate, world_size=mesh.world_size, mesh=mesh, all_reduces=program.all_reduces
+    )
 
 
 #: Memory category -> the stream whose CUDA allocator pool holds it (FSDP2 allocates the
 #: all-gather input and output on the all-gather copy-in stream, the reduce-scatter input
-#: and output, whose views are the sharded gradients, on the reduce-scatter stream).
+#: and output, whose views are the sharded gradients, on the reduce-scatter stream; HSDP's
+#: all-reduce works in place on the latter).
 _POOLS = {
     "all_gather_buffers": "all_gather",
     "reduce_scatter_buffers": "reduce_scatter",
     "sharded_grads": "reduce_scatter",
 }
-
-
-def _checked_compute(
-    plan: WrapPlan, cost_model: CostModel, compute: UnitCompute | None
-) -> UnitCompute:
-    """``compute`` (default: from the plan's order), checked against the plan and the device."""
-    n = len(plan.units)
-    compute = unit_compute(plan) if compute is None else compute
-    if len(compute) != n:
-        raise ValueError(f"simulate_step: compute has {len(compute)} units, the plan has {n}")
-    if compute.device_type and compute.device_type != cost_model.device_type:
-        raise ValueError(
-            f"simulate_step: the compute times are for device type {compute.device_type!r} but the "
-            f"cost model is for {cost_model.device_type!r}; capture the timing on the target device "
-            "or estimate it (record_execution_order on the meta device with "
-            "timing=cost_model.compute)"
-        )
-    return compute
 
 
 def _add_optimizer(
@@ -356,20 +364,6 @@ def _add_optimizer(
         optimizer_s = cost_model.optimizer_time(passes, shards)
     program.optimizer(optimizer_s)
     return optimizer_s
-
-
-def _checked_facts(
-    plan: WrapPlan, world_size: int, facts: SimulationFacts | None
-) -> SimulationFacts:
-    """``facts`` (default: built for the plan's order), checked against it and ``world_size``."""
-    if facts is None:
-        return SimulationFacts(plan.order, world_size)
-    if facts.order is not plan.order or facts.world_size != world_size:
-        raise ValueError(
-            f"simulate_step: facts are for another order or world size ({facts.world_size} "
-            f"rank(s)) than the plan's order at {world_size} rank(s)"
-        )
-    return facts
 
 
 def _program(
@@ -405,34 +399,6 @@ def _program(
         program.forward()
         program.backward()
     return program
-
-
-def _own_choices(
-    plan: WrapPlan, prefetch: int | None, reshard: bool | Sequence[bool] | None
-) -> tuple[int, bool | Sequence[bool] | None]:
-    """``prefetch`` and ``reshard``, each ``None`` replaced by the plan's own choice
-    (an auto plan's), else by 1 and ``None`` (FSDP2's default)."""
-    if prefetch is None:
-        prefetch = 1 if plan.prefetch is None else plan.prefetch
-    if reshard is None and plan.reshard_after_forward is not None:
-        reshard = list(plan.reshard_after_forward)
-    return prefetch, reshard
-
-
-def _reshard_flags(plan: WrapPlan, value: bool | Sequence[bool] | None) -> list[bool]:
-    n = len(plan.units)
-    if value is None:  # FSDP2's default: the root keeps its parameters after forward
-        root = plan.root_index
-        return [i != root for i in range(n)]
-    if isinstance(value, bool):
-        return [value] * n
-    flags = list(value)
-    if len(flags) != n or not all(isinstance(f, bool) for f in flags):
-        raise ValueError(
-            f"simulate_step: reshard_after_forward must be None, a bool or one bool per plan unit "
-            f"({n}), got {value!r}"
-        )
-    return flags
 
 
 def _estimate(

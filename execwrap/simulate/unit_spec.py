@@ -3,7 +3,7 @@
 :class:`UnitSpec` holds, per plan unit, the bytes of its parameters as FSDP2
 pads them for the world size (:func:`~execwrap.simulate.facts.padded_bytes`),
 and :meth:`UnitSpec.with_precision` sizes them for a
-:class:`~execwrap.simulate.training.Precision` as FSDP2's
+:class:`~execwrap.Precision` as FSDP2's
 ``MixedPrecisionPolicy`` moves them (torch 2.13,
 ``_fully_shard/_fsdp_param.py`` and ``_fsdp_collectives.py``):
 

@@ -2,7 +2,7 @@
 
 :class:`UnitWork` turns a :class:`~execwrap.simulate.compute.UnitCompute` and
 each unit's activation-checkpointing mode
-(:meth:`~execwrap.simulate.training.TrainingStep.checkpoint_modes`) into what
+(:meth:`~execwrap.TrainingStep.checkpoint_modes`) into what
 the step program (:class:`~execwrap.simulate.schedule.StepProgram`) schedules:
 
 * ``"none"``: the unit keeps what its ops save, from its forward to the end of
@@ -40,6 +40,10 @@ class UnitWork:
         forward_transient_bytes: transient bytes while the unit's forward (or its
             recomputation) runs.
         backward_transient_bytes: transient bytes while its backward runs.
+        tail_bytes: the part of ``activation_bytes`` made by the unit's forward tail and
+            freed by its first backward part (not checkpointed units only; empty: none).
+        head_grad_share: the share of the unit's gradients made at the end of its
+            backward (:attr:`~execwrap.simulate.UnitCompute.head_grad_share`; empty: none).
     """
 
     modes: tuple[str, ...]
@@ -48,6 +52,15 @@ class UnitWork:
     recompute_bytes: tuple[int, ...]
     forward_transient_bytes: tuple[int, ...]
     backward_transient_bytes: tuple[int, ...]
+    tail_bytes: tuple[int, ...] = ()
+    head_grad_share: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.modes)
+        if not self.tail_bytes:
+            object.__setattr__(self, "tail_bytes", (0,) * n)
+        if not self.head_grad_share:
+            object.__setattr__(self, "head_grad_share", (0.0,) * n)
 
 
 def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str]) -> UnitWork:
@@ -102,4 +115,9 @@ def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str])
         recompute_bytes=tuple(again_bytes),
         forward_transient_bytes=tuple(compute.forward_transient_bytes),
         backward_transient_bytes=tuple(compute.backward_transient_bytes),
+        tail_bytes=tuple(
+            t if m == "none" else 0
+            for t, m in zip(compute.activation_tail_bytes, modes, strict=True)
+        ),
+        head_grad_share=tuple(compute.head_grad_share),
     )

@@ -26,6 +26,7 @@ nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -143,10 +144,12 @@ def check_same_model(plan: Any, model: nn.Module, where: str) -> None:
     Raises:
         ValueError: naming what differs, before anything is wrapped.
     """
+    order = plan.order
+    mesh = getattr(plan, "mesh", None)
+    if mesh is not None and mesh.tp > 1:  # its sizes are tensor-parallel local shards
+        order = dataclasses.replace(order, params={})
     try:
-        check_order_fits(
-            ModelView.build(model, plan.ignored_modules), plan.order, type(model).__name__
-        )
+        check_order_fits(ModelView.build(model, plan.ignored_modules), order, type(model).__name__)
     except (ValueError, KeyError) as e:
         if _fits_without_wrappers(model, plan.order):
             return  # the same model, torch's wrappers (checkpoint_wrapper, compile) inside it

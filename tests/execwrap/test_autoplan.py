@@ -222,7 +222,7 @@ def test_plan_json_round_trip_keeps_the_auto_fields() -> None:
     plan, cm, compute = _three()
     best = search_plan(plan, cm, compute=compute, memory_budget=10**9)
     data = json.loads(json.dumps(best.to_dict()))
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     again = WrapPlan.from_dict(data, best.order)
     assert again.prefetch == best.prefetch
     assert again.reshard_after_forward == best.reshard_after_forward
@@ -242,10 +242,10 @@ def test_version_1_plan_dicts_still_load() -> None:
     assert (old.prefetch, old.reshard_after_forward, old.estimate, old.search) == (None,) * 4
     with pytest.raises(
         ValueError,
-        match=r"unsupported WrapPlan schema_version 3 \(this execwrap "
-        r"reads 1, 2\)",
+        match=r"unsupported WrapPlan schema_version 4 \(this execwrap "
+        r"reads 1, 2, 3\)",
     ):
-        WrapPlan.from_dict({**data, "schema_version": 3}, plan.order)
+        WrapPlan.from_dict({**data, "schema_version": 4}, plan.order)
 
 
 def test_search_record_lists_baselines_and_the_chosen_candidate() -> None:

@@ -17,8 +17,12 @@ import pytest
 
 from execwrap.cli import main
 from execwrap.cli.budget import parse_bytes
+from execwrap.cost import PRESETS
 from execwrap.report.html_page import NO_CHARTS_LINE
 from tests.execwrap.autoplan_cases import cost_model
+
+#: The presets as the command line lists them.
+_PRESETS = ", ".join(sorted(PRESETS))
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,7 +105,7 @@ def test_cost_model_folder_is_named_as_one(
         (
             ["--bucket-size", "auto", "--cost-model", ""],
             "--cost-model '' is empty: pass a cost model file from 'execwrap calibrate' or a "
-            "preset (a100-nvlink-8, h100-ib-400g, h100-nvlink-8)",
+            f"preset ({_PRESETS})",
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "h100-nvlink-8", "--memory-budget", "65536"],
@@ -119,8 +123,7 @@ def test_cost_model_folder_is_named_as_one(
         ),
         (
             ["--bucket-size", "auto", "--cost-model", "no-such-preset"],
-            "--cost-model 'no-such-preset': no such file and no such preset; presets: "
-            "a100-nvlink-8, h100-ib-400g, h100-nvlink-8",
+            "--cost-model 'no-such-preset': no such file and no such preset; presets: " + _PRESETS,
         ),
     ],
 )
@@ -197,7 +200,7 @@ def test_report_with_a_cost_model_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "  compute times  " in text and "measured (cpu)" in text  # timed on this CPU
     data = json.loads((out / "report.json").read_text())
     plan = data["plan"]
-    assert plan["schema_version"] == 2
+    assert plan["schema_version"] == 3
     assert plan["search"]["memory_budget"] == 10 * 2**20
     assert plan["search"]["world_size"] == 2
     assert plan["estimate"]["peak_memory_bytes"] <= 10 * 2**20
@@ -302,7 +305,7 @@ def test_cost_model_for_another_world_size(
         f"execwrap: error: --cost-model '{cm_path}' does not fit world size 4 (this cost model "
         "is for 2 ranks): calibrate on the target's 4 ranks (`execwrap calibrate` under "
         "torchrun), pass a preset that describes them (--cost-model PRESET --world-size 4; "
-        "presets: a100-nvlink-8, h100-ib-400g, h100-nvlink-8), or leave --world-size out to "
+        f"presets: {_PRESETS}), or leave --world-size out to "
         "plan for 2 ranks"
     )
 

@@ -54,7 +54,13 @@ def test_preset_gpu_choice() -> None:
     )
     with pytest.raises(ValueError, match=r"unknown GPU model 'v100'; choose one of"):
         gpu_compute_rates("v100")
-    assert sorted(GPUS) == ["a100-sxm4-80gb", "h100-hbm2e-96gb", "h100-sxm5-80gb", "h200-sxm-141gb"]
+    assert sorted(GPUS) == [
+        "a100-sxm4-80gb",
+        "b200-sxm-180gb",
+        "h100-hbm2e-96gb",
+        "h100-sxm5-80gb",
+        "h200-sxm-141gb",
+    ]
 
 
 def test_cost_model_with_rates_per_dtype_and_host_round_trips() -> None:

@@ -104,12 +104,22 @@ def test_every_candidate_label_is_made_from_its_settings(auto_report) -> None:
     assert len(set(labels)) == len(labels)  # distinct settings, distinct labels
     for c in search["candidates"]:
         sizes, p, flags = c["group_sizes"], c["prefetch"], c["reshard_after_forward"]
+        # the training step's choices follow the grouping's label (joint_label)
+        modes = c.get("checkpointing") or ()
+        counts = {m: sum(1 for x in modes if x == m) for m in ("full", "selective")}
+        step = "; checkpointing: " + ", ".join(f"{n} {m}" for m, n in counts.items() if n)
         if c["kind"] == "searched":
-            assert c["label"] == candidate_label(sizes, p, flags)
+            own = candidate_label(sizes, p, flags)
+            assert c["label"] == (own + step if any(counts.values()) else own)
             assert c["label"].startswith(f"root + {len(sizes)} group")
             assert f"prefetch {p}" in c["label"]
         elif c["label"].startswith("per-unit"):
-            assert (c["label"], set(sizes), set(flags)) == (f"per-unit, prefetch {p}", {1}, {True})
+            full = ", full checkpointing" if counts["full"] else ""
+            assert (c["label"], set(sizes), set(flags)) == (
+                f"per-unit, prefetch {p}{full}",
+                {1},
+                {True},
+            )
         else:
             assert (c["label"], p, set(flags)) == ("fewest groups, prefetch 1", 1, {True})
     assert search["candidates"][search["chosen"]]["label"] == (

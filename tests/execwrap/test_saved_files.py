@@ -106,8 +106,8 @@ CASES: list[tuple[str, Any, Any, str]] = [
         "plan-schema-version-true",
         _set(("plan", "schema_version"), True),
         None,
-        "unsupported WrapPlan schema_version True (this execwrap reads 1, 2); build the plan again "
-        "with plan_wrap",
+        "unsupported WrapPlan schema_version True (this execwrap reads 1, 2, 3); build the plan "
+        "again with plan_wrap",
     ),
     (
         "order-schema-version-1.0",

@@ -20,6 +20,7 @@ from transformers.distributed import DistributedConfig  # noqa: E402
 from execwrap import CostModel, compare_plans, simulate_step  # noqa: E402
 from execwrap.integrations.transformers import (  # noqa: E402
     applying_plan,
+    config_mesh,
     distributed_config_for,
     load_fsdp_plan,
     plan_from_config,
@@ -28,6 +29,7 @@ from execwrap.integrations.transformers import (  # noqa: E402
     to_fsdp_plan,
 )
 from execwrap.planning.given_groups import plan_from_groups  # noqa: E402
+from execwrap.util.mesh import MeshShape  # noqa: E402
 
 
 def _config(*, tie: bool = False, layers: int = 2) -> LlamaConfig:
@@ -233,3 +235,38 @@ def test_plan_from_config_refuses() -> None:
         plan_from_config(
             _config(), model_class=lambda config: (_ for _ in ()).throw(ValueError("no"))
         )
+
+
+def test_the_distributed_configs_mesh_is_planned_for() -> None:
+    """``dp_replicate_size``: HSDP, priced so (8-rank shards: twice the 16-rank ones, one
+    all-reduce per reduce-scatter); ``tp_size``: the local sizes of the model's TP plan."""
+    cm = CostModel.preset("h100-ib-400g", world_size=16)
+    hsdp = DistributedConfig(dp_replicate_size=2, fsdp_size=8)
+    assert config_mesh(hsdp) == MeshShape(2, 8)
+    assert config_mesh(DistributedConfig(fsdp_size=16)) is None and config_mesh(None) is None
+    found = plan_from_config(
+        _config(), distributed_config=hsdp, sequence_length=16, timing=cm.compute
+    )
+    assert found.plan.mesh == MeshShape(2, 8)
+    est = simulate_step(found.plan, cm, world_size=16)
+    flat = simulate_step(found.plan, cm, world_size=16, mesh=(1, 16))
+    assert (est.mesh, est.all_reduces, est.reduce_scatters) == (MeshShape(2, 8), 4, 4)
+    assert (flat.mesh, flat.all_reduces) == (None, 0)
+    assert (est.memory.sharded_params, flat.memory.sharded_params) == (13392, 6696)
+    tp = plan_from_config(
+        _config(), distributed_config=DistributedConfig(tp_size=2, fsdp_size=8), sequence_length=16
+    )
+    assert tp.plan.mesh == MeshShape(1, 8, 2)
+    local, full = tp.plan.order.params, tp.order.params
+    shapes = {f: (full[f].shape, local[f].shape) for f in local if local[f].shape != full[f].shape}
+    assert {f: s for f, s in shapes.items() if ".layers.1." not in f} == {
+        "model.embed_tokens.weight": ((128, 32), (64, 32)),  # embedding_rowwise
+        "model.layers.0.self_attn.q_proj.weight": ((32, 32), (16, 32)),
+        "model.layers.0.self_attn.k_proj.weight": ((16, 32), (8, 32)),
+        "model.layers.0.self_attn.v_proj.weight": ((16, 32), (8, 32)),
+        "model.layers.0.self_attn.o_proj.weight": ((32, 32), (32, 16)),
+        "model.layers.0.mlp.gate_proj.weight": ((64, 32), (32, 32)),
+        "model.layers.0.mlp.up_proj.weight": ((64, 32), (32, 32)),
+        "model.layers.0.mlp.down_proj.weight": ((32, 64), (32, 32)),
+        "lm_head.weight": ((128, 32), (64, 32)),  # colwise_gather_output
+    }

@@ -65,15 +65,15 @@ def record_execution_order(
     attributes). The training flag, ``requires_grad`` and autograd's mode are never
     touched (under ``torch.no_grad()`` no backward runs; ``order.warnings`` says so).
 
-    Runs on the meta device too (meta model and inputs: nothing allocated for
-    weights or activations), provided the model's control flow depends on shapes only.
+    Runs on the meta device too (nothing allocated), if control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
     their warm-up) and keeps the median one's per-call times and saved bytes
-    (``"measured"``); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
-    e.g. ``cost_model.compute``) estimates the recorded step op by op
-    (``"estimated"``): the way for meta or fake models.
+    (``"measured"``), with the matmul/attention outputs and transient memory of the
+    recorded step's ops (:mod:`tracing.runtime.op_record`); ``timing=rates``
+    (:class:`~tracing.rates.ComputeRates`, e.g. ``cost_model.compute``) estimates the
+    recorded step op by op (``"estimated"``): the way for meta or fake models.
 
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
@@ -114,7 +114,7 @@ def record_execution_order(
     try:
         if backward:
             saved.clear_grads()  # fresh grads; the originals are put back below
-        recorder = RuntimeRecorder(model, isinstance(timing, ComputeRates) and timing)
+        recorder = RuntimeRecorder(model, timing)
         steps = (backward, loss_fn, param_dtype, clock, saved)
         order = _record_and_time(recorder, model, args, kwargs, *steps)
     except Exception as e:
@@ -195,7 +195,7 @@ def _timed_step(
                     timer.num_calls,
                     len(order.module_forward_order),
                 )
-                return order
+                return _without_timing(order)
             timed.append(timer.fields("measured"))
     finally:
         params.clear()
@@ -212,6 +212,27 @@ def _timed_step(
             slowest / fastest,
         )
     return dataclasses.replace(order, **timed[len(timed) // 2])
+
+
+def _without_timing(order: ExecutionOrder) -> ExecutionOrder:
+    """``order`` without what the recorded step's own timer measured (its times carry
+    the recorder's overhead): the fields of an order captured without timing."""
+    empty = ExecutionOrder()
+    names = (
+        "forward_times_s",
+        "forward_start_s",
+        "backward_start_s",
+        "backward_end_s",
+        "backward_times_s",
+        "saved_activation_bytes",
+        "input_activation_bytes",
+        "compute_ops",
+        "forward_transient_bytes",
+        "backward_transient_bytes",
+        "timing_device",
+        "timing_method",
+    )
+    return dataclasses.replace(order, **{n: getattr(empty, n) for n in names})
 
 
 def _step_seconds(fields: dict[str, Any]) -> float:

@@ -97,9 +97,9 @@ class RuntimeRecorder:
     costs extra: :func:`record_execution_order` times a second, clean step);
     a :class:`~tracing.rates.ComputeRates` estimates them with a roofline per
     op (:mod:`tracing.runtime.estimate`), the way to time a model on the meta
-    device or under fake tensors; the estimate also records, per call, the
-    matmul and attention outputs and the transient memory
-    (:mod:`tracing.runtime.op_record`).
+    device or under fake tensors. Either way the recorder also records, per call,
+    the matmul and attention outputs (with their measured or estimated seconds) and
+    the transient memory (:mod:`tracing.runtime.op_record`).
 
     Args:
         model: the model (wrapped or not); any ``nn.Module``.
@@ -162,8 +162,9 @@ class RuntimeRecorder:
                 if isinstance(clock, VirtualClock) and isinstance(timing, ComputeRates):
                     self._roofline = RooflineMode(timing, clock)
                     self._roofline.__enter__()
-                    self._op_record = OpRecordMode(self.timer, clock)
-                    self._op_record.__enter__()
+                # above the roofline (whose clock it reads), or timing real ops
+                self._op_record = OpRecordMode(self.timer, clock)
+                self._op_record.__enter__()
         except BaseException:
             if self._roofline is not None:
                 self._roofline.__exit__(None, None, None)

@@ -8,7 +8,8 @@
 * :mod:`~execwrap.integrations.transformers.apply`: :func:`applying_plan` (any plan
   through ``from_pretrained``), :func:`set_prefetch`;
 * :mod:`~execwrap.integrations.transformers.pretrained`: :func:`plan_from_pretrained`
-  and :func:`plan_from_config`, one call from a model id, folder or config.
+  and :func:`plan_from_config`, one call from a model id, folder or config, planned
+  for its ``DistributedConfig``'s mesh (:func:`config_mesh`: HSDP's replicas, TP).
 
 Importing this package imports transformers.
 """
@@ -24,6 +25,7 @@ from execwrap.integrations.transformers.fsdp_plan import (
 )
 from execwrap.integrations.transformers.pretrained import (
     TransformersPlan,
+    config_mesh,
     plan_from_config,
     plan_from_pretrained,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "ResolvedFsdpPlan",
     "TransformersPlan",
     "applying_plan",
+    "config_mesh",
     "distributed_config_for",
     "load_fsdp_plan",
     "model_order",

@@ -216,7 +216,7 @@ def _as_loaded(plan: WrapPlan, model: nn.Module) -> WrapPlan:
         type(model).__name__,
         ", ".join(untied),
     )
-    return plan_from_groups(
+    loaded = plan_from_groups(
         model,
         order,
         [fqns for fqns, _ in groups],
@@ -225,6 +225,8 @@ def _as_loaded(plan: WrapPlan, model: nn.Module) -> WrapPlan:
         policy_name=plan.policy_name,
         notes=plan.notes,
     )
+    loaded.mesh = plan.mesh  # the mesh it was planned for, checked against transformers'
+    return loaded
 
 
 def set_prefetch(model: nn.Module, plan: WrapPlan, *, prefetch: int = 1) -> None:

@@ -10,6 +10,13 @@ compute times when ``timing`` is given), and returns transformers' own plan
 order, ready for :func:`execwrap.simulate_step`, :func:`execwrap.compare_plans` and
 :func:`execwrap.plan_wrap` (execwrap's own plan of the same order).
 :func:`plan_from_config` does the same from a config object.
+
+The ``distributed_config``'s mesh is the plan's (:func:`config_mesh`): with
+``dp_replicate_size`` (HSDP: transformers' advice for several nodes is the number
+of nodes) the plan shards over ``fsdp_size`` ranks and all-reduces across the
+replicas, and :func:`execwrap.simulate_step` prices it so; with ``tp_size`` the
+order holds the local sizes the model's own tensor-parallel plan leaves
+(:func:`~execwrap.planning.tensor_parallel.local_order`).
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ from transformers.distributed import DistributedConfig
 
 from execwrap.integrations.transformers.fsdp_plan import load_fsdp_plan, model_order
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.tensor_parallel import local_order
+from execwrap.util.mesh import MeshShape
 from tracing.order import ExecutionOrder
 from tracing.rates import ComputeRates
 
-__all__ = ["TransformersPlan", "plan_from_config", "plan_from_pretrained"]
+__all__ = ["TransformersPlan", "config_mesh", "plan_from_config", "plan_from_pretrained"]
 
 
 @dataclass
@@ -36,8 +45,11 @@ class TransformersPlan:
 
     Attributes:
         model: the model on the meta device (no weights).
-        order: its order (:func:`~execwrap.integrations.transformers.model_order`).
-        plan: transformers' own plan as an execwrap plan.
+        order: its order (:func:`~execwrap.integrations.transformers.model_order`;
+            global sizes, as captured).
+        plan: transformers' own plan as an execwrap plan; ``plan.mesh``: the
+            ``distributed_config``'s (:func:`config_mesh`), ``plan.order`` the local
+            sizes under its ``tp_size``.
     """
 
     model: nn.Module
@@ -59,7 +71,7 @@ def plan_from_config(
     Args:
         config: the model's config.
         distributed_config: what ``from_pretrained`` would get (its ``fsdp_plan``
-            overrides); ``None``: the model's own plan.
+            overrides, its mesh: :func:`config_mesh`); ``None``: the model's own plan.
         model_class: an auto class (``AutoModelForCausalLM``, the default) or a model
             class.
         example_kwargs: inputs of one forward on the meta device; ``None``: token ids
@@ -90,7 +102,35 @@ def plan_from_config(
         example_kwargs = {"input_ids": ids}
     order = model_order(model, example_kwargs, timing=timing)
     plan = load_fsdp_plan(model, distributed_config=distributed_config, order=order)
+    mesh = config_mesh(distributed_config)
+    if mesh is not None:
+        plan.mesh = mesh
+        if mesh.tp > 1:  # FSDP shards what the model's own tensor-parallel plan leaves
+            tp_plan = getattr(model, "tp_plan", None) or {}
+            plan.order = local_order(order, model, tp=mesh.tp, tp_plan=tp_plan)
     return TransformersPlan(model=model, order=order, plan=plan)
+
+
+def config_mesh(distributed_config: DistributedConfig | None) -> MeshShape | None:
+    """The mesh a ``DistributedConfig`` makes transformers build, as FSDP sees it:
+    ``MeshShape(dp_replicate_size, fsdp_size, tp_size)`` (transformers' mesh dimensions
+    ``dp_replicate``, ``fsdp`` and ``tp``); ``None`` without replicas or tensor
+    parallelism (FSDP over every data-parallel rank, the plan's default).
+
+    Example:
+        >>> config_mesh(DistributedConfig(dp_replicate_size=2, fsdp_size=8))
+        MeshShape(replicate=2, shard=8, tp=1)
+        >>> config_mesh(DistributedConfig(fsdp_size=8)) is None
+        True
+    """
+    if distributed_config is None:
+        return None
+    replicate = distributed_config.dp_replicate_size or 1
+    shard = distributed_config.fsdp_size or 1
+    tp = distributed_config.tp_size or 1
+    if replicate == 1 and tp == 1:
+        return None
+    return MeshShape(replicate, shard, tp)
 
 
 def plan_from_pretrained(

@@ -19,14 +19,21 @@ noise in the order of summation.
 An allowed group here is an interval ``[i, j)`` with ``j <= reach[i]``: every
 sub-interval of an allowed interval is allowed (true of FSDP2 groups: see
 :func:`execwrap.planning.bucketing.bucket_units`), so ``reach`` is non-decreasing.
+
+:func:`best_labelled_partition` also gives each group one of several labels (the
+auto-planner's: an activation-checkpointing mode per group) whose cost is the
+group's under that label. The choice of one group's label does not change any
+other group's cost, so the cheapest label of each interval is the one an optimal
+cut uses for it, and the recurrence over prefixes stays exact: it is run over
+``min over labels of cost(i, j, label)``, ties going to the earlier label.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
-__all__ = ["best_partition", "partition_cost"]
+__all__ = ["best_labelled_partition", "best_partition", "partition_cost"]
 
 #: Relative tolerance under which two costs count as equal (tie-breaking).
 _REL_TOL = 1e-12
@@ -90,6 +97,57 @@ def best_partition(
         j = start_of[j]
     groups.reverse()
     return best[n], groups
+
+
+def best_labelled_partition(
+    reach: Sequence[int],
+    cost: Callable[[int, int, Hashable], float],
+    labels: Sequence[Hashable],
+) -> tuple[float, list[tuple[int, int]], list[Hashable]]:
+    """The cheapest cut of ``range(n)`` into allowed intervals, each with one of ``labels``.
+
+    Args:
+        reach: as for :func:`best_partition`.
+        cost: ``cost(i, j, label)`` is the cost of group ``[i, j)`` under ``label``
+            (``math.inf`` forbids that pair).
+        labels: the labels, in order of preference on a tie.
+
+    Returns:
+        ``(total, groups, chosen)``: the least total cost, the groups as
+        ``(start, stop)`` pairs, and each group's label (``(math.inf, [], [])`` when
+        every cut has an infinite cost).
+
+    Raises:
+        ValueError: no labels; ``reach`` out of range or decreasing.
+
+    Example:
+        Each group is "fast" (3 per group, one item only) or "small" (2.5 per item
+        plus 1, any size):
+
+        >>> def cost(i, j, label):
+        ...     if label == "fast":
+        ...         return 3.0 if j - i == 1 else math.inf
+        ...     return 2.5 * (j - i) + 1
+        >>> best_labelled_partition([3, 3, 3], cost, ["fast", "small"])
+        (8.5, [(0, 3)], ['small'])
+        >>> best_labelled_partition([1, 2, 3], cost, ["fast", "small"])
+        (9.0, [(0, 1), (1, 2), (2, 3)], ['fast', 'fast', 'fast'])
+    """
+    if not labels:
+        raise ValueError("best_labelled_partition: labels must not be empty")
+    chosen: dict[tuple[int, int], Hashable] = {}
+
+    def best(i: int, j: int) -> float:
+        least, pick = math.inf, labels[0]
+        for label in labels:
+            value = cost(i, j, label)
+            if value < least:
+                least, pick = value, label
+        chosen[(i, j)] = pick
+        return least
+
+    total, groups = best_partition(reach, best)
+    return total, groups, [chosen[g] for g in groups]
 
 
 def partition_cost(groups: Sequence[tuple[int, int]], cost: Callable[[int, int], float]) -> float:

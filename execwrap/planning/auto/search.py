@@ -1,10 +1,11 @@
-"""The auto-planner: FSDP2 groups, prefetch depth and ``reshard_after_forward``.
+"""The auto-planner: FSDP2 groups, prefetch, resharding and the training step, chosen together.
 
 ``plan_wrap(model, order, init_policy, bucket_numel="auto", cost_model=cm,
-world_size=W, memory_budget=B)`` plans the init policy's units as usual,
-then :func:`search_plan` picks the plan with the least predicted step time
-(:func:`execwrap.simulate.simulate_step`) whose predicted peak memory per rank
-stays within ``B`` bytes.
+world_size=W, memory_budget=B, training=TrainingStep(precision=..., micro_batches=N))``
+plans the init policy's units as usual, then :func:`search_plan` picks the plan with
+the least predicted time per optimizer step (:func:`execwrap.simulate.simulate_step`
+of the training step asked for: its precision and micro-batch count are the user's)
+whose predicted peak memory per rank stays within ``B`` bytes.
 
 Search space:
 
@@ -16,17 +17,26 @@ Search space:
 * Prefetch depth ``p`` in :data:`PREFETCH_DEPTHS` (``apply_fully_shard``'s
   explicit prefetch lists; ``0`` keeps FSDP2's implicit prefetching).
 * ``reshard_after_forward`` per group.
+* Activation checkpointing per group (``"none"``, ``"selective"``, ``"full"``; groups
+  inside another non-root unit are not checkpointed), when the capture says what each
+  mode keeps (:mod:`execwrap.planning.auto.checkpoint_fill`).
+* Per plan: CPU offload (only where the cost model's device has host memory to offload
+  to and the host link's rates), and the accumulation mode of ``N > 1`` micro-batches:
+  a reduce-scatter after every micro-batch or only after the last, resharding after
+  each backward or not (:data:`~execwrap.planning.auto.variants.ACCUMULATION_MODES`). ``choose=`` limits which of
+  checkpointing, offload and accumulation are searched.
 
 Search:
 
 1. Small instances (at most :data:`EXHAUSTIVE_LIMIT` simulations in all):
    every grouping with every prefetch depth and every reshard vector is
-   simulated. The result is the exact optimum of the simulator.
+   simulated. The result is the exact optimum of the simulator over these.
 2. Otherwise, groupings come from an exact dynamic program
-   (:func:`execwrap.planning.auto.partition.best_partition`) over a step time that
-   decomposes by group: a group's compute plus the communication its own
-   compute does not hide (``overlap`` times its compute; forward only with
-   explicit prefetch), each group charged what the simulator charges it
+   (:func:`execwrap.planning.auto.partition.best_labelled_partition`) over a step time
+   that decomposes by group: a group's compute (with its checkpointing's recomputation
+   in backward) plus the communication its own compute does not hide (``overlap``
+   times its compute; forward only with explicit prefetch), each group charged what
+   the simulator charges it
    (:meth:`execwrap.planning.auto.space.SearchSpace.group_seconds`: fixed cost,
    copy-in, collective, copy-out; fixed cost, copy-in, reduce-scatter). On
    CPU FSDP2's collectives block the training thread, nothing overlaps and
@@ -38,22 +48,38 @@ Search:
    :data:`execwrap.planning.auto.space.WINDOW_SIZES` and all of them; a cap allowing
    more than :data:`DP_MAX_GROUP` units per group uses the greedy
    fewest-groups cut under it instead. The DP runs for each prefetch depth,
-   resharding after forward and not. Every distinct grouping is simulated
-   at prefetch 1, resharding everywhere and nowhere; the :data:`REFINE_TOP`
-   best then at every prefetch depth, and with ``reshard_after_forward=False``
-   on the last ``k`` groups only (``k`` = 1, 2, 4, ...): the last group's
-   backward all-gather is the one no compute hides, and at the start of
-   backward (the usual peak) every group kept unsharded counts, wherever it
-   sits.
-3. Choice: the least predicted step time among candidates within the
+   resharding after forward and not; on GPUs (where a recomputation hides
+   communication, so checkpointing changes which grouping is best) also at prefetch
+   1, resharding, with each group's checkpointing mode as a label priced at
+   ``time + price * bytes kept``, for the price per byte at which the median unit
+   switches to selective and to full checkpointing (a Lagrangian relaxation of the
+   budget: exact for that price).
+   Every distinct grouping is simulated at prefetch 1, resharding everywhere and
+   nowhere; the :data:`REFINE_TOP` best then at every prefetch depth, and with
+   ``reshard_after_forward=False`` on the last ``k`` groups only (``k`` = 1, 2,
+   4, ...): the last group's backward all-gather is the one no compute hides, and
+   at the start of backward (the usual peak) every group kept unsharded counts,
+   wherever it sits.
+3. Checkpointing: each configuration is simulated without checkpointing; those over
+   the budget, fastest first, with the cheapest checkpointing that frees the excess,
+   refined by the simulator (:meth:`execwrap.planning.auto.evaluations.Evaluations.fill`),
+   until one without checkpointing is no faster than the fastest that fits.
+4. Step variants: the search above runs for FSDP2's default step (no offload, a
+   reduce-scatter per micro-batch); the :data:`~execwrap.planning.auto.variants.VARIANT_TOP` best configurations are
+   then simulated under each other accumulation mode, and, where offload may be
+   chosen and the budget binds (a faster candidate did not fit, or the best one
+   checkpoints), with CPU offload: offload frees device memory but only adds time.
+5. Choice: the least predicted step time among candidates within the
    budget; ties go to the lower peak, then fewer groups, then the earlier
    candidate. Nothing is random: the same inputs give the same plan.
-4. No candidate fits: :class:`~execwrap.errors.MemoryBudgetError` names the smallest
-   peak any candidate reaches (per-unit groups at each prefetch depth,
-   resharding everywhere, are always among them) and what dominates it.
+6. No candidate fits: :class:`~execwrap.errors.MemoryBudgetError` names the smallest
+   peak any candidate reaches (per-unit groups at each prefetch depth, resharding
+   everywhere, with full checkpointing of every unit that may be checkpointed and
+   offload where chosen, are always among them) and what dominates it
+   (:mod:`execwrap.planning.auto.messages`).
 
 Every simulated candidate is kept in ``plan.search`` (the report's
-candidates chart).
+candidates chart); the plan's ``training`` is the step chosen.
 """
 
 from __future__ import annotations
@@ -65,17 +91,22 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from execwrap.errors import MemoryBudgetError
-from execwrap.plan.search_record import Candidate, CandidateKind, PlanSearch, candidate_label
+from execwrap.plan.search_record import PlanSearch
+from execwrap.plan.training_step import TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.auto.evaluations import Evaluations, rank_key
+from execwrap.planning.auto.messages import cost_model_line, nothing_fits
 from execwrap.planning.auto.options import AutoOptions, check_auto_options
-from execwrap.planning.auto.partition import best_partition
-from execwrap.util.formatting import format_bytes
+from execwrap.planning.auto.partition import best_labelled_partition
+from execwrap.planning.auto.variants import (
+    fastest_fit,
+    other_variants,
+)
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
     from execwrap.planning.auto.space import Grouping, SearchSpace
-    from execwrap.simulate import StepEstimate, UnitCompute
+    from execwrap.simulate import UnitCompute
 
 __all__ = [
     "DP_MAX_GROUP",
@@ -108,8 +139,11 @@ def search_plan(
     optimizer: str = "adamw",
     compute: UnitCompute | None = None,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+    training: TrainingStep | None = None,
+    choose: tuple[str, ...] | None = None,
 ) -> WrapPlan:
-    """The best plan over groupings of ``plan``'s atomic units, prefetch and resharding.
+    """The best plan over groupings of ``plan``'s atomic units, prefetch, resharding and
+    the training step's checkpointing, offload and accumulation.
 
     The search is described in :mod:`execwrap.planning.auto.search`.
 
@@ -126,15 +160,21 @@ def search_plan(
             compute (default: from ``plan.order``'s timing,
             :func:`execwrap.simulate.unit_compute`; without timing, none).
         exhaustive_limit: enumerate everything up to this many simulations.
+        training: the step to plan for (its precision and micro-batch count are kept;
+            default: float32, one micro-batch).
+        choose: what of the step the planner chooses (default: all of
+            :data:`~execwrap.planning.auto.options.STEP_CHOICES`).
 
     Returns:
         A new :class:`WrapPlan` with the chosen ``units``, ``prefetch``,
-        ``reshard_after_forward``, ``estimate`` and ``search``; ``plan`` is
-        not changed.
+        ``reshard_after_forward``, ``training``, ``estimate`` and ``search``; ``plan``
+        is not changed.
 
     Raises:
         ValueError: the cost model is for another world size or device type
-            (``CostModel.check_compatible``), or a bad budget.
+            (``CostModel.check_compatible``), a bad budget, a step the cost model
+            or the capture cannot price (another compute dtype than the capture's,
+            offload on a CPU device: :func:`execwrap.simulate.training.check_priceable`).
         MemoryBudgetError: (a ``PlanError``) no candidate's peak is within
             ``memory_budget`` (the message names the smallest peak reached and
             what dominates it; ``part`` is that part's field).
@@ -145,7 +185,14 @@ def search_plan(
         (1, 'root + 4 groups of 2 units, prefetch 1')
     """
     options = check_auto_options(
-        "search_plan", "auto", cost_model, world_size, memory_budget, optimizer=optimizer
+        "search_plan",
+        "auto",
+        cost_model,
+        world_size,
+        memory_budget,
+        optimizer=optimizer,
+        training=training,
+        choose=choose,
     )
     assert options is not None  # bucket_numel="auto" with a cost model
     return search_checked(
@@ -169,12 +216,16 @@ def search_checked(
 
     Raises:
         ValueError: the order's compute was measured on another device type than the cost
-            model's (known only here, from ``compute``).
+            model's (known only here, from ``compute``); a step the cost model or the
+            capture cannot price.
         MemoryBudgetError: no candidate fits ``options.memory_budget``.
     """
     from execwrap.planning.auto.space import SearchSpace  # the simulator loads only here
+    from execwrap.simulate.training import check_priceable
 
     started = time.perf_counter()
+    step = options.training
+    check_priceable(plan, options.cost_model, step, given_compute=compute is not None)
     space = SearchSpace.build(
         plan,
         options.cost_model,
@@ -182,9 +233,11 @@ def search_checked(
         trainable_dtypes=trainable_dtypes,
         optimizer=options.optimizer,
         compute=compute,
+        step=step,
+        search_checkpointing="checkpointing" in options.choose,
     )
     budget = options.memory_budget
-    evaluated = _Evaluations(space, budget)
+    evaluated = Evaluations(space, budget)
     if 3 * space.count_reshard_groupings() <= exhaustive_limit:
         logger.debug("auto-plan: exhaustive search over %d mergeable unit(s)", space.size)
         for groups in space.all_groupings():
@@ -194,21 +247,25 @@ def search_checked(
     else:
         _heuristic_search(space, evaluated)
     _add_baselines(space, evaluated)
+    evaluated.fill()
+    other_variants(space, evaluated, options)
     return _choose(space, evaluated, budget, time.perf_counter() - started)
 
 
 # ------------------------------------------------------------------ the search
-def _heuristic_search(space: SearchSpace, evaluated: _Evaluations) -> None:
+def _heuristic_search(space: SearchSpace, evaluated: Evaluations) -> None:
     """Step 2 of the module docstring: DP groupings, then prefetch and reshard."""
     groupings = _dp_groupings(space)
     logger.debug("auto-plan: %d distinct grouping(s) from the DP", len(groupings))
+    for groups in groupings:
+        n = len(groups)
+        for flags in ((True,) * n, (False,) * n):
+            evaluated.add(groups, 1, flags, "searched")
+    evaluated.fill()
     ranked: list[tuple[tuple[int, float], int]] = []
     for g, groups in enumerate(groupings):
         n = len(groups)
-        keys = []
-        for flags in ((True,) * n, (False,) * n):
-            c = evaluated.add(groups, 1, flags, "searched")
-            keys.append(_rank_key(c))
+        keys = [rank_key(evaluated.best_of(groups, 1, f)) for f in ((True,) * n, (False,) * n)]
         ranked.append((min(keys), g))
     ranked.sort()
     for _, g in ranked[:REFINE_TOP]:
@@ -217,24 +274,26 @@ def _heuristic_search(space: SearchSpace, evaluated: _Evaluations) -> None:
         for p in PREFETCH_DEPTHS:
             for flags in ((True,) * n, (False,) * n):
                 evaluated.add(groups, p, flags, "searched")
+        evaluated.fill()
         best_p = min(
             PREFETCH_DEPTHS,
-            key=lambda p: _rank_key(evaluated.get(groups, p, (True,) * n)),
+            key=lambda p: rank_key(evaluated.best_of(groups, p, (True,) * n)),
         )
         for k in _last_k_values(n)[:-1]:  # k = n (no reshard at all) was simulated above
             evaluated.add(groups, best_p, tuple(i < n - k for i in range(n)), "searched")
 
 
-def _rank_key(c: Candidate) -> tuple[int, float]:
-    """Fitting candidates by step time, before the others by peak."""
-    return (0, c.step_time_s) if c.fits else (1, float(c.peak_memory_bytes))
-
-
 def _dp_groupings(space: SearchSpace) -> list[Grouping]:
     """Distinct groupings: the greedy fewest-groups cut and the DP under each cap,
-    for every prefetch depth, resharding after forward or not; in the order
-    first found."""
+    for every prefetch depth, resharding after forward or not, and (resharding) with
+    each group's checkpointing mode priced in; in the order first found."""
     found: dict[Grouping, None] = {}
+    cp = space.checkpointing
+    prices = [0.0]
+    if cp is not None and cp.searched and not space.cost_model.synchronous_collectives:
+        # on CPU nothing overlaps: a group's recomputation adds to its time whatever the
+        # grouping, and the priced DP finds the unpriced one's groupings again
+        prices += [1.0001 * cp.median_price(m) for m in cp.modes[1:]]
     for k, cap in space.window_caps():
         found.setdefault(space.greedy_groups(cap), None)
         if space.longest_group(cap) > DP_MAX_GROUP:
@@ -242,14 +301,31 @@ def _dp_groupings(space: SearchSpace) -> list[Grouping]:
         reach = space.capped_reach(cap)
         for reshard in (True, False):
             for p in space.distinct_prefetch_costs():
-
-                def cost(i: int, j: int, p: int = p, reshard: bool = reshard) -> float:
-                    return space.group_cost(i, j, p, reshard=reshard)
-
-                _, groups = best_partition(reach, cost)
-                found.setdefault(tuple(groups), None)
+                found.setdefault(_dp(space, reach, p, reshard, 0.0), None)
+        for price in prices[1:]:  # checkpointing priced in, resharding, explicit prefetch
+            found.setdefault(_dp(space, reach, 1, True, price), None)
         logger.debug("auto-plan: cap of %d unit(s) (%d bytes) searched", k, cap)
     return list(found)
+
+
+def _dp(space: SearchSpace, reach: list[int], p: int, reshard: bool, price: float) -> Grouping:
+    """The DP's grouping at prefetch ``p``, with each group's checkpointing mode a label
+    priced at ``price`` seconds per byte it keeps (``0``: no checkpointing)."""
+    cp = space.checkpointing
+    if price == 0.0 or cp is None:
+        labels: tuple[str, ...] = ("none",)
+    else:
+        labels = cp.modes
+
+    def cost(i: int, j: int, mode: object) -> float:
+        m = str(mode)
+        if m != "none" and (cp is None or not cp.may_checkpoint(i, j)):
+            return math.inf
+        seconds = space.group_cost(i, j, p, reshard=reshard, mode=m)
+        return seconds + price * cp.kept(i, j, m) if cp is not None and price else seconds
+
+    _, groups, _ = best_labelled_partition(reach, cost, labels)
+    return tuple(groups)
 
 
 def _last_k_values(n: int) -> list[int]:
@@ -268,89 +344,52 @@ def _all_flags(n: int) -> Iterator[tuple[bool, ...]]:
         yield tuple(not (bits >> (n - 1 - i)) & 1 for i in range(n))
 
 
-def _add_baselines(space: SearchSpace, evaluated: _Evaluations) -> None:
+def _add_baselines(space: SearchSpace, evaluated: Evaluations) -> None:
     """Per-unit groups at each prefetch depth (prefetch 0 is the least memory a
-    plan can need) and the fewest groups, all resharding."""
+    plan can need), the fewest groups, all resharding; with checkpointing, full
+    checkpointing of every unit at prefetch 0 (the least memory) and 1 (the usual
+    fallback)."""
     m = space.size
     per_unit = tuple((i, i + 1) for i in range(m))
     for p in PREFETCH_DEPTHS:
         evaluated.add(per_unit, p, (True,) * m, "baseline", label=f"per-unit, prefetch {p}")
     fewest = space.greedy_groups(math.inf)
     evaluated.add(fewest, 1, (True,) * len(fewest), "baseline", label="fewest groups, prefetch 1")
-
-
-# ------------------------------------------------------------ bookkeeping
-class _Evaluations:
-    """Simulated candidates, each once, in the order first asked for."""
-
-    def __init__(self, space: SearchSpace, budget: int | None) -> None:
-        self.space = space
-        self.budget = budget
-        self.candidates: list[Candidate] = []
-        self.estimates: list[StepEstimate] = []
-        self.keys: list[tuple[tuple[tuple[int, int], ...], int, tuple[bool, ...]]] = []
-        self._index: dict[tuple[tuple[tuple[int, int], ...], int, tuple[bool, ...]], int] = {}
-
-    def get(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> Candidate:
-        """The candidate already simulated for these choices."""
-        return self.candidates[self._index[(groups, prefetch, flags)]]
-
-    def add(
-        self,
-        groups: tuple[tuple[int, int], ...],
-        prefetch: int,
-        flags: tuple[bool, ...],
-        kind: CandidateKind,
-        *,
-        label: str | None = None,
-    ) -> Candidate:
-        """Simulate (once) and record; a baseline's label and kind win over a
-        searched duplicate's."""
-        key = (groups, prefetch, flags)
-        if key in self._index:
-            i = self._index[key]
-            if kind == "baseline" and label is not None:
-                self.candidates[i] = dataclasses.replace(self.candidates[i], kind=kind, label=label)
-            return self.candidates[i]
-        estimate = self.space.simulate(groups, prefetch, flags)
-        peak = int(estimate.peak_memory_bytes)
-        candidate = Candidate(
-            label=label or candidate_label([j - i for i, j in groups], prefetch, flags),
-            kind=kind,
-            group_sizes=tuple(j - i for i, j in groups),
-            prefetch=prefetch,
-            reshard_after_forward=flags,
-            step_time_s=float(estimate.step_time_s),
-            peak_memory_bytes=peak,
-            fits=self.budget is None or peak <= self.budget,
-        )
-        self._index[key] = len(self.candidates)
-        self.candidates.append(candidate)
-        self.estimates.append(estimate)
-        self.keys.append(key)
-        return candidate
+    cp = space.checkpointing
+    if cp is not None and cp.searched:
+        full = tuple("full" if cp.may_checkpoint(i, j) else "none" for i, j in per_unit)
+        for p in (0, 1):
+            label = f"per-unit, prefetch {p}, full checkpointing"
+            evaluated.add(per_unit, p, (True,) * m, "baseline", label=label, modes=full)
 
 
 def _choose(
-    space: SearchSpace, evaluated: _Evaluations, budget: int | None, seconds: float
+    space: SearchSpace, evaluated: Evaluations, budget: int | None, seconds: float
 ) -> WrapPlan:
-    """Step 3 and 4: the best fitting candidate as a plan, or :class:`MemoryBudgetError`."""
+    """Step 5 and 6: the best fitting candidate as a plan, or :class:`MemoryBudgetError`."""
     cands = evaluated.candidates
-    fitting = [i for i, c in enumerate(cands) if c.fits]
-    if not fitting:
-        raise _nothing_fits(space, evaluated, budget)
-    best = min(
-        fitting,
-        key=lambda i: (cands[i].step_time_s, cands[i].peak_memory_bytes, cands[i].num_groups, i),
-    )
-    groups, prefetch, flags = evaluated.keys[best]
+    best = fastest_fit(evaluated)
+    if best is None:
+        smallest = min(range(len(cands)), key=lambda i: (cands[i].peak_memory_bytes, i))
+        cp = space.checkpointing
+        _, groups, _, _, modes = evaluated.keys[smallest]
+        all_full = (
+            cp is not None
+            and cp.searched
+            and all(
+                m == "full" or not cp.may_checkpoint(i, j)
+                for (i, j), m in zip(groups, modes, strict=True)
+            )
+        )
+        raise nothing_fits(cands, evaluated.estimates, budget, space.world_size, all_full)
+    _, groups, prefetch, flags, modes = evaluated.keys[best]
     plan = space.plan_for(groups)
     search = PlanSearch(
         candidates=tuple(cands),
         chosen=best,
         memory_budget=budget,
         world_size=space.world_size,
-        cost_model=space.cost_model_line(),
+        cost_model=cost_model_line(space.cost_model),
         seconds=seconds,
     )
     logger.info(
@@ -361,32 +400,12 @@ def _choose(
         len(cands),
         seconds,
     )
+    training = space.step_for(groups, modes, evaluated.steps[best])
     return dataclasses.replace(
         plan,
         prefetch=prefetch,
         reshard_after_forward=space.unit_flags(plan, groups, flags),
         estimate=evaluated.estimates[best],
         search=search,
+        training=training.for_plan(plan),
     )
-
-
-def _nothing_fits(
-    space: SearchSpace, evaluated: _Evaluations, budget: int | None
-) -> MemoryBudgetError:
-    cands = evaluated.candidates
-    smallest = min(range(len(cands)), key=lambda i: (cands[i].peak_memory_bytes, i))
-    estimate = evaluated.estimates[smallest]
-    part, nbytes = space.dominant_part(estimate)
-    parts = {k: v for k, v in estimate.memory.to_dict().items() if k != "total"}
-    finding = (
-        f"no plan fits the memory budget of {_bytes_text(budget or 0)} per rank: the smallest peak any "
-        f"candidate reaches is {_bytes_text(cands[smallest].peak_memory_bytes)} "
-        f"({cands[smallest].label}; {len(cands)} candidate(s) simulated for "
-        f"{space.world_size} rank(s)), dominated by {part} ({_bytes_text(nbytes)})"
-    )
-    key = max(parts, key=lambda k: (parts[k], k))  # the field dominant_part named
-    return MemoryBudgetError(f"{finding}; {space.dominant_hint(part)}", part=key, finding=finding)
-
-
-def _bytes_text(nbytes: int) -> str:
-    return f"{format_bytes(nbytes)} ({nbytes} bytes)"

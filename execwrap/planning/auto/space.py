@@ -18,10 +18,13 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from execwrap.plan.training_step import TrainingStep
+from execwrap.plan.unit import enclosing_units
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto import mergeable
+from execwrap.planning.auto.checkpoint_fill import GroupCheckpointing
 from execwrap.planning.bucketing import merge_units
 from execwrap.simulate import UnitCompute, unit_compute
 from execwrap.simulate.compute import NO_COMPUTE_TIMES
@@ -39,28 +42,8 @@ __all__ = ["Grouping", "SearchSpace", "WINDOW_SIZES"]
 #: A grouping of the mergeable units: ``(start, stop)`` intervals, in order.
 Grouping = tuple[tuple[int, int], ...]
 
-_FINER = "wrap smaller modules (a finer init_policy) so less is unsharded at once"
-
 #: Group lengths (in mergeable units) whose largest window gives a DP cap.
 WINDOW_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-
-#: What each part of a memory breakdown (``MemoryBreakdown`` field) is called in
-#: messages, and how to shrink it.
-_PART_HINTS: dict[str, tuple[str, str]] = {
-    "sharded_params": ("sharded parameters", "add ranks or use a lower-precision dtype"),
-    "sharded_grads": ("sharded gradients", "add ranks or freeze parameters"),
-    "optimizer_state": (
-        "optimizer state",
-        'add ranks, or plan for an optimizer with less state (optimizer="sgd" or '
-        '"sgd_momentum", if you train with one)',
-    ),
-    "unsharded_params": ("unsharded parameters", _FINER),
-    "unsharded_grads": ("unsharded gradients", _FINER),
-    "activations": ("activations", "use a smaller batch or sequence, or activation checkpointing"),
-    "all_gather_buffers": ("all-gather buffers", _FINER),
-    "reduce_scatter_buffers": ("reduce-scatter buffers", _FINER),
-    "temporaries": ("transient memory", "use a smaller batch or sequence"),
-}
 
 
 @dataclass
@@ -86,6 +69,10 @@ class SearchSpace:
         copy_out_s: seconds of its all-gather copy-out
             (``CostModel.copy_out_time`` of its parameters: FSDP2 copies per
             parameter, so a group's copy-out is the sum of its units').
+        step: the training step simulated (the user's precision and micro-batches;
+            :meth:`simulate` takes another variant of it and each group's checkpointing).
+        checkpointing: what each checkpointing mode of a group keeps and recomputes
+            (:class:`~execwrap.planning.auto.checkpoint_fill.GroupCheckpointing`).
     """
 
     plan: WrapPlan
@@ -102,12 +89,14 @@ class SearchSpace:
     tensors: list[int] = field(default_factory=list)
     grad_tensors: list[int] = field(default_factory=list)
     copy_out_s: list[float] = field(default_factory=list)
+    step: TrainingStep = field(default_factory=TrainingStep)
+    checkpointing: GroupCheckpointing | None = None
     _prefix: list[list[float]] = field(default_factory=list, repr=False)
     _plans: dict[Grouping, tuple[WrapPlan, UnitCompute]] = field(default_factory=dict, repr=False)
     _seconds: dict[tuple[int, int, int, int], tuple[float, float]] = field(
         default_factory=dict, repr=False
     )
-    _costs: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, repr=False)
+    _costs: dict[tuple[int, int, int, bool, str], float] = field(default_factory=dict, repr=False)
     _facts: SimulationFacts | None = field(default=None, repr=False)  # set by build
 
     @classmethod
@@ -120,8 +109,12 @@ class SearchSpace:
         trainable_dtypes: dict[str, frozenset[str]] | None,
         optimizer: str,
         compute: UnitCompute | None = None,
+        step: TrainingStep | None = None,
+        search_checkpointing: bool = False,
     ) -> SearchSpace:
-        """The search space of atomic ``plan`` (see the module docstring).
+        """The search space of atomic ``plan`` (see the module docstring), for ``step``
+        (default: float32, one micro-batch), with each group's checkpointing mode among
+        those searched when ``search_checkpointing``.
 
         Raises:
             ValueError: ``cost_model`` is for another world size or device
@@ -164,6 +157,10 @@ class SearchSpace:
                 cost_model.copy_out_time(mergeable.param_padded_bytes(facts, units[i]))
                 for i in movable
             ],
+            step=step or TrainingStep(),
+            checkpointing=GroupCheckpointing.build(
+                compute, movable, _outermost(plan, movable), search_checkpointing
+            ),
             _facts=facts,
         )
         space._prefix = [
@@ -301,23 +298,29 @@ class SearchSpace:
         all_gather, reduce_scatter = cached
         return (all_gather + copy_out_s if nbytes > 0 else 0.0), reduce_scatter
 
-    def group_cost(self, i: int, j: int, prefetch: int, *, reshard: bool = True) -> float:
+    def group_cost(
+        self, i: int, j: int, prefetch: int, *, reshard: bool = True, mode: str = "none"
+    ) -> float:
         """Seconds one group ``[i, j)`` adds to a step in the decomposable model of
         :mod:`execwrap.planning.auto.search`: its compute plus the communication its own
         compute does not hide (on CPU, where collectives block the training
         thread: none, but the waits for the slowest rank after its forward and
         backward, ``CostModel.sync_wait_time``); without ``reshard`` no backward
-        all-gather. Cached per group and choices (the DP asks again under each cap)."""
-        key = (i, j, prefetch, reshard)
+        all-gather; under checkpointing ``mode`` the recomputed forward runs in backward
+        (and hides communication there). Cached per group and choices (the DP asks again
+        under each cap)."""
+        key = (i, j, prefetch, reshard, mode)
         cached = self._costs.get(key)
         if cached is None:
-            cached = self._costs[key] = self._group_cost(i, j, prefetch, reshard)
+            cached = self._costs[key] = self._group_cost(i, j, prefetch, reshard, mode)
         return cached
 
-    def _group_cost(self, i: int, j: int, prefetch: int, reshard: bool) -> float:
+    def _group_cost(self, i: int, j: int, prefetch: int, reshard: bool, mode: str) -> float:
         p_bytes, p_grads, p_fwd, p_bwd, p_tensors, p_grad_tensors, p_copy = self._prefix
         fwd = p_fwd[j] - p_fwd[i]
         bwd = p_bwd[j] - p_bwd[i]
+        if mode != "none" and self.checkpointing is not None:
+            bwd += self.checkpointing.recompute_s(i, j, mode)
         all_gather, reduce_scatter = self.group_seconds(
             int(p_bytes[j] - p_bytes[i]),
             int(p_grads[j] - p_grads[i]),
@@ -369,8 +372,17 @@ class SearchSpace:
             False if u.is_root else by_first.get(u.module_fqns[0], True) for u in plan.units
         )
 
-    def simulate(self, groups: Grouping, prefetch: int, flags: tuple[bool, ...]) -> StepEstimate:
-        """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``."""
+    def simulate(
+        self,
+        groups: Grouping,
+        prefetch: int,
+        flags: tuple[bool, ...],
+        modes: tuple[str, ...] | None = None,
+        step: TrainingStep | None = None,
+    ) -> StepEstimate:
+        """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``, each
+        group checkpointed as ``modes`` says (default: none), for ``step`` (default:
+        :attr:`step`)."""
         plan, compute = self._planned(groups)
         return step_estimate(
             plan,
@@ -381,29 +393,24 @@ class SearchSpace:
             optimizer=self.optimizer,
             compute=compute,
             facts=self._facts,
+            training=self.step_for(groups, modes, step),
         )
 
-    # -------------------------------------------------------------- messages
-    def cost_model_line(self) -> str:
-        """One line naming the cost model."""
-        cm = self.cost_model
-        name = cm.source or "unnamed"
-        return f"{name} ({cm.device_type}, {cm.backend}, {cm.world_size} rank(s))"
-
-    @staticmethod
-    def dominant_part(estimate: StepEstimate) -> tuple[str, int]:
-        """The largest part of ``estimate``'s memory breakdown: ``(name, bytes)``."""
-        parts = _memory_parts(estimate)
-        key = max(parts, key=lambda k: (parts[k], k))
-        return _PART_HINTS.get(key, (key.replace("_", " "), ""))[0], parts[key]
-
-    @staticmethod
-    def dominant_hint(part: str) -> str:
-        """How to shrink the part named ``part`` (as :meth:`dominant_part` names it)."""
-        for name, hint in _PART_HINTS.values():
-            if name == part:
-                return f"to fit, raise the budget, or {hint}"
-        return "to fit, raise the budget"
+    def step_for(
+        self, groups: Grouping, modes: tuple[str, ...] | None, step: TrainingStep | None = None
+    ) -> TrainingStep:
+        """``step`` (default :attr:`step`) with each group of ``groups`` checkpointed as
+        ``modes`` says, keyed by the group's first module FQN."""
+        base = step or self.step
+        if modes is None or all(m == "none" for m in modes):
+            return base
+        units = self.plan.units
+        per_unit: dict[int | str, str] = {
+            units[self.movable[i]].module_fqns[0]: m
+            for (i, _), m in zip(groups, modes, strict=True)
+            if m != "none"
+        }
+        return dataclasses.replace(base, unit_checkpointing=per_unit)
 
 
 # ------------------------------------------------------------------ helpers
@@ -416,6 +423,14 @@ def _atomic_compute(plan: WrapPlan) -> UnitCompute:
     return UnitCompute.zeros(len(plan.units))
 
 
+def _outermost(plan: WrapPlan, movable: list[int]) -> list[bool]:
+    """Per mergeable unit, whether no other non-root unit encloses it (the units
+    checkpointing applies to)."""
+    root = plan.root_index
+    enclosing = enclosing_units(plan.units)
+    return [not (enclosing[i] - {root}) for i in movable]
+
+
 def _unit_seconds(
     compute: UnitCompute, plan: WrapPlan, movable: list[int]
 ) -> tuple[list[float], list[float]]:
@@ -423,11 +438,6 @@ def _unit_seconds(
     fwd = [float(compute.forward_s[i]) for i in movable]
     bwd = [float(compute.backward_s[i]) for i in movable]
     return fwd, bwd
-
-
-def _memory_parts(estimate: StepEstimate) -> dict[str, int]:
-    memory: Any = estimate.memory
-    return {f.name: int(getattr(memory, f.name)) for f in dataclasses.fields(memory)}
 
 
 def _prefix_sums(values: list[int] | list[float]) -> list[float]:

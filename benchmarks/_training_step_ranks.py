@@ -1,0 +1,261 @@
+"""The rank side of ``benchmarks/training_step.py``: calibrate, capture, plan, time, track memory.
+
+:func:`spawn` runs the whole job on fresh rank processes and returns rank 0's result.
+Per model: the order of the unsharded model in each precision, with measured compute
+(``record_execution_order(..., timing=True, param_dtype=...)`` after warm-up steps; rank
+0's, broadcast), each step of :func:`benchmarks._training_step_grid.grid` predicted
+(``simulate_step`` with its :class:`~execwrap.simulate.TrainingStep`; the auto plan:
+its own estimate), applied to its own copy of the model (``apply_fully_shard`` with the
+step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken from
+``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in an
+order shuffled per round, each turn an untimed step then a timed one of the same
+plan), and its peak tracked over one optimizer step.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from benchmarks._autoplan_models import MODELS, ModelSpec
+from benchmarks._bench import median
+from benchmarks._ranks import barrier, rank_main, spawn_ranks
+from benchmarks._training_step_grid import AUTO, FALLBACK, StepSpec, grid
+
+__all__ = ["spawn"]
+
+_BF16 = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+
+
+def _step(spec: StepSpec) -> Any:
+    from execwrap import Precision, TrainingStep
+
+    precision = Precision(**_BF16) if spec.precision == "bf16" else Precision()
+    return TrainingStep(
+        precision=precision,
+        checkpointing=spec.checkpointing,
+        micro_batches=spec.micro_batches,
+        gradient_sync=spec.sync if spec.micro_batches > 1 else "every",
+    )
+
+
+def _loss(spec: ModelSpec, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The model's loss in float32 (logits cast first, as torchtitan does)."""
+    return spec.loss(out.float(), y)
+
+
+def _order(spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> Any:
+    """Warm up, then record the order with measured compute; rank 0's, on every rank."""
+    from tracing import ExecutionOrder, record_execution_order
+
+    dtype = torch.bfloat16 if bf16 else None
+    order = record_execution_order(
+        model, x, timing=True, param_dtype=dtype, loss_fn=lambda out: _loss(spec, out, y)
+    )
+    box = [order.to_dict()]
+    dist.broadcast_object_list(box, src=0)
+    return ExecutionOrder.from_dict(box[0])
+
+
+class _Trainer:
+    """One step of the grid applied to its own copy of the model."""
+
+    def __init__(self, model_spec: ModelSpec, size: dict[str, int], plan: Any, spec: StepSpec,
+                 batch: Any, mesh: Any) -> None:  # fmt: skip
+        from execwrap import apply_fully_shard
+
+        torch.manual_seed(0)
+        self.spec = model_spec
+        self.model = model_spec.build(size)
+        if spec.auto:  # everything from the plan: groups, prefetch, precision, checkpointing
+            apply_fully_shard(self.model, plan, mesh=mesh, prefetch="auto")
+            self.step_of = plan.training
+        else:
+            self.step_of = _step(spec)
+            kwargs: dict[str, Any] = {}
+            if spec.precision == "bf16":
+                kwargs["mp_policy"] = self.step_of.precision.fsdp_policy()
+            checkpointing = None if spec.checkpointing == "none" else spec.checkpointing
+            apply_fully_shard(self.model, plan, mesh=mesh, checkpointing=checkpointing, **kwargs)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.x, self.y = batch
+        self.loss = float("nan")
+
+    def step(self, between: Any = None) -> None:
+        """One optimizer step over the step's micro-batches (each the captured batch);
+        ``between()`` runs before each micro-batch but the first."""
+        from execwrap import accumulate_gradients
+
+        s = self.step_of
+        n = s.micro_batches
+        self.opt.zero_grad(set_to_none=True)
+        batches = [self.x] * n
+        for k, x in enumerate(
+            accumulate_gradients(
+                self.model,
+                batches,
+                sync=s.gradient_sync,
+                reshard_after_backward=s.reshard_after_backward,
+            )
+        ):
+            if k and between is not None:
+                between()
+            loss = _loss(self.spec, self.model(x), self.y) / n
+            loss.backward()
+        self.opt.step()
+        self.loss = float(loss.detach()) * n
+
+
+def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
+    """Peak bytes of one optimizer step under FSDPMemTracker (torch's generic
+    MemTracker for a plan with a group of several modules, which FSDPMemTracker breaks);
+    the trackers' module statistics are reset before each micro-batch but the first
+    (they refuse a module's second forward otherwise), their peak over all tensors is
+    kept across the reset."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    gc.collect()
+    dist.barrier()
+    if grouped:
+        tracker: Any = MemTracker()
+        tracker.track_external(trainer.model, trainer.opt, trainer.x)
+    else:
+        tracker = FSDPMemTracker(trainer.model, trainer.opt)
+        tracker.track_inputs((trainer.x,))
+    with tracker:  # the trackers refuse a second forward of a module unless reset
+        trainer.step(between=tracker.reset_mod_stats)
+    peak = tracker.get_tracker_snapshot("peak")
+    return max(int(v.get("Total", 0)) for v in peak.values())
+
+
+def _time_interleaved(trainers: dict[str, _Trainer], job: dict[str, Any]) -> dict[str, list[float]]:
+    """Seconds of each step's timed optimizer steps (see the module docstring)."""
+    names = list(trainers)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    device = torch.device("cpu")
+    for r in range(job["warmup"] + job["steps"]):
+        for n in random.Random(r).sample(names, len(names)):
+            trainers[n].step()  # untimed: the timed step follows one of its own plan
+            barrier(device)
+            start = time.perf_counter()
+            trainers[n].step()
+            if r >= job["warmup"]:
+                times[n].append(time.perf_counter() - start)
+    return times
+
+
+def _plans(
+    model_spec: ModelSpec, base: nn.Module, orders: dict[str, Any], cm: Any, world: int
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Each grid step's plan and prediction, and the auto plan's budget: between the
+    per-block plan with full checkpointing (fits) and without (does not)."""
+    from execwrap import ModuleWrapPolicy, TrainingStep, plan_wrap, simulate_step
+
+    policy = ModuleWrapPolicy({model_spec.block})
+    plans: dict[str, Any] = {}
+    predicted: dict[str, Any] = {}
+    for spec in grid():
+        if spec.auto:
+            continue
+        plan = plan_wrap(base, orders[spec.precision], policy)
+        plans[spec.name] = plan
+        predicted[spec.name] = simulate_step(plan, cm, world_size=world, training=_step(spec))
+    full = predicted[FALLBACK].peak_memory_bytes
+    none = predicted["fp32, none, 4 mb every"].peak_memory_bytes
+    budget = int(full + 0.4 * (none - full))
+    auto = plan_wrap(
+        base,
+        orders["fp32"],
+        policy,
+        bucket_numel="auto",
+        cost_model=cm,
+        world_size=world,
+        memory_budget=budget,
+        training=TrainingStep(micro_batches=4),
+    )
+    plans[AUTO], predicted[AUTO] = auto, auto.estimate
+    return plans, predicted, budget
+
+
+def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str, Any] | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model_spec = MODELS[name]
+    size = job["sizes"][name]
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x, y = model_spec.inputs(size, gen)
+    torch.manual_seed(0)
+    base = model_spec.build(size)
+    for _ in range(2):  # warm-up of the unsharded model before its orders are timed
+        _loss(model_spec, base(x), y).backward()
+        base.zero_grad(set_to_none=True)
+    orders = {p: _order(model_spec, base, x, y, p == "bf16") for p in ("fp32", "bf16")}
+    plans, predicted, budget = _plans(model_spec, base, orders, cm, world)
+    del base
+    specs = grid()
+    trainers = {s.name: _Trainer(model_spec, size, plans[s.name], s, (x, y), mesh) for s in specs}
+    times = _time_interleaved(trainers, job)
+    peaks = {
+        n: _tracked_peak(t, any(len(u.module_fqns) > 1 for u in plans[n].units))
+        for n, t in trainers.items()
+    }
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"times": times, "peaks": peaks})
+    if rank != 0:
+        return None
+    rows = []
+    for s in specs:
+        steps = range(job["steps"])
+        slowest = [max(g["times"][s.name][i] for g in gathered) for i in steps]
+        est = predicted[s.name]
+        plan = plans[s.name]
+        rows.append(
+            {
+                "name": s.name,
+                "predicted_s": float(est.step_time_s),
+                "measured_s": median(slowest),
+                "steps_s": slowest,
+                "predicted_peak": int(est.peak_memory_bytes),
+                "measured_peak": max(g["peaks"][s.name] for g in gathered),
+                "loss": trainers[s.name].loss,
+                "label": plan.search.best.label if plan.search is not None else "",
+                "step": plan.training.describe() if s.auto and plan.training else "",
+            }
+        )
+    return {"rows": rows, "budget": budget}
+
+
+def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
+    from execwrap.cost import CostModel
+
+    t0 = time.perf_counter()
+    cm = CostModel.calibrate(device=device, max_bytes=4 * 2**20 if job["quick"] else None)
+    result: dict[str, Any] = {
+        "cost_model": cm.to_dict(),
+        "calibrate_s": time.perf_counter() - t0,
+        "models": {},
+    }
+    for name in job["models"]:
+        result["models"][name] = _bench_model(name, job, cm, mesh)
+    return result
+
+
+def _entry(rank: int, world: int, tmpdir: str, job: dict[str, Any]) -> None:
+    rank_main(rank, world, tmpdir, job, _body)
+
+
+def spawn(job: dict[str, Any], world: int) -> dict[str, Any]:
+    """Run ``job`` on ``world`` fresh rank processes; return rank 0's result.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback is in the message).
+    """
+    from benchmarks._training_step_ranks import _entry as entry  # importable by name
+
+    return spawn_ranks(entry, job, world, name="training_step")[0]
