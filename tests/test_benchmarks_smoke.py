@@ -34,6 +34,7 @@ CASES = [
     ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
     ("autoplan", ["-m", "benchmarks.autoplan"], True),
     ("published", ["-m", "benchmarks.published"], True),
+    ("architectures", ["-m", "benchmarks.architectures"], True),
     ("joint_plan", ["-m", "benchmarks.joint_plan"], True),
     # 2 spawned ranks over 38 training steps: minutes, so kept out of the default run
     pytest.param(

@@ -16,7 +16,9 @@ does, step by step:
    :func:`~tracing.runtime.shadow.record_zero_cost`, the recording run on
    fake tensors: no compute, no weight copy.
 3. **real runtime**: :func:`~tracing.runtime.record_execution_order`, one
-   real forward/backward, when step 2 cannot decide (a value-dependent op).
+   real forward/backward, when step 2 cannot decide (a value-dependent op);
+   never for a model built under fake tensors (its parameters are
+   ``FakeTensor`` s: step 2's error is raised).
 
 Every step that was tried and skipped adds one line to ``fallback_reason``
 (module FQN and class, the cause, what would help); one INFO line is logged
@@ -28,9 +30,11 @@ real with its original FQNs, or refused without example inputs.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from tracing.config import TracingConfig
 from tracing.errors import TracingError
@@ -38,6 +42,7 @@ from tracing.fqn import module_phrase
 from tracing.order import ExecutionOrder
 from tracing.order_diff import first_difference
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
+from tracing.rates import ComputeRates
 from tracing.runtime import record_execution_order
 from tracing.runtime.shadow import record_zero_cost
 from tracing.symbolic import trace_execution_order
@@ -83,12 +88,18 @@ def run_ladder(
     has_inputs: bool,
     backward: bool,
     check: bool,
+    timing: ComputeRates | None = None,
 ) -> ExecutionOrder:
     """Capture ``model``'s order by the first step of the ladder that works.
 
     Args and raises: as :func:`tracing.capture.capture_execution_order`.
     """
     check_no_lazy_modules(model)
+    if timing is not None and not has_inputs:
+        raise ValueError(
+            "capture_execution_order: timing needs example_inputs (the times are estimated "
+            "op by op on a recorded run; a symbolic trace has none)"
+        )
     if config is not None and not isinstance(config, TracingConfig):
         raise TypeError(
             f"capture_execution_order: tracing_config must be a TracingConfig or None, "
@@ -97,12 +108,13 @@ def run_ladder(
     wrapped = distributed_wrapper(model)
     if wrapped is not None:
         return _wrapped(model, wrapped, args, kwargs, has_inputs=has_inputs, backward=backward)
+    step = _Steps(model, args, kwargs, backward, timing)
     reasons: list[str] = []
     if config is not None:
         symbolic, failed = _symbolic(model, config, args, kwargs, has_inputs=has_inputs)
         if symbolic is not None:
-            if has_inputs and check:
-                return _checked(symbolic, model, args, kwargs, backward=backward)
+            if has_inputs and (check or timing is not None):
+                return _checked(symbolic, step)
             return symbolic
         assert failed is not None
         if not has_inputs:
@@ -115,12 +127,20 @@ def run_ladder(
             "(and example_kwargs) to capture at run time, or a TracingConfig for a "
             "symbolically traceable model."
         )
-    zero, zero_failed = _zero_cost(model, args, kwargs, backward=backward)
+    zero, zero_failed = step.zero_cost()
     if zero is not None:
         return _with_reasons(zero, reasons)
     assert zero_failed is not None
+    if _fake_parameters(model):
+        raise zero_failed
     reasons.append(_line("zero-cost runtime capture", zero_failed) + "; the real model was run")
-    return _with_reasons(record_execution_order(model, *args, backward=backward, **kwargs), reasons)
+    return _with_reasons(step.real(), reasons)
+
+
+def _fake_parameters(model: nn.Module) -> bool:
+    """Whether ``model`` was built under fake tensors: it has no real step to run (one
+    would be a fake run without the shadow's known values and shape rules)."""
+    return any(isinstance(p, FakeTensor) for p in model.parameters())
 
 
 def _with_reasons(order: ExecutionOrder, reasons: list[str]) -> ExecutionOrder:
@@ -153,37 +173,52 @@ def _symbolic(
         )
 
 
-def _zero_cost(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, backward: bool
-) -> tuple[ExecutionOrder | None, TracingError | None]:
-    try:
-        return record_zero_cost(model, *args, backward=backward, **kwargs), None
-    except TracingError as e:
-        return None, e
+@dataclass
+class _Steps:
+    """The runtime steps of the ladder for one call: zero-cost, then real."""
+
+    model: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    backward: bool
+    timing: ComputeRates | None
+
+    def zero_cost(self) -> tuple[ExecutionOrder | None, TracingError | None]:
+        try:
+            order = record_zero_cost(
+                self.model, *self.args, backward=self.backward, timing=self.timing, **self.kwargs
+            )
+        except TracingError as e:
+            return None, e
+        return order, None
+
+    def real(self) -> ExecutionOrder:
+        timing = self.timing if self.timing is not None else False
+        return record_execution_order(
+            self.model, *self.args, backward=self.backward, timing=timing, **self.kwargs
+        )
 
 
-def _checked(
-    symbolic: ExecutionOrder,
-    model: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    backward: bool,
-) -> ExecutionOrder:
+def _checked(symbolic: ExecutionOrder, step: _Steps) -> ExecutionOrder:
     """The symbolic order if a runtime recording of the same call agrees, else the recording.
 
     The recording is zero-cost when the fake run works, else one real
     forward/backward (whose errors, e.g. inputs of the wrong shape, propagate).
+    With ``timing``, the recording (which has the times) is returned when they agree.
     """
-    runtime, failed = _zero_cost(model, args, kwargs, backward=backward)
+    runtime, failed = step.zero_cost()
     reasons = []
     if runtime is None:
         assert failed is not None
         reasons.append(_line("zero-cost runtime capture", failed) + "; the real model was run")
         logger.info("checking the symbolic order with a real run: %s", reasons[0])
-        runtime = record_execution_order(model, *args, backward=backward, **kwargs)
+        runtime = step.real()
     where = first_difference(symbolic, runtime, a_name="the trace", b_name="the run")
     if where is None:
+        if step.timing is not None:
+            runtime.fallback_reason = "; ".join(reasons) or None
+            runtime.warnings.extend(symbolic.warnings)
+            return runtime
         return symbolic
     reasons.insert(
         0,
@@ -193,7 +228,7 @@ def _checked(
     )
     runtime.fallback_reason = "; ".join(reasons)
     runtime.warnings.extend(symbolic.warnings)
-    logger.warning("%s: %s", type(model).__name__, runtime.fallback_reason)
+    logger.warning("%s: %s", type(step.model).__name__, runtime.fallback_reason)
     return runtime
 
 

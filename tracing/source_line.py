@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["source_line"]
+__all__ = ["source_line", "stack_source_line"]
 
 _SKIP_ROOTS = tuple(
     str(Path(p).resolve()) + os.sep
@@ -62,6 +62,28 @@ def source_line(error: BaseException, *, width: int = 80) -> str | None:
             if not resolved.startswith(_SKIP_ROOTS):
                 found = (resolved, tb.tb_lineno)
         tb = tb.tb_next
+    return _describe(found, width)
+
+
+def stack_source_line(*, width: int = 80) -> str | None:
+    """:func:`source_line` for the code running now: the innermost model frame of the stack.
+
+    Returns:
+        The location (``"pkg/module.py:292 (`if mask is None:`)"``), or ``None``
+        when every frame is skipped.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<"):
+            resolved = str(Path(filename).resolve())
+            if not resolved.startswith(_SKIP_ROOTS):
+                return _describe((resolved, frame.f_lineno), width)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _describe(found: tuple[str, int] | None, width: int) -> str | None:
     if found is None:
         return None
     filename, lineno = found

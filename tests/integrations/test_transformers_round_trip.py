@@ -1,7 +1,7 @@
 """Round trip of transformers' own FSDP plans: loaded into execwrap, exported back, the same dict.
 
 For each model class of transformers' auto mappings, built from a tiny config made
-generically from its config class (:mod:`tests.integrations._tiny_configs`) on the
+generically from its config class (:mod:`benchmarks._tiny_configs`) on the
 meta device: ``to_fsdp_plan(load_fsdp_plan(model), model)`` is the model's own
 ``fsdp_plan`` (``_fsdp_plan`` + ``base_model_fsdp_plan`` and its children's), less
 what transformers itself discards when it resolves the plan (rules that name no
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.integrations._tiny_configs import ModelEntry, build_meta, model_entries
+from benchmarks._tiny_configs import ModelEntry, build_meta, model_entries
 
 pytest.importorskip("transformers")
 

@@ -122,7 +122,8 @@ def _value_branch() -> nn.Module:
             self.fc = nn.Linear(4, 4)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(x) if x.sum() > 0 else x
+            h = self.fc(x)
+            return h if h.sum() * 0 == 0 else x  # an activation's value: decided by a run only
 
     return ValueBranch()
 

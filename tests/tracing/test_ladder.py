@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from tests.cases._checks import snapshot
 from tracing import TracingConfig, capture_execution_order, record_execution_order
+from tracing.rates import ComputeRates
 
 
 class IsInstanceBranch(nn.Module):
@@ -64,13 +65,14 @@ def test_check_off_keeps_the_trace() -> None:
     assert order.module_forward_order == ["", "other_path", "head"]
 
 
-class ScaledByBuffer(nn.Module):
-    """Reads a buffer's value with ``.item()``: fx sees the real buffer, a fake run cannot."""
+class ScaledByWeight(nn.Module):
+    """Reads a parameter's value with ``.item()``: fx records the call, a fake run cannot
+    decide it (a weight's value is never known to it; a buffer's would be)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(4, 4)
-        self.register_buffer("scale", torch.tensor(2.0))
+        self.scale = nn.Parameter(torch.tensor(2.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x) * self.scale.item()
@@ -81,13 +83,13 @@ def test_check_falls_back_to_a_real_run_when_the_fake_run_cannot_decide(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="tracing"):
         order = capture_execution_order(
-            ScaledByBuffer(), TracingConfig(), example_inputs=torch.randn(2, 4)
+            ScaledByWeight(), TracingConfig(), example_inputs=torch.randn(2, 4)
         )
     assert (order.capture_step, order.fallback_reason) == ("symbolic", None)
-    line = _line(ScaledByBuffer.forward, "self.scale.item()")
+    line = _line(ScaledByWeight.forward, "self.scale.item()")
     assert [r.getMessage() for r in caplog.records] == [
         "checking the symbolic order with a real run: zero-cost runtime capture failed in the "
-        "root module <root> (ScaledByBuffer): DataDependentOutputException: "
+        "root module <root> (ScaledByWeight): DataDependentOutputException: "
         f"aten._local_scalar_dense.default at tests/tracing/test_ladder.py:{line} "
         "(`return self.fc(x) * self.scale.item()`): the op's result depends on tensor values, "
         "which fake tensors do not have; the real model was run"
@@ -95,7 +97,7 @@ def test_check_falls_back_to_a_real_run_when_the_fake_run_cannot_decide(
 
 
 class ValueRouter(nn.Module):
-    """A branch on a tensor value: neither a trace nor a fake run can decide it."""
+    """A branch on an activation's value: neither a trace nor a fake run can decide it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,19 +105,20 @@ class ValueRouter(nn.Module):
         self.down = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.sum() > 0:
-            return self.up(x)
-        return self.down(x)
+        h = self.up(x)
+        if h.sum() * 0 == 0:
+            return self.down(h)
+        return h
 
 
 def test_each_skipped_step_gives_its_reason() -> None:
     model = ValueRouter()
     x = torch.ones(2, 4)
     order = capture_execution_order(model, TracingConfig(), example_inputs=x)
-    line = _line(ValueRouter.forward, "if x.sum() > 0:")
-    at = f"at tests/tracing/test_ladder.py:{line} (`if x.sum() > 0:`)"
+    line = _line(ValueRouter.forward, "if h.sum() * 0 == 0:")
+    at = f"at tests/tracing/test_ladder.py:{line} (`if h.sum() * 0 == 0:`)"
     assert order.capture_step == "runtime"
-    assert order.module_forward_order == ["", "up"]
+    assert order.module_forward_order == ["", "up", "down"]
     assert order.fallback_reason == (
         "symbolic tracing failed in the root module <root> (ValueRouter): TraceError: "
         f"symbolically traced variables cannot be used as inputs to control flow {at}: a "
@@ -177,3 +180,26 @@ def test_config_of_the_wrong_type() -> None:
         TypeError, match="tracing_config must be a TracingConfig or None, got Tracer"
     ):
         capture_execution_order(ShapeBranch(), torch.fx.Tracer())  # type: ignore[arg-type]
+
+
+RATES = ComputeRates("cuda", flops_per_s=1e12, memory_bytes_per_s=1e12)
+
+
+@pytest.mark.parametrize("config", [None, TracingConfig()])
+def test_timing_gives_the_timed_runtime_recording(config: TracingConfig | None) -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    x = torch.randn(4, 8, device="meta")
+    order = capture_execution_order(model, config, example_inputs=x, timing=RATES)
+    # a symbolic trace that agrees with the run is replaced by the run, which has the times
+    assert (order.capture_step, order.fallback_reason) == ("zero-cost runtime", None)
+    assert (order.timing_method, len(order.forward_times_s)) == ("estimated", 3)
+
+
+def test_timing_needs_inputs() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^capture_execution_order: timing needs example_inputs \(the times are estimated "
+        r"op by op on a recorded run; a symbolic trace has none\)$",
+    ):
+        capture_execution_order(nn.Linear(2, 2), TracingConfig(), timing=RATES)

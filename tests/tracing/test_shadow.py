@@ -135,7 +135,7 @@ class Gate(nn.Module):
         self.up = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.sum() > 0:
+        if self.up(x).sum() > 0:  # computed from a weight: unknown
             return self.up(x)
         return x
 
@@ -149,11 +149,12 @@ def test_value_dependent_branch_names_module_op_and_line() -> None:
     e = info.value
     assert (e.module_fqn, e.module_class) == ("gate", "Gate")
     lines, first = inspect.getsourcelines(Gate.forward)
-    line = first + next(i for i, text in enumerate(lines) if "if x.sum() > 0:" in text)
+    line = first + next(i for i, text in enumerate(lines) if "if self.up(x).sum() > 0:" in text)
     assert str(e) == (
         "zero-cost runtime capture (fake tensors) failed in module 'gate' (Gate): "
         f"DataDependentOutputException: aten._local_scalar_dense.default at "
-        f"tests/tracing/test_shadow.py:{line} (`if x.sum() > 0:`): the op's result depends on "
+        f"tests/tracing/test_shadow.py:{line} (`if self.up(x).sum() > 0:  # computed from a weight: "
+        "unknown`): the op's result depends on "
         "tensor values, which fake tensors do not have."
     )
 

@@ -38,6 +38,7 @@ rule instead (see :data:`SHAPE_RULES`).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -60,6 +61,8 @@ from tracing.fqn import module_phrase
 from tracing.model_state import MODULE_INTERNALS, ModuleSnapshot, RngState
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper, wrapped_error
+from tracing.rates import ComputeRates
+from tracing.runtime.known_values import KnownValues
 from tracing.runtime.precision import cast_inputs, cast_parameters, check_compute_dtype
 from tracing.runtime.record import record_step
 from tracing.runtime.recorder import RuntimeRecorder
@@ -106,15 +109,24 @@ SHAPE_RULES: dict[Any, Callable[..., torch.Tensor]] = {
 
 
 class ShadowMode(FakeTensorMode):
-    """``FakeTensorMode`` that accepts real tensors and applies :data:`SHAPE_RULES`.
+    """``FakeTensorMode`` that accepts real tensors, applies :data:`SHAPE_RULES` and
+    keeps the values fixed by the config and the inputs' shapes.
 
     Real tensors met during the run (a tensor held in a plain attribute, an
     input inside a container the shadow did not convert) are converted on the
     fly (``allow_non_fake_inputs=True``), again without copying values.
+    Values that depend on no weight and no activation (masks, position ids, a
+    seeded random draw) are computed on CPU beside the fake run
+    (:class:`~tracing.runtime.known_values.KnownValues`, :attr:`known`), so that
+    ``.item()``, ``nonzero`` and boolean-mask indexing on them run.
+
+    Attributes:
+        known: the run's :class:`~tracing.runtime.known_values.KnownValues`.
     """
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
+        self.known = KnownValues()
 
     def __torch_dispatch__(
         self,
@@ -127,14 +139,18 @@ class ShadowMode(FakeTensorMode):
         if rule is not None:
             with self:
                 return rule(*args, **kwargs)
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        fake_call = functools.partial(super().__torch_dispatch__, func, types, args, kwargs)
+        return self.known.dispatch(self, func, args, dict(kwargs), fake_call)
 
 
 @contextmanager
-def _fake_stand_ins(model: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
+def _fake_stand_ins(model: nn.Module, mode: ShadowMode) -> Iterator[None]:
     """Swap every parameter and buffer of ``model`` for its fake tensor, for the block.
 
-    ``from_tensor`` is memoised per real tensor, so tied weights stay tied.
+    ``from_tensor`` is memoised per real tensor, so tied weights stay tied. The
+    values of real buffers and plain tensor attributes are known to the run
+    (:attr:`ShadowMode.known`); parameters' never are. Each module gets an
+    ``_apply`` stand-in (:func:`_fake_apply`) for ``.to()`` called inside ``forward``.
     """
     snapshot = ModuleSnapshot(model)
     try:
@@ -143,14 +159,43 @@ def _fake_stand_ins(model: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
                 for name, t in slot.items():
                     if t is not None:
                         slot[name] = mode.from_tensor(t)  # type: ignore[assignment]
+                        if slot is module._buffers:
+                            mode.known.add(slot[name], t)  # type: ignore[arg-type]
             attrs = vars(module)
             for name in attrs.keys() - MODULE_INTERNALS:  # the module's own attributes only
                 value = attrs[name]
                 if _holds_tensors(value):  # a plain tensor attribute (or a list/dict of them)
                     attrs[name] = pytree.tree_map_only(torch.Tensor, mode.from_tensor, value)
+                    for real in pytree.tree_leaves(value):
+                        if isinstance(real, torch.Tensor):
+                            mode.known.add(mode.from_tensor(real), real)
+            attrs["_apply"] = functools.partial(_fake_apply, module)
         yield
     finally:
         snapshot.restore()
+
+
+def _fake_apply(module: nn.Module, fn: Callable[[torch.Tensor], Any], recurse: bool = True) -> Any:
+    """``module._apply`` during a fake run: a conversion that changes nothing is a no-op.
+
+    ``self.classifier = self.classifier.to(self.dtype)`` inside ``forward``
+    (SwitchTransformers' router) converts nothing when the dtype is already
+    the parameter's, and then keeps the same parameters, as it does for real
+    tensors. torch's ``Module._apply`` instead always swaps a fake parameter
+    for a new one (``torch.utils.swap_tensors``), which fails for a tensor the
+    fake mode keeps a weak reference to. A conversion that does change a
+    tensor runs torch's ``_apply``.
+    """
+    modules = module.modules() if recurse else (module,)
+    with torch.no_grad():
+        unchanged = all(
+            fn(t) is t
+            for m in modules
+            for slot in (m._parameters, m._buffers)
+            for t in slot.values()
+            if t is not None
+        )
+    return module if unchanged else type(module)._apply(module, fn, recurse)
 
 
 def _holds_tensors(value: Any) -> bool:
@@ -184,6 +229,7 @@ def record_zero_cost(
     backward: bool = True,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     param_dtype: torch.dtype | None = None,
+    timing: ComputeRates | None = None,
     **kwargs: Any,
 ) -> ExecutionOrder:
     """Record the execution order on a fake shadow of ``model``: no compute, no weight copy.
@@ -198,17 +244,23 @@ def record_zero_cost(
     Args:
         model: the model, materialised or on the meta device; not wrapped by
             FSDP/DDP.
-        *args: positional example inputs (real tensors; only their shapes,
-            dtypes and devices are used).
+        *args: positional example inputs (real or meta tensors; their shapes,
+            dtypes and devices are used, and the values of small real ones
+            where a value decides what runs, see :class:`ShadowMode`).
         backward: also run one backward of the (fake) loss.
         loss_fn: maps the output to a scalar loss; default: the sum of every
             floating-point output tensor.
         param_dtype: run on parameters and inputs cast to it (:mod:`tracing.runtime.precision`).
+        timing: compute rates (``CostModel.preset(...).compute``) to estimate
+            each call's time and saved bytes with, op by op
+            (:class:`~tracing.runtime.estimate.RooflineMode`), as
+            ``record_execution_order(..., timing=rates)`` does; ``None``: no timing.
         **kwargs: keyword example inputs.
 
     Returns:
         An :class:`ExecutionOrder` with ``method == "runtime"`` and
-        ``zero_cost == True``.
+        ``zero_cost == True``; ``warnings`` says where a seeded random draw
+        decided control flow (a layer drop), if one did.
 
     Raises:
         TracingError: the fake run failed (a data-dependent op such as
@@ -225,25 +277,15 @@ def record_zero_cost(
         >>> order.module_forward_order, order.zero_cost
         (['', '0', '1'], True)
     """
-    check_no_lazy_modules(model)
-    param_dtype = check_compute_dtype(param_dtype, "record_zero_cost")
-    wrapped = distributed_wrapper(model)
-    if wrapped is not None:
-        raise wrapped_error(
-            wrapped,
-            lambda where, label: (
-                f"zero-cost runtime capture cannot run {where}: it is wrapped by {label}, "
-                "whose forward runs collectives on real shards. Capture before wrapping, or "
-                "record a real step with RuntimeRecorder(model)."
-            ),
-        )
+    param_dtype = _check_runnable(model, param_dtype, timing)
     mode = ShadowMode()
     rng = RngState()
     recorder: RuntimeRecorder | None = None
     try:
         with _quiet_fake_kernel_errors(), _fake_stand_ins(model, mode):
             fake_args, fake_kwargs = fake_inputs(mode, (args, kwargs))
-            recorder = RuntimeRecorder(model)
+            _know_inputs(mode, (args, kwargs))
+            recorder = RuntimeRecorder(model, timing if timing is not None else False)
             with mode, cast_parameters(model, param_dtype):
                 fake_args, fake_kwargs = cast_inputs((fake_args, fake_kwargs), param_dtype)
                 record_step(recorder, model, fake_args, fake_kwargs, backward, loss_fn, param_dtype)
@@ -254,7 +296,39 @@ def record_zero_cost(
         rng.restore()
     order = recorder.order
     order.zero_cost = True
+    order.warnings.extend(mode.known.notes)
     return order
+
+
+def _check_runnable(
+    model: nn.Module, param_dtype: torch.dtype | None, timing: ComputeRates | None
+) -> torch.dtype | None:
+    """``record_zero_cost``'s checks of its arguments; the checked ``param_dtype``."""
+    check_no_lazy_modules(model)
+    param_dtype = check_compute_dtype(param_dtype, "record_zero_cost")
+    if timing is not None and not isinstance(timing, ComputeRates):
+        raise TypeError(
+            "record_zero_cost: timing must be a tracing.rates.ComputeRates (e.g. "
+            f"CostModel.preset(...).compute) or None, got {type(timing).__name__}"
+        )
+    wrapped = distributed_wrapper(model)
+    if wrapped is not None:
+        raise wrapped_error(
+            wrapped,
+            lambda where, label: (
+                f"zero-cost runtime capture cannot run {where}: it is wrapped by {label}, "
+                "whose forward runs collectives on real shards. Capture before wrapping, or "
+                "record a real step with RuntimeRecorder(model)."
+            ),
+        )
+    return param_dtype
+
+
+def _know_inputs(mode: ShadowMode, inputs: Any) -> None:
+    """The values of the example inputs (real tensors in lists, tuples and dicts) are known."""
+    for real in pytree.tree_leaves(inputs):
+        if isinstance(real, torch.Tensor):
+            mode.known.add(mode.from_tensor(real), real)
 
 
 class _DropFakeKernelErrors(logging.Filter):
