@@ -12,15 +12,18 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from execwrap.cli.calibrate_args import CalibrateOptions
 from execwrap.cli.errors import EXIT_OK, CLIError
+from execwrap.cli.owned_files import check_replaceable_file
 from execwrap.cli.progress import ProgressHandler
 from execwrap.cli.text import print_table
 from execwrap.cost import CostModel
+from execwrap.cost.model import COST_MODEL_KIND
 from execwrap.util.formatting import format_bytes
 
 __all__ = ["run_calibrate", "summary_rows"]
@@ -34,6 +37,10 @@ def run_calibrate(options: CalibrateOptions) -> int:
     """
     if options.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: CUDA is not available here; use --device cpu (gloo)")
+    check_replaceable_file(  # before a minute of measuring, on every rank
+        Path(options.out), lambda d: isinstance(d, dict) and d.get("kind") == COST_MODEL_KIND,
+        "a cost model",
+    )  # fmt: skip
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     cuda = options.device == "cuda" or (options.device is None and torch.cuda.is_available())

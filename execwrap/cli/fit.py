@@ -18,10 +18,11 @@ from pathlib import Path
 
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.fit_args import FitOptions
+from execwrap.cli.owned_files import write_owned_files
 from execwrap.cli.text import echo, print_table
-from execwrap.plan.pinned import load_plan, save_plan
+from execwrap.plan.pinned import load_plan, plan_json
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.sizing.page import write_fit_page
+from execwrap.sizing.page import render_fit_page
 from execwrap.sizing.recipes import RECIPE_FRAMEWORKS, recipe
 from execwrap.sizing.result import FitResult
 from execwrap.sizing.summary import memory_rows, summary_rows
@@ -99,16 +100,13 @@ def _given_plan(path: Path | None) -> WrapPlan | None:
 
 
 def _write(result: FitResult, out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if result.plan is not None:
-            save_plan(result.plan, out / "plan.json")
-            for name in RECIPE_FRAMEWORKS:
-                text = recipe(result, name, plan_path=str(out / "plan.json"))
-                (out / f"recipe_{name}.py").write_text(text, encoding="utf-8")
-        (out / "fit.json").write_text(
-            json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8"
-        )
-        write_fit_page(result, out / "fit.html")
-    except OSError as exc:
-        raise CLIError(f"--out {str(out)!r}: cannot write: {exc}") from exc
+    """The plan, the recipes, the answer and its page in ``out``; a file there that
+    execwrap did not write is never replaced (:mod:`execwrap.cli.owned_files`)."""
+    files: dict[str, str] = {}
+    if result.plan is not None:
+        files["plan.json"] = plan_json(result.plan)
+        for name in RECIPE_FRAMEWORKS:
+            files[f"recipe_{name}.py"] = recipe(result, name, plan_path=str(out / "plan.json"))
+    files["fit.json"] = json.dumps(result.to_dict(), indent=2) + "\n"
+    files["fit.html"] = render_fit_page(result)
+    write_owned_files(out, files)

@@ -79,8 +79,8 @@ def add_fit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--cluster",
         default="h100-nvlink-8",
         metavar="PRESET|FILE",
-        help="a preset (h100-nvlink-8, h100-ib-400g, a100-nvlink-8) or a cost "
-        "model file from execwrap calibrate (default: h100-nvlink-8)",
+        help="a preset such as h100-nvlink-8 or h100-ib-400g (an unknown name lists them "
+        "all) or a cost model file from execwrap calibrate (default: h100-nvlink-8)",
     )
     fit.add_argument(
         "--nodes",

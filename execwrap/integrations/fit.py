@@ -98,8 +98,17 @@ def fit_target(model: Any) -> SizingModel:
         factory = getattr(importlib.import_module(module_name), attr)
         return _built(factory, {"kind": "factory", "factory": model})
     if isinstance(model, (str, os.PathLike)) or _is_config(model):
-        from execwrap.integrations.transformers.fit_source import transformers_target
-
+        try:
+            from execwrap.integrations.transformers.fit_source import transformers_target
+        except ModuleNotFoundError as e:
+            if e.name != "transformers":
+                raise
+            raise ImportError(
+                f"fit: {str(model)!r} is read as a transformers model id or config.json, and "
+                "building a model from it needs transformers, which is not installed: "
+                "pip install 'transformers>=5.0' (or pip install -e '.[integrations]'); "
+                "or pass a factory 'module:function' that returns your nn.Module"
+            ) from None
         return transformers_target(model)
     if callable(model):
         name = getattr(model, "__qualname__", "factory")

@@ -34,6 +34,7 @@ from tracing.order import ExecutionOrder, param_infos
 from tracing.order_fields import parse_json
 
 __all__ = [
+    "plan_json",
     "is_pinned_dict",
     "plan_from_pinned_dict",
     "PINNED_KIND",
@@ -64,6 +65,17 @@ def plan_path(path: str | os.PathLike[str]) -> Path:
     return path if path.suffix == ".json" else path / PLAN_FILE
 
 
+def plan_json(plan: WrapPlan) -> str:
+    """The text :func:`save_plan` writes for ``plan``: its plan and order, as JSON."""
+    document = {
+        "kind": PINNED_KIND,
+        "version": PINNED_VERSION,
+        "plan": plan.to_dict(),
+        "order": plan.order.to_dict(),
+    }
+    return json.dumps(document, indent=1)
+
+
 def save_plan(plan: WrapPlan, path: str | os.PathLike[str]) -> Path:
     """Write ``plan`` and its order to ``path`` (a ``.json`` file, or a checkpoint
     folder: ``<folder>/plan.json``), atomically.
@@ -86,13 +98,7 @@ def save_plan(plan: WrapPlan, path: str | os.PathLike[str]) -> Path:
     if not isinstance(plan, WrapPlan):
         raise TypeError(f"save_plan: plan must be a WrapPlan, got {type(plan).__name__}")
     target = plan_path(path)
-    document = {
-        "kind": PINNED_KIND,
-        "version": PINNED_VERSION,
-        "plan": plan.to_dict(),
-        "order": plan.order.to_dict(),
-    }
-    atomic_write_text(target, json.dumps(document, indent=1))
+    atomic_write_text(target, plan_json(plan))
     logger.debug("save_plan: %d groups to %s", len(plan.units), target)
     return target
 

@@ -196,10 +196,13 @@ def _best_plan(
     """The fastest plan within ``budget`` (or the given plan, priced), and why none fits."""
     cm, world = cluster.cost_model, cluster.world_size
     if given is not None:
+        # the plan's groups, prefetch, resharding and step, priced for the asked step: its
+        # own order was captured at the size it was planned for, which may be another
+        given = copy.copy(given)  # the caller's plan stays as it was
+        given.order = order
         estimate = simulate_step(
             given, cm, world_size=world, optimizer=optimizer, training=given.training or step
         )
-        given = copy.copy(given)  # the caller's plan stays as it was
         given.estimate = estimate
         over = int(estimate.peak_memory_bytes) > budget
         return given, (

@@ -6,12 +6,13 @@ largest micro-batch is the joint planner's own answer (execwrap.largest_micro_ba
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
-from execwrap import Precision, TrainingStep, largest_micro_batch
+from execwrap import Precision, TrainingStep, largest_micro_batch, simulate_step
 from execwrap.demo_models import GPT
 from execwrap.sizing import (
     RECIPE_FRAMEWORKS,
@@ -55,7 +56,7 @@ def test_clusters() -> None:
     [
         ("h100-nvlink-8", 2, r"cluster 'h100-nvlink-8' is one node of 8 GPUs \(NVLink\); for 2 nodes use an InfiniBand preset such as 'h100-ib-400g'"),
         ("h100-ib-400g", 1, r"cluster 'h100-ib-400g' describes two or more nodes over InfiniBand; pass --nodes 2"),
-        ("no-such-gpu", 1, r"cluster 'no-such-gpu' is neither a preset \(a100-nvlink-8, h100-ib-400g, h100-nvlink-8\) nor a cost model file"),
+        ("no-such-gpu", 1, r"cluster 'no-such-gpu' is neither a preset \(a100-ib-200g, a100-nvlink-8, b200-ib-400g, b200-ib-800g, h100-ib-400g, h100-nvlink-8, h100-roce-400g, h200-ib-400g\) nor a cost model file"),
         ("h100-nvlink-8", 0, r"nodes must be an int >= 1 \(nodes\), got 0"),
     ],
 )  # fmt: skip
@@ -176,3 +177,29 @@ def test_cli_fit_of_a_factory(capsys) -> None:
         860,
     )
     assert data["source"] == {"kind": "factory", "factory": "execwrap.demo_models:GPT"}
+
+
+def test_a_given_plan_is_priced_for_the_asked_step(
+    result: FitResult, model: torch.nn.Module
+) -> None:
+    """The plan made for micro-batch 4, given for micro-batch 1: its groups, prefetch,
+    resharding and step, priced on micro-batch 1's order, not on the order it was made
+    from."""
+    planned = result.plan
+    assert planned is not None and planned.estimate is not None
+    again = size_job(
+        module_target(model), sequence_length=SEQ, micro_batch=1, memory_budget=BUDGET,
+        plan=planned,
+    )  # fmt: skip
+    assert again.given_plan and again.plan is not None and again.plan.estimate is not None
+    assert again.plan.groups == planned.groups and planned.order is not again.plan.order
+    assert again.peak_memory_bytes < planned.estimate.peak_memory_bytes
+    assert again.tokens_per_s_per_gpu == 1 * SEQ / again.step_time_s
+    fresh = size_job(module_target(model), sequence_length=SEQ, micro_batch=1, memory_budget=BUDGET)
+    assert fresh.plan is not None
+    ordered = copy.copy(planned)
+    ordered.order = fresh.plan.order  # the same capture of micro-batch 1
+    cm = result.cluster.cost_model
+    expected = simulate_step(ordered, cm, world_size=8, training=planned.training)
+    assert again.peak_memory_bytes == expected.peak_memory_bytes
+    assert again.step_time_s == expected.step_time_s

@@ -61,7 +61,7 @@ def test_fit_answers_and_writes_the_files(out: tuple[Path, dict]) -> None:
     assert data["tokens_per_s_per_gpu"] == 2 * 16 / data["step_time_s"]
     names = sorted(p.name for p in folder.iterdir())
     assert names == [
-        "fit.html", "fit.json", "plan.json", "recipe_accelerate.py", "recipe_fsdp2.py",
+        ".execwrap-written.json", "fit.html", "fit.json", "plan.json", "recipe_accelerate.py", "recipe_fsdp2.py",
         "recipe_lightning.py", "recipe_torchtitan.py", "recipe_transformers.py",
     ]  # fmt: skip
     assert json.loads((folder / "fit.json").read_text()) == data
@@ -148,4 +148,19 @@ def test_missing_plan_file_and_bad_counts(capsys) -> None:
     )
     assert _error(["fit", "x/config.json", "--micro-batch", "0"], capsys) == (
         "execwrap: error: --micro-batch must be >= 1, got 0"
+    )
+
+
+def test_a_config_without_transformers_installed(capsys, monkeypatch) -> None:
+    """transformers missing (as after the README's first set-up): one line saying what to
+    install, exit 2."""
+    for name in list(sys.modules):
+        if name == "transformers" or name.startswith("execwrap.integrations.transformers"):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ModuleNotFoundError
+    assert _error(["fit", "x/config.json"], capsys) == (
+        "execwrap: error: fit: 'x/config.json' is read as a transformers model id or "
+        "config.json, and building a model from it needs transformers, which is not "
+        "installed: pip install 'transformers>=5.0' (or pip install -e '.[integrations]'); "
+        "or pass a factory 'module:function' that returns your nn.Module"
     )
