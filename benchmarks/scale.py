@@ -159,11 +159,13 @@ def measure_mesh(n_layers: int, ranks: int, repeats: int) -> dict[str, Any]:
     import torch
 
     from benchmarks._bench import peak_rss_bytes
-    from execwrap import CostModel, ModuleWrapPolicy, plan_wrap
+    from execwrap import CostModel, ModuleWrapPolicy, Precision, TrainingStep, plan_wrap
     from execwrap.demo_models import LlamaBlock
     from tracing import record_execution_order
 
     model = build_llama(n_layers)
+    # the step the order was captured for: bf16 parameters, fp32 gradient reduction
+    step = TrainingStep(precision=Precision(param_dtype="bfloat16", reduce_dtype="float32"))
     cm = CostModel.preset("h100-ib-400g", world_size=ranks)
     tokens = torch.zeros(1, 1024, dtype=torch.long, device="meta")
     order = record_execution_order(model, tokens, timing=cm.compute, param_dtype=torch.bfloat16)
@@ -179,6 +181,7 @@ def measure_mesh(n_layers: int, ranks: int, repeats: int) -> dict[str, Any]:
             cost_model=cm,
             memory_budget=MESH_BUDGET,
             mesh="auto",
+            training=step,
         )
 
     plan_s, chosen = _median_time(plan, repeats)
