@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from execwrap.report.html_page import NO_CHARTS_LINE, html_text
 from execwrap.report.ownership import GENERATOR_META
 from execwrap.sizing.recipes import recipe
 from execwrap.sizing.result import FitResult
 from execwrap.sizing.summary import memory_rows, summary_rows
+from tracing.atomic import atomic_write_text
 
 __all__ = ["render_fit_page", "write_fit_page"]
 
@@ -59,9 +61,8 @@ def render_fit_page(result: FitResult, *, plan_path: str = "plan.json") -> str:
 
 
 def write_fit_page(result: FitResult, path: str | os.PathLike[str]) -> None:
-    """Write :func:`render_fit_page` to ``path`` (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render_fit_page(result))
+    """Write :func:`render_fit_page` to ``path`` (UTF-8, atomically: temp file + rename)."""
+    atomic_write_text(Path(path), render_fit_page(result))
 
 
 def _memory(result: FitResult) -> list[str]:
