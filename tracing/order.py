@@ -168,6 +168,10 @@ class ExecutionOrder:
             forward ops ran, beyond the saved tensors (with timing;
             :mod:`tracing.runtime.op_record`); the root's includes the loss.
         backward_transient_bytes: the same for its backward ops.
+        forward_op_counts: per call, the aten ops its own forward dispatched (views
+            included; with timing, :mod:`tracing.runtime.op_record`): activation
+            checkpointing's host work is per op (selective checkpointing's dispatch
+            mode sees every op; full checkpointing packs each saved tensor).
         param_dtype: the dtype the floating-point parameters were cast to for the
             capture (``""``: as the model holds them), so activations are sized in it.
         training: schema 3: the ``training`` flag of the module whose calls the
@@ -213,6 +217,7 @@ class ExecutionOrder:
     forward_transient_bytes: list[int] = field(default_factory=list)
     backward_transient_bytes: list[int] = field(default_factory=list)
     param_dtype: str = ""
+    forward_op_counts: list[int] = field(default_factory=list)
     # ---- capture (schema version 2)
     zero_cost: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -448,6 +453,7 @@ def _timing_dict(order: ExecutionOrder) -> dict[str, Any]:
         "forward_transient_bytes": list(order.forward_transient_bytes),
         "backward_transient_bytes": list(order.backward_transient_bytes),
         "param_dtype": order.param_dtype,
+        "forward_op_counts": list(order.forward_op_counts),
     }
 
 

@@ -67,6 +67,7 @@ def check_consistency(fields: dict[str, Any], *, prefix: str = "") -> None:
         "input_activation_bytes",
         "forward_transient_bytes",
         "backward_transient_bytes",
+        "forward_op_counts",
     ):
         values = fields.get(name) or []
         if values and len(values) != calls:

@@ -200,6 +200,7 @@ ORDER_FIELDS = Record(
             list_of(integer(what="bytes")), required=False, default=[]
         ),
         "param_dtype": Field(_optional_dtype, required=False, default=""),
+        "forward_op_counts": Field(list_of(integer(what="ops")), required=False, default=[]),
         "module_call_depths": Field(list_of(integer(what="a depth")), required=False, default=[]),
         # schema 3: the mode the order was captured in (absent in older files: not recorded)
         "training": Field(optional(boolean()), required=False),
@@ -222,6 +223,7 @@ TIMING_FIELDS = (
     "forward_transient_bytes",
     "backward_transient_bytes",
     "param_dtype",
+    "forward_op_counts",
 )
 
 

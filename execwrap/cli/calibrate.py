@@ -128,6 +128,18 @@ def summary_rows(model: CostModel) -> list[tuple[str, str]]:
                 + " ms",
             )
         )
+    ac = model.checkpoint_overhead
+    if not ac.is_zero:
+        for mode in ("full", "selective"):
+            rows.append(
+                (
+                    f"{mode} checkpointing, forward / recompute",
+                    f"{getattr(ac, f'{mode}_forward_op_s') * 1e6:.1f} / "
+                    f"{getattr(ac, f'{mode}_recompute_op_s') * 1e6:.1f} us per op, "
+                    f"{getattr(ac, f'{mode}_forward_region_s') * 1e6:.0f} / "
+                    f"{getattr(ac, f'{mode}_recompute_region_s') * 1e6:.0f} us per region",
+                )
+            )
     return rows
 
 

@@ -12,11 +12,14 @@ Modules, one job each:
 * :mod:`~execwrap.cost.calibrate`: the measurement on the live process group, with
   :mod:`~execwrap.cost.sweep` (bare collectives and copies by size),
   :mod:`~execwrap.cost.fixed_costs` (FSDP2's costs inside a step), :mod:`~execwrap.cost.fit`
-  (the least-squares fits) and :mod:`~execwrap.cost.host` (steal time on virtual machines).
+  (the least-squares fits), :mod:`~execwrap.cost.host` (steal time on virtual machines)
+  and :mod:`~execwrap.cost.checkpoint_timing` (activation checkpointing's host work,
+  :class:`CheckpointOpCost` of :mod:`~execwrap.cost.checkpoint_overhead`).
 
 Importing this package loads no torch (the calibration imports it when it runs).
 """
 
+from execwrap.cost.checkpoint_overhead import CheckpointOpCost
 from execwrap.cost.curve import CollectiveCurve, CurveSegment
 from execwrap.cost.mesh import GroupCurves
 from execwrap.cost.model import CostModel
@@ -26,6 +29,7 @@ from tracing.rates import ComputeRates
 
 __all__ = [
     "PRESETS",
+    "CheckpointOpCost",
     "CollectiveCurve",
     "ComputeRates",
     "CostModel",

@@ -33,6 +33,10 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
 * the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
   ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
   size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
+* activation checkpointing's host work (:mod:`execwrap.cost.checkpoint_timing`):
+  regions of 2 and 16 layers of tiny ops, not checkpointed, fully and
+  selectively checkpointed (a cost per region call and per op, forward and
+  recomputation);
 * the device's memory (:func:`measure_device_memory`:
   the CUDA device's total, or the host's memory per rank on CPU);
 * on CPU, the wait at a collective for the slowest rank after compute
@@ -65,6 +69,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from execwrap.cost.checkpoint_timing import measure_checkpoint_overhead
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.fit import bandwidth_line
 from execwrap.cost.fixed_costs import (
@@ -171,6 +176,7 @@ def calibration_fields(
         "optimizer_param_overhead_s": m["optimizer_param_s"],
         "optimizer_curve": m["optimizer_curve"],
         "sync_jitter": m["jitter"],
+        "checkpoint_overhead": m["checkpoint_overhead"],
         "device_memory_bytes": measure_device_memory(dev, world),
         "mesh_groups": m["mesh_groups"],
         "source": _source(world, backend, dev, host, repeat, in_step.describe(), m["jitter"]),
@@ -208,7 +214,7 @@ def _measure(
     groups too), each phase logged with its progress, with the group's ranks on this
     machine as the own processes: the results by name, and the steal and other
     processes' time over them."""
-    phases = _Phases((6 if dev.type == "cpu" else 5) + (mesh is not None))
+    phases = _Phases((7 if dev.type == "cpu" else 6) + (mesh is not None))
     with own_processes(_local_pids(group)), StealMeter() as host:
         phases.next("the sweep of collectives and copies")
         ag, rs, copies = sweep(sizes, group, dev, repeat=repeat)
@@ -219,6 +225,8 @@ def _measure(
         rates = measure_compute_rates(dev, copy_bytes_per_s=copy_rate)
         phases.next("the optimizer step")
         optimizer_curve, optimizer_param_s = measure_optimizer(group, dev, repeat=repeat)
+        phases.next("activation checkpointing's host work")
+        checkpoint_overhead = measure_checkpoint_overhead(dev)
         phases.next("compute beside a collective (overlap)")
         overlap = _overlap(group, dev, repeat=repeat)
         copy_curve = CollectiveCurve.from_samples(sizes, copies)
@@ -245,6 +253,7 @@ def _measure(
         "rates": rates,
         "optimizer_curve": optimizer_curve,
         "optimizer_param_s": optimizer_param_s,
+        "checkpoint_overhead": checkpoint_overhead,
         "overlap": overlap,
         "copy_curve": copy_curve,
         "in_step": in_step,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from execwrap.cost.checkpoint_overhead import CheckpointOpCost
 from execwrap.cost.compatibility import incompatibility
 from execwrap.cost.curve import CollectiveCurve
 from execwrap.cost.host_link import HostLink
@@ -96,6 +97,10 @@ class CostModel:
             where collectives block the training thread
             (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
             ``0`` (presets, models saved before it): no wait.
+        checkpoint_overhead: the host work activation checkpointing adds per
+            checkpointed region and per op it dispatches
+            (:class:`~execwrap.cost.checkpoint_overhead.CheckpointOpCost`; measured by
+            calibration; presets and models saved before it: none).
         device_memory_bytes: memory of one rank's device, bytes (a preset's GPU, or
             measured: :mod:`execwrap.cost.device_memory`); ``None``: unknown.
         host: the GPU's link to its host and the CPU optimizer's rate, for CPU
@@ -137,6 +142,7 @@ class CostModel:
     copy_curve: CollectiveCurve | None = None
     optimizer_curve: CollectiveCurve | None = None
     sync_jitter: float = 0.0
+    checkpoint_overhead: CheckpointOpCost = field(default_factory=CheckpointOpCost)
     device_memory_bytes: int | None = None
     host: HostLink | None = None
     topology: Topology | None = None

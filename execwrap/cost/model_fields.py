@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from execwrap.cost.checkpoint_overhead import CheckpointOpCost
 from execwrap.cost.curve import CollectiveCurve, CurveSegment
 from execwrap.cost.host_link import HostLink
 from execwrap.cost.mesh import GroupCurves
@@ -154,6 +155,12 @@ _HOST = Record(
     }
 )
 
+#: :class:`~execwrap.cost.checkpoint_overhead.CheckpointOpCost`: seconds >= 0 each
+#: (absent: none, as in models saved before it was measured).
+_CHECKPOINT_OVERHEAD = Record(
+    {name: Field(number(0.0), required=False, default=0.0) for name in CheckpointOpCost().to_dict()}
+)
+
 _TOPOLOGY = Record(
     {
         "gpus_per_node": Field(integer(1, what="GPUs")),
@@ -202,6 +209,7 @@ COST_MODEL_FIELDS = Record(
         "optimizer_param_overhead_s": Field(number(0.0), required=False, default=0.0),
         "optimizer_curve": Field(optional(_curve()), required=False),
         "sync_jitter": Field(number(0.0), required=False, default=0.0),
+        "checkpoint_overhead": Field(optional(_CHECKPOINT_OVERHEAD), required=False),
         "device_memory_bytes": Field(optional(integer(1, what="bytes")), required=False),
         "host": Field(optional(_HOST), required=False),
         "topology": Field(optional(_TOPOLOGY), required=False),
@@ -240,6 +248,8 @@ def cost_model_dict(cm: Any) -> dict[str, Any]:
         "sync_jitter": cm.sync_jitter,
         "device_memory_bytes": cm.device_memory_bytes,
     }
+    if not cm.checkpoint_overhead.is_zero:
+        out["checkpoint_overhead"] = cm.checkpoint_overhead.to_dict()
     if cm.host is not None:
         out["host"] = cm.host.to_dict()
     if cm.topology is not None:
@@ -259,9 +269,13 @@ def cost_model_dict(cm: Any) -> dict[str, Any]:
 def cost_model_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     """:class:`execwrap.cost.CostModel`'s constructor arguments from the fields
     :data:`COST_MODEL_FIELDS` checked."""
-    nested = ("compute", "host", "topology", "mesh_groups", "mesh")
+    nested = ("compute", "host", "topology", "mesh_groups", "mesh", "checkpoint_overhead")
+    overhead = f["checkpoint_overhead"]
     return {
         **{k: f[k] for k in COST_MODEL_FIELDS.fields if k not in nested},
+        "checkpoint_overhead": CheckpointOpCost()
+        if overhead is None
+        else CheckpointOpCost(**overhead),
         "compute": ComputeRates(**f["compute"]),
         "host": None if f["host"] is None else HostLink(**f["host"]),
         "topology": None if f["topology"] is None else Topology(**f["topology"]),

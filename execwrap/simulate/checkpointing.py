@@ -25,6 +25,13 @@ backward. Per unit of a plan, from an order captured with estimated timing
   on the list (a CPU step recomputes it); an order captured for another
   device (``timing_device``) stands for the CUDA kernel, which is.
 
+Both modes add host work per op of a region (:attr:`CheckpointFacts.region_ops`,
+from :attr:`~tracing.ExecutionOrder.forward_op_counts`): selective checkpointing's
+dispatch modes see every op of the forward and of the recomputation, full
+checkpointing's saved-tensor hooks pack and unpack what the ops save. The cost
+model prices it (:attr:`~execwrap.cost.CostModel.checkpoint_overhead`), per op and
+per region call (:attr:`CheckpointFacts.regions`).
+
 Regions are the calls of the unit's own modules (``plan.units[i].module_fqns``);
 an op belongs to the region of the nearest enclosing such call.
 """
@@ -68,11 +75,16 @@ class CheckpointFacts:
         selective_bytes: ``input_bytes`` plus the outputs selective checkpointing keeps.
         selective_saved_s: forward seconds of the ops whose outputs selective
             checkpointing keeps (they do not run again).
+        region_ops: aten ops the unit's regions dispatch in one forward (empty: the
+            order did not count them).
+        regions: the unit's region calls in one forward.
     """
 
     input_bytes: tuple[int, ...]
     selective_bytes: tuple[int, ...]
     selective_saved_s: tuple[float, ...]
+    region_ops: tuple[int, ...] = ()
+    regions: tuple[int, ...] = ()
 
 
 def checkpoint_facts(plan: WrapPlan, calls: list[int]) -> CheckpointFacts | None:
@@ -94,9 +106,15 @@ def checkpoint_facts(plan: WrapPlan, calls: list[int]) -> CheckpointFacts | None
     n = len(plan.units)
     region = _regions(plan, calls)
     inputs = [0] * n
+    counted = len(order.forward_op_counts) == n_calls
+    ops = [0] * n
+    starts = [0] * n
     for c in range(n_calls):
         if region[c] == c:
             inputs[calls[c]] += int(order.input_activation_bytes[c])
+            starts[calls[c]] += 1
+        if counted and region[c] >= 0:
+            ops[calls[c]] += int(order.forward_op_counts[c])
     kept = list(inputs)
     saved_s = [0.0] * n
     counts: dict[int, int] = {}
@@ -112,7 +130,9 @@ def checkpoint_facts(plan: WrapPlan, calls: list[int]) -> CheckpointFacts | None
         u = calls[op.call_index]
         kept[u] += int(op.output_bytes)
         saved_s[u] += float(op.seconds)
-    return CheckpointFacts(tuple(inputs), tuple(kept), tuple(saved_s))
+    return CheckpointFacts(
+        tuple(inputs), tuple(kept), tuple(saved_s), tuple(ops) if counted else (), tuple(starts)
+    )
 
 
 def _regions(plan: WrapPlan, calls: list[int]) -> list[int]:

@@ -52,6 +52,8 @@ NO_COMPUTE_TIMES = (
 
 #: The fields of :class:`UnitCompute` that may be empty (not recorded).
 _OPTIONAL = (
+    "checkpoint_ops",
+    "checkpoint_regions",
     "checkpoint_bytes",
     "selective_bytes",
     "selective_saved_s",
@@ -62,6 +64,8 @@ _OPTIONAL = (
 )
 #: Of :data:`_OPTIONAL`, the fields that mean "all zero" when empty.
 _ZERO_WHEN_EMPTY = (
+    "checkpoint_ops",
+    "checkpoint_regions",
     "forward_transient_bytes",
     "backward_transient_bytes",
     "activation_tail_bytes",
@@ -91,6 +95,11 @@ class UnitCompute:
         selective_bytes: bytes selective (op-level) checkpointing keeps; empty: not known.
         selective_saved_s: forward seconds that selective checkpointing does not
             run again (the ops whose outputs it keeps); empty: not known.
+        checkpoint_ops: aten ops the unit's checkpoint regions dispatch in one forward
+            (:attr:`tracing.ExecutionOrder.forward_op_counts`; empty: all zero, no
+            host work priced for checkpointing).
+        checkpoint_regions: the unit's checkpoint region calls in one forward (empty:
+            all zero).
         forward_transient_bytes: the most bytes the unit's forward has alive beyond
             what it saves (empty: all zero).
         backward_transient_bytes: the same for its backward (empty: all zero).
@@ -121,6 +130,8 @@ class UnitCompute:
     checkpoint_bytes: tuple[int, ...] = field(default=())
     selective_bytes: tuple[int, ...] = field(default=())
     selective_saved_s: tuple[float, ...] = field(default=())
+    checkpoint_ops: tuple[int, ...] = field(default=())
+    checkpoint_regions: tuple[int, ...] = field(default=())
     forward_transient_bytes: tuple[int, ...] = field(default=())
     backward_transient_bytes: tuple[int, ...] = field(default=())
     activation_tail_bytes: tuple[int, ...] = field(default=())
@@ -228,6 +239,8 @@ class UnitCompute:
             checkpoint_bytes=tuple(int(v) for v in summed(self.checkpoint_bytes)),
             selective_bytes=tuple(int(v) for v in summed(self.selective_bytes)),
             selective_saved_s=summed(self.selective_saved_s),
+            checkpoint_ops=tuple(sum(self.checkpoint_ops[i] for i in g) for g in groups),
+            checkpoint_regions=tuple(sum(self.checkpoint_regions[i] for i in g) for g in groups),
             forward_transient_bytes=largest(self.forward_transient_bytes),
             backward_transient_bytes=largest(self.backward_transient_bytes),
             activation_tail_bytes=tuple(
@@ -301,6 +314,8 @@ def unit_compute(plan: WrapPlan) -> UnitCompute:
         checkpoint_bytes=() if ac is None else ac.input_bytes,
         selective_bytes=() if ac is None else ac.selective_bytes,
         selective_saved_s=() if ac is None else ac.selective_saved_s,
+        checkpoint_ops=() if ac is None else ac.region_ops,
+        checkpoint_regions=() if ac is None else ac.regions,
         forward_transient_bytes=_largest(calls, order.forward_transient_bytes, n),
         backward_transient_bytes=_largest(calls, order.backward_transient_bytes, n),
         activation_tail_bytes=tail,

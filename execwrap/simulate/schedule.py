@@ -372,9 +372,8 @@ class StepProgram:
         label = self.specs[u].label
         kept = self.work.activation_bytes[u] - self.work.tail_bytes[u]  # the tail's: later
         acts = (MemEvent("activations", label, kept),) if kept else ()
-        self._transient(
-            f"forward {label}", c.forward_s[u] - c.forward_tail_s[u], "forward", u, acts
-        )
+        seconds = c.forward_s[u] - c.forward_tail_s[u] + self.work.forward_overhead_s[u]
+        self._transient(f"forward {label}", seconds, "forward", u, acts)
 
     # fmt: off
     def _transient(

@@ -76,7 +76,8 @@ each field also a keyword of :func:`simulate_step`):
   as the order was captured (capture with ``param_dtype=`` to match);
 * activation checkpointing per unit: what each mode keeps from forward to
   backward, and the forward run again before the unit's backward with what it
-  makes again (:mod:`execwrap.simulate.unit_work`);
+  makes again, each with checkpointing's host work per region and per op
+  (``cost_model.checkpoint_overhead``; :mod:`execwrap.simulate.unit_work`);
 * CPU offload: no shards, sharded gradients or optimizer state in device
   memory; a host-to-device copy of each shard on the all-gather stream before
   its copy-in, a device-to-host copy of each gradient shard on the
@@ -311,7 +312,12 @@ def _simulate(
     world_size = facts.world_size
     kept = facts.plan(plan)
     specs = kept.unit_specs(reshard, step.precision, world_size)
-    work = unit_work(compute, step.checkpoint_modes(plan), [s.label for s in specs])
+    work = unit_work(
+        compute,
+        step.checkpoint_modes(plan),
+        [s.label for s in specs],
+        cost_model.checkpoint_overhead,
+    )
     program = _program(plan, kept, specs, compute, cost_model, prefetch, facts, work, step)
     offloaded = step.offload == "cpu"
     optimizer_s = _add_optimizer(

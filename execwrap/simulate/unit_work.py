@@ -14,6 +14,11 @@ the step program (:class:`~execwrap.simulate.schedule.StepProgram`) schedules:
   the policy saves; the rest of its forward runs again (the forward seconds
   less those ops').
 
+A checkpointed unit's forward and its recomputation also pay checkpointing's
+host work, per region call and per op (:class:`~execwrap.cost.CheckpointOpCost`
+of the cost model, with the unit's
+:attr:`~execwrap.simulate.UnitCompute.checkpoint_ops` and ``checkpoint_regions``).
+
 A recomputation has the transient memory of the forward it repeats; the
 backward has its own (:attr:`~execwrap.simulate.compute.UnitCompute.backward_transient_bytes`).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from execwrap.cost.checkpoint_overhead import CheckpointOpCost
 from execwrap.simulate.compute import UnitCompute
 
 __all__ = ["UnitWork", "unit_work"]
@@ -44,6 +50,8 @@ class UnitWork:
             freed by its first backward part (not checkpointed units only; empty: none).
         head_grad_share: the share of the unit's gradients made at the end of its
             backward (:attr:`~execwrap.simulate.UnitCompute.head_grad_share`; empty: none).
+        forward_overhead_s: seconds checkpointing adds to the unit's forward (empty:
+            none).
     """
 
     modes: tuple[str, ...]
@@ -54,22 +62,31 @@ class UnitWork:
     backward_transient_bytes: tuple[int, ...]
     tail_bytes: tuple[int, ...] = ()
     head_grad_share: tuple[float, ...] = ()
+    forward_overhead_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.modes)
+        if not self.forward_overhead_s:
+            object.__setattr__(self, "forward_overhead_s", (0.0,) * n)
         if not self.tail_bytes:
             object.__setattr__(self, "tail_bytes", (0,) * n)
         if not self.head_grad_share:
             object.__setattr__(self, "head_grad_share", (0.0,) * n)
 
 
-def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str]) -> UnitWork:
+def unit_work(
+    compute: UnitCompute,
+    modes: Sequence[str],
+    labels: Sequence[str],
+    overhead: CheckpointOpCost | None = None,
+) -> UnitWork:
     """The :class:`UnitWork` of ``compute`` with one checkpointing mode per unit.
 
     Args:
         compute: per-unit compute.
         modes: ``"none"``, ``"full"`` or ``"selective"`` per unit.
         labels: the units' labels (for messages).
+        overhead: checkpointing's host work (``None``: none).
 
     Raises:
         ValueError: a unit is checkpointed but ``compute`` does not say what the mode
@@ -83,13 +100,15 @@ def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str])
         >>> w.activation_bytes, w.recompute_s, w.recompute_bytes
         ((0, 40), (0.0, 1.5), (0, 60))
     """
-    kept, again_s, again_bytes = [], [], []
+    overhead = overhead or CheckpointOpCost()
+    kept, again_s, again_bytes, extra_s = [], [], [], []
     for u, mode in enumerate(modes):
         saved = compute.activation_bytes[u]
         if mode == "none":
             kept.append(saved)
             again_s.append(0.0)
             again_bytes.append(0)
+            extra_s.append(0.0)
             continue
         table = compute.checkpoint_bytes if mode == "full" else compute.selective_bytes
         if not table or (mode == "selective" and not compute.selective_saved_s):
@@ -107,7 +126,9 @@ def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str])
         forward = compute.forward_s[u]
         if mode == "selective":
             forward = max(0.0, forward - compute.selective_saved_s[u])
-        again_s.append(forward)
+        ops, regions = compute.checkpoint_ops[u], compute.checkpoint_regions[u]
+        again_s.append(forward + overhead.recompute_s(mode, ops=ops, regions=regions))
+        extra_s.append(overhead.forward_s(mode, ops=ops, regions=regions))
     return UnitWork(
         modes=tuple(modes),
         activation_bytes=tuple(kept),
@@ -120,4 +141,5 @@ def unit_work(compute: UnitCompute, modes: Sequence[str], labels: Sequence[str])
             for t, m in zip(compute.activation_tail_bytes, modes, strict=True)
         ),
         head_grad_share=tuple(compute.head_grad_share),
+        forward_overhead_s=tuple(extra_s),
     )

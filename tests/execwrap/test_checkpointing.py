@@ -42,6 +42,17 @@ def test_full_keeps_the_block_input_and_selective_every_other_mm() -> None:
     assert c.selective_saved_s[1] < c.forward_s[1]
 
 
+def test_each_block_counts_the_ops_and_the_region_calls_it_checkpoints() -> None:
+    """A block's region is its own call; its ops are those of every call inside it: the
+    block's 2, the norms' 6 each, the attention's 9, 4 per linear (7 of them), the
+    feed-forward's 2 (the capture counts them: tracing's forward_op_counts)."""
+    c = unit_compute(_plan())
+    assert c.checkpoint_regions == (1, 1, 1)
+    assert c.checkpoint_ops[1:] == (2 + 6 + 9 + 6 + 2 + 4 * 7,) * 2 == (53, 53)
+    merged = c.merge([[0], [1, 2]])
+    assert (merged.checkpoint_ops[1], merged.checkpoint_regions[1]) == (106, 2)
+
+
 def test_a_cpu_step_recomputes_the_cpu_attention_kernel() -> None:
     """torchtitan's save list has the CUDA attention kernels, not the CPU's."""
     c = unit_compute(_plan("cpu"))

@@ -96,17 +96,20 @@ def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
     assert (cm.world_size, cm.backend, cm.device_type) == (2, "gloo", "cpu")
     assert proc.stdout.count("wrote cost.json") == 1  # rank 0 only
     assert "fixed cost per group per collective" in proc.stdout
+    assert cm.checkpoint_overhead.selective_forward_op_s > 0  # a dispatch mode per op
+    assert "selective checkpointing, forward / recompute" in proc.stdout
     # progress on stderr, a line per phase (not a terminal), from rank 0 only
     phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("calibrate: ")]
     names = [
         "the sweep of collectives and copies",
         "compute rates",
         "the optimizer step",
+        "activation checkpointing's host work",
         "compute beside a collective \\(overlap\\)",
         "FSDP2 steps of synthetic stacks \\(fixed costs, in-step factors\\)",
         "the wait for the slowest rank",
     ]
-    patterns = [rf"calibrate: {i}/6 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
+    patterns = [rf"calibrate: {i}/7 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
     patterns.append(r"calibrate: measured in \d+ s")
     assert len(phases) == len(patterns), proc.stderr[-4000:]
     assert all(re.fullmatch(p, ln) for p, ln in zip(patterns, phases, strict=True)), phases
@@ -121,3 +124,19 @@ def test_summary_shows_the_optimizer_curve() -> None:
     curve = CollectiveCurve.from_samples([2**20, 2**24], [1e-3, 2e-2])
     rows = dict(summary_rows(cm.replace(optimizer_curve=curve)))
     assert rows["  AdamW per tensor of 1 / 16 MiB"] == "1.000 / 20.000 ms"
+    assert not any("checkpointing" in label for label, _ in summary_rows(cm))
+
+
+def test_summary_shows_checkpointing_host_work() -> None:
+    from execwrap.cli.calibrate import summary_rows
+    from execwrap.cost import CostModel
+    from execwrap.cost.checkpoint_overhead import CheckpointOpCost
+
+    ac = CheckpointOpCost(5e-6, 8e-5, 1e-5, 1.2e-4, 3.5e-5, 3.2e-4, 3.3e-5, 6e-5)
+    rows = dict(summary_rows(CostModel.preset("h100-nvlink-8").replace(checkpoint_overhead=ac)))
+    assert rows["full checkpointing, forward / recompute"] == (
+        "5.0 / 10.0 us per op, 80 / 120 us per region"
+    )
+    assert rows["selective checkpointing, forward / recompute"] == (
+        "35.0 / 33.0 us per op, 320 / 60 us per region"
+    )

@@ -127,6 +127,29 @@ def test_sync_jitter_round_trips_and_defaults_to_no_wait() -> None:
         CostModel.from_dict({**cm.to_dict(), "sync_jitter": "0.01"}, source="cost.json")
 
 
+def test_checkpointing_host_work_round_trips_and_defaults_to_none() -> None:
+    from execwrap.cost import CheckpointOpCost
+
+    ac = CheckpointOpCost(selective_forward_op_s=3.5e-5, selective_forward_region_s=3.2e-4)
+    cm = _model(checkpoint_overhead=ac)
+    assert cm.to_dict()["checkpoint_overhead"]["selective_forward_op_s"] == 3.5e-5
+    assert CostModel.from_dict(cm.to_dict()) == cm
+    assert ac.forward_s("selective", ops=30, regions=2) == pytest.approx(30 * 3.5e-5 + 2 * 3.2e-4)
+    assert ac.recompute_s("selective", ops=30, regions=2) == 0.0
+    assert ac.forward_s("none", ops=30, regions=2) == 0.0
+    assert "checkpoint_overhead" not in _model().to_dict()  # none: not written
+    older = {k: v for k, v in cm.to_dict().items() if k != "checkpoint_overhead"}
+    assert CostModel.from_dict(older).checkpoint_overhead.is_zero
+    assert CostModel.preset("h100-nvlink-8").checkpoint_overhead == CheckpointOpCost()
+    with pytest.raises(
+        ValueError, match=r"^CheckpointOpCost.full_forward_op_s must be seconds >= 0, got -1.0$"
+    ):
+        CheckpointOpCost(full_forward_op_s=-1.0)
+    bad = {**cm.to_dict(), "checkpoint_overhead": {"full_forward_op_s": "1e-5"}}
+    with pytest.raises(ValueError, match=r"cost.json: .*checkpoint_overhead.full_forward_op_s"):
+        CostModel.from_dict(bad, source="cost.json")
+
+
 def test_save_to_a_folder_names_it(tmp_path: Path) -> None:
     folder = tmp_path / "models"
     folder.mkdir()

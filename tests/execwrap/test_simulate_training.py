@@ -115,6 +115,29 @@ def test_checkpointing_keeps_less_and_runs_the_forward_again() -> None:
     ]
 
 
+def test_checkpointing_pays_its_host_work_per_region_and_per_op() -> None:
+    """Each unit is one region of 10 ops: full checkpointing adds 0.1 s per op + 0.5 s
+    per region to its forward and 0.2 s + 1 s to its recomputation; selective 0.3 + 2
+    and 0.4 + 3 s."""
+    from execwrap.cost import CheckpointOpCost
+
+    plan = _plan()
+    cm = _cost().replace(
+        checkpoint_overhead=CheckpointOpCost(0.1, 0.5, 0.2, 1.0, 0.3, 2.0, 0.4, 3.0)
+    )
+    c = dataclasses.replace(TWO, checkpoint_ops=(0, 10, 10), checkpoint_regions=(0, 1, 1))
+    full = simulate_step(plan, cm, world_size=2, compute=c, checkpointing="full")
+    selective = simulate_step(plan, cm, world_size=2, compute=c, checkpointing="selective")
+    plain = simulate_step(plan, cm, world_size=2, compute=c)
+    assert plain.step_time_s == 35.5  # nothing checkpointed: nothing added
+    assert full.step_time_s == pytest.approx(35.5 + 2 * (3.0 + (1.0 + 0.5) + (2.0 + 1.0)))
+    assert selective.step_time_s == pytest.approx(35.5 + 2 * (2.0 + (3.0 + 2.0) + (4.0 + 3.0)))
+    forward = [e for e in full.timeline if e.label == "forward 1"]
+    assert [e.end_s - e.start_s for e in forward] == [pytest.approx(3.0 + 1.5)]
+    recompute = [e for e in selective.timeline if e.label.startswith("recompute")]
+    assert [e.end_s - e.start_s for e in recompute] == [pytest.approx(2.0 + 7.0)] * 2
+
+
 def test_checkpointing_needs_what_the_capture_keeps() -> None:
     bare = UnitCompute((0.0, 3.0, 3.0), (0.0, 6.0, 6.0), (0, 100, 100), optimizer_s=0.0)
     with pytest.raises(

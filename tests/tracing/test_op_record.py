@@ -97,6 +97,25 @@ def test_param_dtype_must_be_a_floating_dtype() -> None:
         record_zero_cost(nn.Linear(2, 2), torch.randn(1, 2), param_dtype="bf16")  # type: ignore[arg-type]
 
 
+def test_each_call_counts_the_ops_its_own_forward_dispatched() -> None:
+    """Linear without bias on a 2-D input: ``t`` (a view) and ``mm``; ReLU: ``relu``; the
+    root: the default loss (``sum``) and ``ones_like`` (the loss's gradient), which run
+    before the first backward. Estimated on the meta device and measured on the CPU alike."""
+    assert _order().forward_op_counts == [2, 2, 1, 2]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 8, bias=False))
+    measured = record_execution_order(model, torch.randn(4, 8), timing=True)
+    assert measured.forward_op_counts == [2, 2, 1, 2]
+    assert record_execution_order(model, torch.randn(4, 8)).forward_op_counts == []
+
+
+def test_op_counts_need_one_entry_per_call() -> None:
+    data = _order().to_dict()
+    data["forward_op_counts"] = [2, 2]
+    with pytest.raises(Exception, match=r"forward_op_counts: has 2 entries for 4 calls"):
+        ExecutionOrder.from_dict(data)
+
+
 def test_compute_ops_and_transients_round_trip_as_json() -> None:
     order = _order(torch.bfloat16)
     again = ExecutionOrder.from_dict(order.to_dict())

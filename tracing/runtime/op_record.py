@@ -12,6 +12,8 @@ records:
   ``create_selective_checkpoint_contexts``): their name, the bytes of their
   outputs and their estimated seconds, in execution order
   (:class:`~tracing.order.ComputeOp`);
+* the number of aten ops its own forward dispatched, views included (what
+  activation checkpointing's host work scales with);
 * the largest transient memory while the call's own ops run, forward and
   backward: the bytes of every storage an op allocated that is still alive,
   less the storages saved for backward (counted by the call timer's
@@ -162,6 +164,7 @@ class OpRecordMode(TorchDispatchMode):
         self._live = _Live()
         self._forward_peak: dict[int, int] = {}
         self._backward_peak: dict[int, int] = {}
+        self._forward_ops: dict[int, int] = {}
         # (peaks, call, live bytes not saved after the last op, the storages it allocated)
         self._pending: tuple[dict[int, int], int, int, list[int]] | None = None
         timer.on_saved = self._live.mark_saved
@@ -177,13 +180,15 @@ class OpRecordMode(TorchDispatchMode):
         self._settle()
         before = self.clock.now()
         out = func(*args, **kwargs)
+        backward = torch._C._current_graph_task_id() != -1
+        call = self.timer.backward_call if backward else self.timer.current_call
+        if not backward and call >= 0:
+            self._forward_ops[call] = self._forward_ops.get(call, 0) + 1
         if getattr(func, "is_view", False):
             return out
         outs = out if isinstance(out, (list, tuple)) else (out,)
         tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         keys = [k for k in (self._live.track(t) for t in tensors) if k is not None]
-        backward = torch._C._current_graph_task_id() != -1
-        call = self.timer.backward_call if backward else self.timer.current_call
         if call < 0:
             return out
         peaks = self._backward_peak if backward else self._forward_peak
@@ -219,9 +224,11 @@ class OpRecordMode(TorchDispatchMode):
         self._live.close()
 
     def fields(self, num_calls: int) -> dict[str, Any]:
-        """The ``ExecutionOrder`` fields: ``compute_ops`` and the transient bytes per call."""
+        """The ``ExecutionOrder`` fields: ``compute_ops``, the forward ops and the
+        transient bytes per call."""
         return {
             "compute_ops": list(self.ops),
+            "forward_op_counts": [self._forward_ops.get(i, 0) for i in range(num_calls)],
             "forward_transient_bytes": [self._forward_peak.get(i, 0) for i in range(num_calls)],
             "backward_transient_bytes": [self._backward_peak.get(i, 0) for i in range(num_calls)],
         }

@@ -238,6 +238,7 @@ def _without_timing(order: ExecutionOrder) -> ExecutionOrder:
         "compute_ops",
         "forward_transient_bytes",
         "backward_transient_bytes",
+        "forward_op_counts",
         "timing_device",
         "timing_method",
     )

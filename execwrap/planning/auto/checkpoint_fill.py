@@ -2,9 +2,10 @@
 
 Per mergeable unit of the atomic plan (:class:`~execwrap.planning.auto.space.SearchSpace`),
 :class:`GroupCheckpointing` holds what each checkpointing mode keeps from forward to
-backward and the forward seconds it runs again (from the atomic
+backward and the seconds it adds (from the atomic
 :class:`~execwrap.simulate.UnitCompute`: ``activation_bytes``, ``checkpoint_bytes``,
-``selective_bytes``, ``forward_s``, ``selective_saved_s``, as
+``selective_bytes``, ``forward_s``, ``selective_saved_s``, and the host work of
+``checkpoint_ops`` and ``checkpoint_regions`` in forward and recomputation, as
 :func:`execwrap.simulate.unit_work.unit_work` reads them); a group's are the sums of
 its units' (prefix sums). A group may be checkpointed when none of its units is inside
 another non-root unit (the units :func:`execwrap.apply_checkpointing` checkpoints).
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from execwrap.cost import CheckpointOpCost
 from execwrap.simulate import UnitCompute
 
 __all__ = [
@@ -80,14 +82,20 @@ class GroupCheckpointing:
 
     @classmethod
     def build(
-        cls, compute: UnitCompute, movable: Sequence[int], allowed: Sequence[bool], search: bool
+        cls,
+        compute: UnitCompute,
+        movable: Sequence[int],
+        allowed: Sequence[bool],
+        search: bool,
+        overhead: CheckpointOpCost | None = None,
     ) -> GroupCheckpointing:
         """From the atomic ``compute``, for the mergeable units ``movable`` (indices into
         it); ``search=False`` (or a compute without checkpointing facts) searches
-        ``"none"`` only."""
+        ``"none"`` only; ``overhead``: checkpointing's host work (``None``: none)."""
         known = bool(compute.checkpoint_bytes) and bool(compute.selective_bytes)
         known = known and bool(compute.selective_saved_s)
         modes = MODES if (search and known and any(allowed)) else ("none",)
+        cost = overhead or CheckpointOpCost()
         keep: dict[str, list[float]] = {}
         again: dict[str, list[float]] = {}
         for mode in modes:
@@ -96,12 +104,18 @@ class GroupCheckpointing:
                 if mode == "none":
                     kept.append(compute.activation_bytes[i])
                     seconds.append(0.0)
-                elif mode == "full":
-                    kept.append(compute.checkpoint_bytes[i])
-                    seconds.append(compute.forward_s[i])
                 else:
-                    kept.append(compute.selective_bytes[i])
-                    seconds.append(max(0.0, compute.forward_s[i] - compute.selective_saved_s[i]))
+                    full = mode == "full"
+                    kept.append((compute.checkpoint_bytes if full else compute.selective_bytes)[i])
+                    rerun = compute.forward_s[i]
+                    if not full:
+                        rerun = max(0.0, rerun - compute.selective_saved_s[i])
+                    ops, regions = compute.checkpoint_ops[i], compute.checkpoint_regions[i]
+                    seconds.append(
+                        rerun
+                        + cost.forward_s(mode, ops=ops, regions=regions)
+                        + cost.recompute_s(mode, ops=ops, regions=regions)
+                    )
             keep[mode], again[mode] = _prefix(kept), _prefix(seconds)
         return cls(list(allowed), modes, keep, again)
 
@@ -120,7 +134,8 @@ class GroupCheckpointing:
         return int(round(p[j] - p[i]))
 
     def recompute_s(self, i: int, j: int, mode: str) -> float:
-        """Forward seconds group ``[i, j)`` runs again before its backward under ``mode``."""
+        """Seconds ``mode`` adds to group ``[i, j)``: the forward it runs again before its
+        backward, and checkpointing's host work in forward and recomputation."""
         p = self._again[mode]
         return p[j] - p[i]
 

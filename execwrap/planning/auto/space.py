@@ -159,7 +159,11 @@ class SearchSpace:
             ],
             step=step or TrainingStep(),
             checkpointing=GroupCheckpointing.build(
-                compute, movable, _outermost(plan, movable), search_checkpointing
+                compute,
+                movable,
+                _outermost(plan, movable),
+                search_checkpointing,
+                cost_model.checkpoint_overhead,
             ),
             _facts=facts,
         )
