@@ -57,18 +57,21 @@ from benchmarks._training_step_ranks import spawn
 
 __all__ = ["main"]
 
-#: The models measured (of ``benchmarks/_autoplan_models.py``) and their sizes here.
+#: The models measured (of ``benchmarks/_autoplan_models.py``) and their sizes here. The
+#: full sizes keep the grid within about 20 minutes on 2 cores: bfloat16 matmuls run
+#: 14-25x slower than float32 on this CPU (a 192-wide, 4-block GPT's forward and backward:
+#: 55 ms in float32, 800 ms in bfloat16), and half the grid computes in bfloat16.
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "gpt": {
-        "full": {"dim": 256, "heads": 8, "blocks": 6, "vocab": 2048, "batch": 2, "seq": 128},
+        "full": {"dim": 192, "heads": 8, "blocks": 4, "vocab": 2048, "batch": 2, "seq": 128},
         "quick": {"dim": 64, "heads": 4, "blocks": 3, "vocab": 256, "batch": 2, "seq": 32},
     },
     "llama": {
         "full": {
-            "dim": 256,
+            "dim": 192,
             "heads": 8,
-            "blocks": 6,
-            "mlp": 688,
+            "blocks": 4,
+            "mlp": 512,
             "vocab": 2048,
             "batch": 2,
             "seq": 128,
@@ -157,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_output_args(parser)
     parser.add_argument("--models", default="gpt,llama", help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 15)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 9)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 1)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in SIZES]
@@ -169,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu",
         "models": models,
         "sizes": {m: SIZES[m][mode] for m in models},
-        "steps": args.steps or (2 if args.quick else 15),
-        "warmup": args.warmup if args.warmup is not None else (1 if args.quick else 2),
+        "steps": args.steps or (2 if args.quick else 9),
+        "warmup": args.warmup if args.warmup is not None else 1,
         "threads": 1,
         "quick": args.quick,
         "timeout_s": 900,

@@ -18,11 +18,11 @@ the region's forward dispatches (counted as the capture counts them,
 recomputation (beyond the recomputed ops' own time). Calibration measures it
 (:mod:`execwrap.cost.checkpoint_timing`).
 
-Measured on this project's 2-core CPU (2026-12-05, one thread, while a 2-rank
-benchmark ran beside it): selective checkpointing added 30-36 us per op and
-310-460 us per region call in forward, 29-35 us per op in recomputation; full
-checkpointing 5-6 us per op and 80-90 us per region in forward, 10 us per op
-and 110-130 us per region in recomputation. A block of
+Measured on this project's 2-core CPU (2026-12-05, one thread, regions of tiny
+transformer blocks): selective checkpointing added 31 us per op and 450-480 us
+per region call in forward, 31-32 us per op and 170-220 us per region in
+recomputation; full checkpointing 5.5 us per op and 76-89 us per region in
+forward, 9-10 us per op and 93-133 us per region in recomputation. A block of
 :mod:`execwrap.demo_models` dispatches about 30 ops, so selective
 checkpointing costs it about 1.5 ms in forward and 1 ms in backward, as much as
 its compute at small sizes. On a GPU this work runs on the host while the

@@ -1,7 +1,9 @@
 """The calibration of :class:`~execwrap.cost.checkpoint_overhead.CheckpointOpCost`.
 
-:func:`measure_checkpoint_overhead` times two regions of tiny ops (2 and 16
-layers of ``tanh(x @ w) * 0.5 + x`` on a 16 x 32 float32 activation) not
+:func:`measure_checkpoint_overhead` times two regions of tiny pre-norm transformer
+blocks (1 and 4 blocks of width 32, 2 heads, on 2 x 8 tokens: layer norms,
+linears, causal attention, GELU, the op mix of what is checkpointed in practice,
+with compute of a few microseconds per op) not
 checkpointed, fully and selectively checkpointed (``torch.utils.checkpoint``,
 non-reentrant, with :func:`~execwrap.util.selective_policy.selective_contexts`
 for selective), forward and backward apart, in interleaved rounds (medians), and
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from execwrap.cost.checkpoint_overhead import CheckpointOpCost
@@ -26,24 +29,40 @@ from execwrap.util.selective_policy import selective_contexts
 
 __all__ = ["measure_checkpoint_overhead"]
 
-#: Layers of the two timed regions, and the rows and width of their activations.
-_SHORT, _LONG, _ROWS, _WIDTH = 2, 16, 16, 32
+#: Blocks of the two timed regions; the batch, tokens, width and heads of their activations.
+_SHORT, _LONG, _BATCH, _TOKENS, _WIDTH, _HEADS = 1, 4, 2, 8, 32, 2
 
 
-class _Region(nn.Module):
-    """``layers`` layers of ``tanh(x @ w) * 0.5 + x``: tiny ops, parameters like a block's."""
+class _Block(nn.Module):
+    """A tiny pre-norm transformer block (layer norms, bias-free linears, causal
+    ``scaled_dot_product_attention``, GELU): the op mix of what is checkpointed in
+    practice, on tensors small enough that their compute is a few microseconds."""
 
-    def __init__(self, dev: torch.device, layers: int) -> None:
+    def __init__(self, dev: torch.device) -> None:
         super().__init__()
-        self.weights = nn.ParameterList(
-            nn.Parameter(torch.randn(_WIDTH, _WIDTH, device=dev) / _WIDTH**0.5)
-            for _ in range(layers)
-        )
+        d = _WIDTH
+        self.ln1, self.ln2 = nn.LayerNorm(d, device=dev), nn.LayerNorm(d, device=dev)
+        self.qkv = nn.Linear(d, 3 * d, bias=False, device=dev)
+        self.proj = nn.Linear(d, d, bias=False, device=dev)
+        self.fc = nn.Linear(d, 4 * d, bias=False, device=dev)
+        self.out = nn.Linear(4 * d, d, bias=False, device=dev)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for w in self.weights:
-            x = torch.tanh(torch.mm(x, w)) * 0.5 + x
-        return x
+        b, t, d = x.shape
+        q, k, v = (
+            h.view(b, t, _HEADS, d // _HEADS).transpose(1, 2)
+            for h in self.qkv(self.ln1(x)).split(d, dim=-1)
+        )
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class _Region(nn.Sequential):
+    """``blocks`` :class:`_Block` in a row: one checkpointed region."""
+
+    def __init__(self, dev: torch.device, blocks: int) -> None:
+        super().__init__(*(_Block(dev) for _ in range(blocks)))
 
 
 class _CountOps(TorchDispatchMode):
@@ -61,7 +80,7 @@ class _CountOps(TorchDispatchMode):
 def measure_checkpoint_overhead(
     dev: torch.device, *, rounds: int = 31, warmup: int = 3
 ) -> CheckpointOpCost:
-    """Time regions of :data:`_SHORT` and :data:`_LONG` layers (module docstring) without
+    """Time regions of :data:`_SHORT` and :data:`_LONG` blocks (module docstring) without
     checkpointing, fully and selectively checkpointed, and fit what each mode adds: the
     slope over the two regions' op counts (per op) and the rest of the short one's
     (per region).
@@ -85,18 +104,18 @@ def measure_checkpoint_overhead(
 
 
 def _extra(
-    dev: torch.device, layers: int, rounds: int, warmup: int
+    dev: torch.device, blocks: int, rounds: int, warmup: int
 ) -> dict[str, tuple[int, float]]:
-    """For a region of ``layers`` layers: ``{"full_forward": (ops, seconds added), ...}``
+    """For a region of ``blocks`` blocks: ``{"full_forward": (ops, seconds added), ...}``
     for both modes and phases (the recomputation less the forward it repeats)."""
     from torch.utils.checkpoint import checkpoint, noop_context_fn
 
-    region = _Region(dev, layers)
-    x = torch.randn(_ROWS, _WIDTH, device=dev, requires_grad=True)
+    region = _Region(dev, blocks)
+    x = torch.randn(_BATCH, _TOKENS, _WIDTH, device=dev, requires_grad=True)
     with _CountOps() as counter:
         region(x)
     ops = counter.ops
-    kept = layers - layers // 2  # the policy keeps the 1st, 3rd, ... mm of the region
+    kept = _kept_ops(region, x)
 
     def run(mode: str) -> Callable[[], torch.Tensor]:
         if mode == "none":
@@ -125,6 +144,32 @@ def _extra(
             ("recompute", bwd[m] - bwd["none"] - again[m]),
         )
     }
+
+
+def _kept_ops(region: nn.Module, x: torch.Tensor) -> int:
+    """The ops of one forward of ``region`` whose outputs the selective policy keeps."""
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    from execwrap.util.selective_policy import selective_checkpoint_policy
+
+    kept = [0]
+    policy = selective_checkpoint_policy()
+
+    def counting(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        decision = policy(ctx, func, *args, **kwargs)
+        if not ctx.is_recompute and decision == CheckpointPolicy.MUST_SAVE:
+            kept[0] += 1
+        return decision
+
+    def contexts() -> Any:
+        return create_selective_checkpoint_contexts(counting)
+
+    checkpoint(region, x, use_reentrant=False, context_fn=contexts)
+    return kept[0]
 
 
 def _timed_step(

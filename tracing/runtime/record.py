@@ -211,14 +211,17 @@ def _timed_step(
             slowest * 1e3,
             slowest / fastest,
         )
-    # no transient bytes for a measured order: the recorded step's, counted on top of its
-    # measured activations, over-predicted CPU peaks against FSDP's memory tracker by
-    # 9-19% (tests/distributed/test_simulate_fsdp2.py, 2026-12-05)
+    # a measured order keeps its forward's transient bytes (a language model's logits until
+    # the loss has used them: 6.6% of the peak of a 4-micro-batch step whose peak comes at
+    # the end of forward, benchmarks/results/training_step-2026-12-05_111752.md) but not its
+    # backward's: the recorded step holds each parameter's gradient until autograd has
+    # accumulated it (a tied weight's until both uses' are summed), which the simulator
+    # prices as FSDP's unsharded gradients already; counted again they over-predicted CPU
+    # peaks against FSDP's memory tracker by 9-19% (tests/distributed/test_simulate_fsdp2.py)
     empty = ExecutionOrder()
     return dataclasses.replace(
         order,
         **timed[len(timed) // 2],
-        forward_transient_bytes=empty.forward_transient_bytes,
         backward_transient_bytes=empty.backward_transient_bytes,
     )
 
