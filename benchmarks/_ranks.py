@@ -68,6 +68,13 @@ def rank_main(rank: int, world: int, tmpdir: str, job: dict[str, Any], body: Bod
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(job["threads"])
+    # Denormal floats flushed to zero. A GPT of benchmarks/_autoplan_models.py makes
+    # float32 gradients and AdamW states below 1.2e-38 (9,196 gradient and 48k state
+    # elements after 12 steps); Intel CPUs compute those through microcode assists, and
+    # its forward and backward ran up to 4.4x slower, varying from step to step (GPUs
+    # compute denormals at full speed; execwrap's cost model prices no such slowdown): its
+    # bfloat16 steps measured 0.65-0.94x its float32 steps from one run to the next.
+    torch.set_flush_denormal(True)
     # torch warns for every Linear whose output is a view; the benchmark models
     # make no in-place change to module outputs, so the warning is noise here.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")

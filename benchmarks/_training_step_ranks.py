@@ -2,8 +2,9 @@
 
 :func:`spawn` runs the whole job on fresh rank processes and returns rank 0's result.
 Per model: the order of the unsharded model in each precision, with measured compute
-(``record_execution_order(..., timing=True, param_dtype=...)`` after warm-up steps; rank
-0's, broadcast), each step of :func:`benchmarks._training_step_grid.grid` predicted
+(``record_execution_order(..., timing=True, param_dtype=...)`` after warm-up steps, the
+precisions taking turns :data:`ORDER_ROUNDS` times on every rank, the median of all
+kept), each step of :func:`benchmarks._training_step_grid.grid` predicted
 (``simulate_step`` with its :class:`~execwrap.simulate.TrainingStep`; the auto plan:
 its own estimate), applied to its own copy of the model (``apply_fully_shard`` with the
 step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken from
@@ -50,17 +51,45 @@ def _loss(spec: ModelSpec, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return spec.loss(out.float(), y)
 
 
-def _order(spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> Any:
-    """Warm up, then record the order with measured compute; rank 0's, on every rank."""
+#: Orders recorded per precision and rank (the precisions taking turns); of all ranks'
+#: the one with the median step time is kept. On a shared 2-vCPU machine the speed drifts
+#: by tens of percent over minutes and the 3 timed steps of one recording spread up to
+#: 4.6x: one recording per precision, one precision after the other, moved the predicted
+#: bfloat16 / float32 ratio of the same model from 1.06 to 1.51 between two runs, and
+#: with it every predicted ratio between the precisions.
+ORDER_ROUNDS = 9
+
+
+def _orders(
+    spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rounds: int
+) -> dict[str, Any]:
+    """The order with measured compute per precision, recorded side by side (the
+    precisions take turns, ``rounds`` times, the first alternating); per precision the
+    median of every rank's recordings by step time, on every rank."""
     from tracing import ExecutionOrder, record_execution_order
 
-    dtype = torch.bfloat16 if bf16 else None
-    order = record_execution_order(
-        model, x, timing=True, param_dtype=dtype, loss_fn=lambda out: _loss(spec, out, y)
-    )
-    box = [order.to_dict()]
-    dist.broadcast_object_list(box, src=0)
-    return ExecutionOrder.from_dict(box[0])
+    recorded: dict[str, list[Any]] = {"fp32": [], "bf16": []}
+    for r in range(rounds):
+        for p in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
+            dtype = torch.bfloat16 if p == "bf16" else None
+            recorded[p].append(
+                record_execution_order(
+                    model,
+                    x,
+                    timing=True,
+                    param_dtype=dtype,
+                    loss_fn=lambda out: _loss(spec, out, y),
+                )
+            )
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {p: [o.to_dict() for o in got] for p, got in recorded.items()})
+    orders = {}
+    for p in recorded:
+        every = sorted(
+            (d for g in gathered for d in g[p]), key=lambda d: d["backward_end_s"] or 0.0
+        )
+        orders[p] = ExecutionOrder.from_dict(every[len(every) // 2])
+    return orders
 
 
 class _Trainer:
@@ -195,7 +224,7 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
     for _ in range(2):  # warm-up of the unsharded model before its orders are timed
         _loss(model_spec, base(x), y).backward()
         base.zero_grad(set_to_none=True)
-    orders = {p: _order(model_spec, base, x, y, p == "bf16") for p in ("fp32", "bf16")}
+    orders = _orders(model_spec, base, x, y, 1 if job["quick"] else ORDER_ROUNDS)
     plans, predicted, budget = _plans(model_spec, base, orders, cm, world)
     del base
     specs = grid()

@@ -5,8 +5,9 @@ Spawns 2 gloo ranks (one intra-op thread each). In the same rank processes:
 1. ``CostModel.calibrate()`` on the live process group (rank 0's numbers, broadcast);
 2. per model (a GPT and a Llama of :mod:`execwrap.demo_models`,
    ``benchmarks/_autoplan_models.py``): two warm-up steps of the unsharded model, then
-   its order with measured compute in float32 and in bfloat16
-   (``record_execution_order(..., timing=True, param_dtype=...)``; rank 0's, broadcast);
+   its order with measured compute in float32 and in bfloat16, recorded side by side
+   (``record_execution_order(..., timing=True, param_dtype=...)``, the precisions taking
+   turns 9 times on every rank; of all, the recording with the median step time);
 3. the grid (:mod:`benchmarks._training_step_grid`): per-block plans x {float32,
    bfloat16 parameters with float32 reduction} x {no checkpointing, full, selective}
    x {1 micro-batch, 4 with a reduce-scatter each, 4 with the sync on the last only},
@@ -53,7 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from benchmarks._autoplan_models import MODELS
 from benchmarks._bench import add_output_args, fmt_bytes, fmt_ratio, markdown_table, publish
 from benchmarks._training_step_grid import AUTO, BASELINE, claims
-from benchmarks._training_step_ranks import spawn
+from benchmarks._training_step_ranks import ORDER_ROUNDS, spawn
 
 __all__ = ["main"]
 
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{cm['group_overhead_s'] * 1e6:.0f} µs per group, large copies "
         f"{cm['copy_bytes_per_s'] / 1e9:.2f} GB/s). Orders with measured compute "
         "(`record_execution_order(..., timing=True, param_dtype=...)`) after warm-up steps, "
-        "rank 0's, broadcast. Steps take turns (order shuffled per round; each turn an "
-        "untimed optimizer step, then the timed one); step time = slowest rank, median of "
+        f"the precisions taking turns, {1 if job['quick'] else ORDER_ROUNDS} recordings "
+        "each on every rank, the median of all kept. Steps take turns (order shuffled per "
+        "round; each turn an untimed optimizer step, then the timed one); step time = slowest rank, median of "
         f"the {job['steps']} timed optimizer steps after {job['warmup']} warm-up rounds; "
         "AdamW. Baseline of the ratios: the float32 per-block step without checkpointing, "
         "one micro-batch. Peak memory: one optimizer step under `FSDPMemTracker` (max over "
