@@ -54,9 +54,9 @@ def _loss(spec: ModelSpec, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 #: Orders recorded per precision and rank (the precisions taking turns); of all ranks'
 #: the one with the median step time is kept. On a shared 2-vCPU machine the speed drifts
 #: by tens of percent over minutes and the 3 timed steps of one recording spread up to
-#: 4.6x: one recording per precision, one precision after the other, moved the predicted
-#: bfloat16 / float32 ratio of the same model from 1.06 to 1.51 between two runs, and
-#: with it every predicted ratio between the precisions.
+#: 4.6x: 3 recordings per precision, taking turns, rank 0's median, still moved the
+#: predicted bfloat16 / float32 ratio of the same GPT from 1.06 to 1.51 between two runs,
+#: and with it every predicted ratio between the precisions.
 ORDER_ROUNDS = 9
 
 

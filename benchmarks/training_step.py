@@ -59,9 +59,11 @@ from benchmarks._training_step_ranks import ORDER_ROUNDS, spawn
 __all__ = ["main"]
 
 #: The models measured (of ``benchmarks/_autoplan_models.py``) and their sizes here. The
-#: full sizes keep the grid within about 20 minutes on 2 cores: bfloat16 matmuls run
-#: 14-25x slower than float32 on this CPU (a 192-wide, 4-block GPT's forward and backward:
-#: 55 ms in float32, 800 ms in bfloat16), and half the grid computes in bfloat16.
+#: full sizes keep the grid within about 20 minutes on 2 cores even where bfloat16 matmuls
+#: run 14-25x slower than float32 (an AMD EPYC without bfloat16 instructions: a 192-wide,
+#: 4-block GPT's forward and backward took 55 ms in float32, 800 ms in bfloat16; half the
+#: grid computes in bfloat16); an Intel Xeon with AMX runs both about equally fast and the
+#: grid in about 10 minutes (9 timed steps).
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "gpt": {
         "full": {"dim": 192, "heads": 8, "blocks": 4, "vocab": 2048, "batch": 2, "seq": 128},
