@@ -124,33 +124,31 @@ class ExecutionOrder:
         fallback_reason: why each skipped step of the capture ladder failed
             (one line each, ``"; "``-joined), or why the symbolic order was
             replaced by the runtime one; ``None`` when the first step tried was used.
-        zero_cost: runtime capture ran on a fake shadow of the model
-            (``FakeTensorMode``: no compute, no weight copy), not a real
-            forward/backward. Always ``False`` for symbolic capture.
+        zero_cost: runtime capture ran on a fake shadow of the model (``FakeTensorMode``: no
+            compute, no weight copy), not a real forward/backward. Always ``False`` for
+            symbolic capture.
         warnings: things the capture could not rule out, one sentence each
             (e.g. optional ``forward`` arguments that fx turned into Proxies).
-        module_call_depths: schema 2, one per :attr:`module_forward_order`
-            call: how many recorded calls it runs inside (``0`` for the
-            outermost). The calls are in pre-order, so a call's enclosing call
-            is the nearest earlier call one level up (:meth:`enclosing_calls`).
-            Empty in orders that did not record it (version 1, hand-built).
+        module_call_depths: schema 2, one per :attr:`module_forward_order` call: how many
+            recorded calls it runs inside (``0`` for the outermost). The calls are in
+            pre-order, so a call's enclosing call is the nearest earlier call one level up
+            (:meth:`enclosing_calls`). Empty in orders that did not record it (version 1,
+            hand-built).
         torch_version: ``torch.__version__`` at capture time.
         schema_version: layout version, :data:`SCHEMA_VERSION`.
-        forward_times_s: timing (schema 2; empty unless captured with
-            ``timing=True``): one entry per :attr:`module_forward_order` call,
-            its inclusive wall time in seconds (pre-forward hook to
-            post-forward hook: nested calls included).
+        forward_times_s: timing (schema 2; empty unless captured with ``timing=True``): one
+            entry per :attr:`module_forward_order` call, its inclusive wall time in seconds
+            (pre-forward hook to post-forward hook: nested calls included).
         forward_start_s: per call, when it started, in seconds from the start
             of the first call (same clock as the other timing fields).
-        backward_start_s: per forward call, when its backward began (the
-            first gradient with respect to one of its outputs was computed),
-            same clock; ``None`` for a call autograd never ran backward through.
+        backward_start_s: per forward call, when its backward began (the first gradient with
+            respect to one of its outputs was computed), same clock; ``None`` for a call
+            autograd never ran backward through.
         backward_end_s: when the backward pass ended, same clock (``None``
             without timing or without backward).
-        backward_times_s: module FQN -> inclusive backward time of its last
-            call, seconds: from its backward start to the end of the last
-            backward segment of it or of a call nested in it (see
-            :mod:`tracing.runtime.timing`).
+        backward_times_s: module FQN -> inclusive backward time of its last call, seconds:
+            from its backward start to the end of the last backward segment of it or of a
+            call nested in it (see :mod:`tracing.runtime.timing`).
         saved_activation_bytes: per forward call, bytes of the tensors saved
             for backward while that call was the innermost running one
             (deduplicated by storage; parameters excluded).
@@ -168,21 +166,20 @@ class ExecutionOrder:
             forward ops ran, beyond the saved tensors (with timing;
             :mod:`tracing.runtime.op_record`); the root's includes the loss.
         backward_transient_bytes: the same for its backward ops.
-        forward_op_counts: per call, the aten ops its own forward dispatched (views
-            included; with timing, :mod:`tracing.runtime.op_record`): activation
-            checkpointing's host work is per op (selective checkpointing's dispatch
-            mode sees every op; full checkpointing packs each saved tensor).
+        forward_op_counts: per call, the aten ops its own forward dispatched (views included;
+            with timing, :mod:`tracing.runtime.op_record`): activation checkpointing's host
+            work is per op (selective checkpointing's dispatch mode sees every op).
         param_dtype: the dtype the floating-point parameters were cast to for the
             capture (``""``: as the model holds them), so activations are sized in it.
         training: schema 3: the ``training`` flag of the module whose calls the
             order holds (the root's, for one step) when it was captured: ``False``
             for an order captured in eval mode; ``None``: not recorded (symbolic
             capture, older files, hand-built orders).
-        grad_enabled: schema 3: whether autograd was on during the recorded
-            forward (``torch.is_grad_enabled()``): ``False`` under
-            ``torch.no_grad()`` or ``torch.inference_mode()``, where no backward
-            runs and :attr:`param_backward_order` is empty (:attr:`warnings`
-            says so); ``None`` for symbolic capture (nothing runs) and older files.
+        grad_enabled: schema 3: whether autograd was on during the recorded forward
+            (``torch.is_grad_enabled()``): ``False`` under ``torch.no_grad()`` or
+            ``torch.inference_mode()``, where no backward runs and
+            :attr:`param_backward_order` is empty (:attr:`warnings` says so); ``None`` for
+            symbolic capture (nothing runs) and older files.
 
     Example:
         >>> order = ExecutionOrder(module_forward_order=["", "fc"], method="symbolic")

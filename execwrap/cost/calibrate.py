@@ -16,29 +16,25 @@ The measurements, in 40-55 s on 2 gloo ranks of a 2-core CPU:
   dropped (:meth:`~execwrap.cost.CollectiveCurve.from_samples`); on CPU,
   once multiplied by the in-step factors (below), the curve is one
   alpha-beta line from 256 KiB to 32 MiB (:data:`CPU_BANDWIDTH_RANGE`);
-* copies: the same sweep of copies into freshly allocated buffers (as
-  FSDP2's copy-out fills new unsharded storage: large fresh ones pay their
-  page faults), and the bandwidth of a 64 MiB copy between allocated
-  buffers;
+* copies: the same sweep of copies into freshly allocated buffers (as FSDP2's copy-out
+  fills new unsharded storage: large fresh ones pay their page faults), and the
+  bandwidth of a 64 MiB copy between allocated buffers;
 * compute rates: a square matmul loop (FLOP/s), the copy (memory traffic is
   twice the bytes copied) and a loop of one-element adds (the fixed cost per op);
-* overlap: a matmul loop alone, an async all-gather alone, and both at once;
-  ``overlap = (t_matmul + t_gather - t_both) / min(t_matmul, t_gather)``,
-  clamped to ``[0, 1]`` (the share of the shorter one that was hidden);
-* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): how much
-  slower or faster a collective runs in a step than in the sweep, by size
-  (the curves are multiplied by these factors) and the fixed cost per group
-  and per parameter tensor of each collective, from the forward and backward
-  of real ``fully_shard`` steps of synthetic stacks;
+* overlap: a matmul loop alone, an async all-gather alone, and both at once; overlap
+  ``(t_matmul + t_gather - t_both) / min(t_matmul, t_gather)`` in ``[0, 1]`` (hidden share);
+* FSDP2's costs inside a step (:mod:`execwrap.cost.fixed_costs`): how much slower or
+  faster a collective runs in a step than in the sweep, by size (the curves are
+  multiplied by these factors) and the fixed cost per group and per parameter tensor of
+  each collective, from the forward and backward of real ``fully_shard`` steps of
+  synthetic stacks;
 * the optimizer (:mod:`execwrap.cost.optimizer`): ``AdamW.step`` over
   ``DTensor`` parameters, 4 to 32 of each local size from 4 KiB to 16 MiB (its
   size-dependent cost per tensor) and of 16 elements (its fixed cost per tensor);
-* activation checkpointing's host work (:mod:`execwrap.cost.checkpoint_timing`):
-  regions of 2 and 16 layers of tiny ops, not checkpointed, fully and
-  selectively checkpointed (a cost per region call and per op, forward and
-  recomputation);
-* the device's memory (:func:`measure_device_memory`:
-  the CUDA device's total, or the host's memory per rank on CPU);
+* activation checkpointing's host work (:mod:`execwrap.cost.checkpoint_timing`: tiny
+  transformer blocks, plain, fully and selectively checkpointed; per region and per op);
+* the device's memory (:func:`measure_device_memory`: the CUDA device's total, or
+  the host's memory per rank on CPU);
 * on CPU, the wait at a collective for the slowest rank after compute
   (:mod:`execwrap.cost.sync_wait`: spans of 1, 4 and 16 ms of matmuls with
   and without a collective after each), the model's ``sync_jitter``.
@@ -49,10 +45,10 @@ group's ranks on this machine was seen on a CPU (:mod:`execwrap.cost.host`),
 when at least half of the runs were such (the FSDP2 stacks repeat rounds until
 enough are); the steal share and the other processes' share of the CPU time
 over the whole calibration are named in ``source`` and warned of above
-:data:`STEAL_WARN_SHARE` and :data:`LOAD_WARN_SHARE`. Each phase is logged at
-INFO with its progress (``execwrap calibrate`` shows it). On CUDA, timings synchronise the device;
-collectives run on the current device. Calibration never changes the
-process group or the default dtype, and frees what it allocated.
+:data:`STEAL_WARN_SHARE` and :data:`LOAD_WARN_SHARE`. Each phase is logged at INFO with
+its progress (``execwrap calibrate`` shows it). On CUDA, timings synchronise the device;
+collectives run on the current device. Calibration never changes the process group or
+the default dtype, and frees what it allocated.
 """
 
 from __future__ import annotations

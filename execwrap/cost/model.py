@@ -58,45 +58,39 @@ class CostModel:
         device_type: ``"cpu"`` or ``"cuda"`` (the device FSDP2 runs on).
         backend: the process group's backend (``"gloo"``, ``"nccl"``, ...).
         world_size: ranks in the data-parallel group the curves are for.
-        all_gather: seconds of one all-gather in a training step, by output
-            bytes (calibrated: the sweep of ``all_gather_single`` times the
-            in-step factors measured on FSDP2 stacks).
+        all_gather: seconds of one all-gather in a training step, by output bytes
+            (calibrated: the sweep of ``all_gather_single`` times the in-step factors
+            measured on FSDP2 stacks).
         reduce_scatter: the same for a reduce-scatter, by input bytes.
-        copy_bytes_per_s: bytes copied per second by a large device copy
-            (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in
-            are memory-bound copies).
-        copy_curve: seconds of a copy into a freshly allocated buffer, by
-            bytes, when measured (caches flushed before each copy; large fresh
-            buffers pay page faults); ``None``: ``copy_bytes_per_s``.
-        group_overhead_s: fixed cost per FSDP2 group per collective it issues
-            (the hooks, the copy-in/copy-out bookkeeping, the collective's
-            Python path), seconds.
-        param_overhead_s: fixed cost per parameter tensor of a group per
-            collective it issues (FSDP2's per-parameter work: copy-in and
-            copy-out views, unsharded parameter and DTensor gradient set-up),
-            seconds.
-        overlap: 0..1, the fraction of a collective's time hidden when compute
-            runs beside it (compute proceeds at this fraction of its speed
-            while a collective is in flight): about 0 on CPU gloo with no spare
-            core, high on NVLink where NCCL takes a few SMs.
+        copy_bytes_per_s: bytes copied per second by a large device copy (FSDP2's all-gather
+            copy-in / copy-out and reduce-scatter copy-in are memory-bound copies).
+        copy_curve: seconds of a copy into a freshly allocated buffer, by bytes, when
+            measured (caches flushed before each copy; large fresh buffers pay page faults);
+            ``None``: ``copy_bytes_per_s``.
+        group_overhead_s: fixed cost per FSDP2 group per collective it issues (the hooks,
+            the copy-in/copy-out bookkeeping, the collective's Python path), seconds.
+        param_overhead_s: fixed cost per parameter tensor of a group per collective it
+            issues (FSDP2's per-parameter work: copy-in and copy-out views, unsharded
+            parameter and DTensor gradient set-up), seconds.
+        overlap: 0..1, the fraction of a collective's time hidden when compute runs beside
+            it (compute proceeds at this fraction of its speed while a collective is in
+            flight): about 0 on CPU gloo with no spare core, high on NVLink where NCCL takes
+            a few SMs.
         compute: the device's achieved compute rates (roofline estimates, the
             optimizer step).
-        optimizer_param_overhead_s: fixed cost of the optimizer step per
-            parameter tensor (a for-loop optimizer over DTensors on CPU pays
-            per tensor), seconds.
-        optimizer_curve: seconds of the size-dependent part of one
-            ``AdamW.step`` (7 elementwise passes) over one tensor, by its
-            bytes, when measured (:mod:`execwrap.cost.calibrate`: on CPU small
-            tensors stay in cache while large ones pay the page faults of the
-            step's fresh temporaries, e.g. ``exp_avg_sq.sqrt()``); ``None``:
-            the passes at ``compute.memory_bytes_per_s``.
-        sync_jitter: the wait at a collective for the slowest rank, per square
-            root of the compute seconds since the rank's previous collective
-            (seconds per square-root second, ``>= 0``): a collective after
-            ``c`` seconds of compute waits ``sync_jitter * sqrt(c)`` seconds
-            where collectives block the training thread
-            (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`.
-            ``0`` (presets, models saved before it): no wait.
+        optimizer_param_overhead_s: fixed cost of the optimizer step per parameter tensor (a
+            for-loop optimizer over DTensors on CPU pays per tensor), seconds.
+        optimizer_curve: seconds of the size-dependent part of one ``AdamW.step`` (7
+            elementwise passes) over one tensor, by its bytes, when measured
+            (:mod:`execwrap.cost.calibrate`: on CPU small tensors stay in cache while large
+            ones pay the page faults of the step's fresh temporaries, e.g.
+            ``exp_avg_sq.sqrt()``); ``None``: the passes at ``compute.memory_bytes_per_s``.
+        sync_jitter: the wait at a collective for the slowest rank, per square root of the
+            compute seconds since the rank's previous collective (seconds per square-root
+            second, ``>= 0``): a collective after ``c`` seconds of compute waits
+            ``sync_jitter * sqrt(c)`` seconds where collectives block the training thread
+            (:attr:`synchronous_collectives`); :mod:`execwrap.cost.sync_wait`. ``0``
+            (presets, models saved before it): no wait.
         checkpoint_overhead: the host work activation checkpointing adds per
             checkpointed region and per op it dispatches
             (:class:`~execwrap.cost.checkpoint_overhead.CheckpointOpCost`; measured by

@@ -225,3 +225,44 @@ def test_attention_on_meta_is_estimated_like_on_cpu(dropout_p: float) -> None:
     # q, k and v) and, fused, the output (1024) and log-sum-exp (128): 4224; the math path
     # also saves the decomposition's scaled operands, attention weights and dropout mask
     assert meta.saved_activation_bytes == {0.0: [4224, 1024], 0.1: [11264, 1024]}[dropout_p]
+
+
+class _Scale(nn.Module):
+    """``w * x``: with ``x`` and the loss's scale at 1e-20, ``w``'s gradient is 1e-40."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x
+
+
+def test_denormal_gradients_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    flushing = torch.set_flush_denormal(False)  # torch's default; True where supported
+    model = _Scale()
+    with caplog.at_level("WARNING", logger="tracing.runtime.record"):
+        order = record_execution_order(
+            model, torch.full((4,), 1e-20), timing=True, loss_fn=lambda out: out.sum() * 1e-20
+        )
+    assert order.has_timing and model.w.grad is None  # the model as before
+    assert flushing
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "record_execution_order: 4 gradient elements are denormal (nonzero, below their "
+        "dtype's smallest normal number; most in 'w': 4); a CPU computes such values "
+        "several times slower, so the measured times may be too long. Call "
+        "torch.set_flush_denormal(True) and record again (GPUs compute them at full speed)"
+    )
+
+
+def test_flushed_denormals_are_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    torch.set_flush_denormal(True)
+    try:
+        with caplog.at_level("WARNING", logger="tracing.runtime.record"):
+            record_execution_order(
+                _Scale(), torch.full((4,), 1e-20), timing=True, loss_fn=lambda o: o.sum() * 1e-20
+            )
+    finally:
+        torch.set_flush_denormal(False)
+    assert caplog.records == []

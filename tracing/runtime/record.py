@@ -6,6 +6,8 @@ changed (:class:`~tracing.model_state.SavedModelState`: gradients, buffers,
 RNG states). When the model raises, the error names the module it came from:
 on the meta device as a :class:`~tracing.errors.TracingError` that says why
 meta execution failed, otherwise as a note added to the model's own error.
+Timed on CPU, a WARNING says when the timed steps' gradients held denormal values,
+which CPUs compute several times slower (``torch.set_flush_denormal(True)`` avoids them).
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ def _timed_step(
             timed.append(timer.fields("measured"))
     finally:
         params.clear()
+    if backward and clock.device_type == "cpu":
+        _warn_denormal_grads(model)
     timed.sort(key=_step_seconds)
     fastest, slowest = _step_seconds(timed[0]), _step_seconds(timed[-1])
     if slowest - fastest > TIMING_SPREAD_MIN_S and slowest > TIMING_SPREAD_WARN * fastest:
@@ -224,6 +228,34 @@ def _timed_step(
         **timed[len(timed) // 2],
         backward_transient_bytes=empty.backward_transient_bytes,
     )
+
+
+def _warn_denormal_grads(model: nn.Module) -> None:
+    """WARNING when the timed steps' float32/float64 gradients hold denormal values
+    (nonzero, below the dtype's smallest normal number, e.g. 1.18e-38 in float32): CPUs
+    compute those through microcode assists, several times slower (a 192-wide GPT of
+    ``benchmarks/training_step.py`` whose float32 gradients held 9,196 of them: forward and
+    backward 4.4x slower on an Intel Xeon, varying from step to step), which the measured
+    times would carry into every prediction made from them."""
+    counts: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None or g.dtype not in (torch.float32, torch.float64) or g.is_sparse:
+            continue
+        n = int(((g != 0) & (g.abs() < torch.finfo(g.dtype).tiny)).sum())
+        if n:
+            counts[name] = n
+    if counts:
+        worst = max(counts, key=lambda k: counts[k])
+        logger.warning(
+            "record_execution_order: %d gradient elements are denormal (nonzero, below their "
+            "dtype's smallest normal number; most in %r: %d); a CPU computes such values "
+            "several times slower, so the measured times may be too long. Call "
+            "torch.set_flush_denormal(True) and record again (GPUs compute them at full speed)",
+            sum(counts.values()),
+            worst,
+            counts[worst],
+        )
 
 
 def _without_timing(order: ExecutionOrder) -> ExecutionOrder:
