@@ -6,13 +6,14 @@ never is: FSDP2's default, and the only root setting the joint auto-planner pric
 every unit fully checkpointed, and, where the device has host memory to offload to, CPU
 offload (the configurations the joint auto-planner keeps as its least-memory baselines:
 :mod:`execwrap.planning.auto.search`, :mod:`execwrap.planning.auto.mesh`). Resharding the
-root too is no plan the planner can choose, and it is not always less memory: with CPU
-offload the root's parameters are gathered again at the start of backward, over the
-loss's temporaries. :func:`largest_fitting` finds the largest
-size whose least-memory plan is within the budget with one simulation per size tried
-(sizes 1 and 2, the size the line through their peaks reaches the budget at and the
-next, then doubling and bisecting where the peaks are not on that line), instead of a
-full search per size
+root too is no plan the planner can choose, and it is not always less memory: the root
+is then gathered again in backward, and that all-gather's buffers can land at the peak
+(0.44 GB more for a Llama-3.1-8B with CPU offload).
+
+:func:`largest_fitting` finds the largest size whose least-memory plan is within the
+budget with one simulation per size tried (sizes 1 and 2, the size the line through
+their peaks reaches the budget at and the next, then doubling and bisecting where the
+peaks are not on that line), instead of a full search per size
 (:func:`execwrap.largest_micro_batch`, which also returns the fastest plan at that
 size). The peak of the least-memory plan only grows with the micro-batch.
 """
