@@ -9,9 +9,9 @@ reports on the built-in GPT-style demo model into ``./execwrap-report/``.
 ``execwrap diff A.json B.json`` names the first call where two saved orders
 part; ``execwrap show ORDER.json`` prints a saved order and its plan.
 
-Exit status: 0 success, 1 a finding (``diff``: the orders differ), 2 bad
-usage or bad input (one ``execwrap: error: ...`` line on stderr, never a
-traceback).
+Exit status: 0 success, 1 a finding (``diff``: the orders differ; ``fit``: the
+step does not fit), 2 bad usage or bad input (one ``execwrap: error: ...`` line on
+stderr, never a traceback).
 
 How it is built, in the order a run goes through it:
 

@@ -1,8 +1,8 @@
 """How the command line fails: :class:`CLIError` and the exit statuses.
 
 Exit status: :data:`EXIT_OK` (0) success, :data:`EXIT_FINDING` (1) a finding
-(``diff``: the orders differ), :data:`EXIT_USAGE` (2) bad usage or bad input
-(one ``execwrap: error: ...`` line on stderr, never a traceback),
+(``diff``: the orders differ; ``fit``: the step does not fit), :data:`EXIT_USAGE` (2)
+bad usage or bad input (one ``execwrap: error: ...`` line on stderr, never a traceback),
 :data:`EXIT_INTERRUPTED` (130) Ctrl-C, :data:`EXIT_BROKEN_PIPE` (141, as a process
 killed by SIGPIPE) the reader of the output went away (``execwrap show r.json | head``):
 no traceback either.

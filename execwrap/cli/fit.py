@@ -7,7 +7,8 @@ reaches it through that one function, an exception written in the layer contract
 ``--json``; with ``--out DIR`` writes ``plan.json`` (:func:`execwrap.save_plan`),
 ``fit.json``, ``fit.html`` and ``recipe_<framework>.py``. Bad input (a model id offline, a
 config transformers cannot build, a plan file for another model) is one error line and
-exit status 2.
+exit status 2; a step that does not fit (no plan within the budget, or a given plan over
+it) is a finding: the answer as usual, and exit status 1.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import logging
 from pathlib import Path
 
-from execwrap.cli.errors import EXIT_OK, CLIError
+from execwrap.cli.errors import EXIT_FINDING, EXIT_OK, CLIError
 from execwrap.cli.fit_args import FitOptions
 from execwrap.cli.owned_files import write_owned_files
 from execwrap.cli.text import echo, print_table
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 
 def run_fit(options: FitOptions) -> int:
-    """Size the model of ``options`` and print (and write) the answer. Returns 0.
+    """Size the model of ``options`` and print (and write) the answer. Returns 0 when
+    the step fits, 1 (a finding) when it does not.
 
     Raises:
         CLIError: what :func:`execwrap.fit` refuses (its message), an unreadable plan file,
@@ -60,7 +62,7 @@ def run_fit(options: FitOptions) -> int:
         _write(result, options.out)
     if options.json:
         print(json.dumps(result.to_dict(), indent=2))  # ASCII JSON: nothing to escape
-        return EXIT_OK
+        return _status(result)
     print_table(summary_rows(result))
     if result.memory is not None:
         echo("memory per GPU at the peak:")
@@ -76,7 +78,12 @@ def run_fit(options: FitOptions) -> int:
     elif result.reason:
         echo()
         echo(f"why: {result.reason}")
-    return EXIT_OK
+    return _status(result)
+
+
+def _status(result: FitResult) -> int:
+    """0 when the step fits, 1 (a finding, as ``execwrap diff``'s) when it does not."""
+    return EXIT_OK if result.fits else EXIT_FINDING
 
 
 def _model(text: str) -> str:

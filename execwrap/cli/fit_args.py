@@ -67,7 +67,9 @@ def add_fit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "resharding, checkpointing, offload), predicted tokens/s/GPU and step time, the "
         "memory per rank, the largest micro-batch that fits, and a recipe to paste.",
         epilog="example: execwrap fit path/to/config.json --cluster h100-nvlink-8 "
-        "--sequence-length 8192 --micro-batch 2 --precision bf16",
+        "--sequence-length 8192 --micro-batch 2 --precision bf16. "
+        "exit status: 0 the step fits, 1 it does not (a finding: no plan within the "
+        "memory budget, or the --plan over it), 2 bad usage or input",
     )
     fit.add_argument(
         "model",

@@ -36,8 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 success, 1 a finding (``diff``: orders differ), 2 bad
-        usage or input (one ``execwrap: error: ...`` line printed to stderr),
+        The exit status: 0 success, 1 a finding (``diff``: orders differ; ``fit``:
+        the step does not fit), 2 bad usage or input (one ``execwrap: error: ...``
+        line printed to stderr),
         130 interrupted, 141 the output pipe was closed early (``| head``).
     """
     parser = build_parser()

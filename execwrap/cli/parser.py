@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Execution-order FSDP wrap planning: capture, plan, report.",
-        epilog="exit status: 0 success, 1 a finding (diff: orders differ), 2 bad usage or input",
+        epilog="exit status: 0 success, 1 a finding (diff: orders differ; fit: the step does not "
+        "fit), 2 bad usage or input",
         parents=[verbose],
     )
     parser.add_argument(

@@ -105,7 +105,10 @@ def size_job(
         max_micro_batch: the largest micro-batch tried for ``largest_micro_batch``.
 
     Returns:
-        A :class:`~execwrap.sizing.result.FitResult`.
+        A :class:`~execwrap.sizing.result.FitResult`. When the searched plan fits,
+        its ``largest_micro_batch`` is at least ``micro_batch`` (up to
+        ``max_micro_batch``): the least-memory plan it is priced from is one the
+        planner can choose.
 
     Raises:
         ValueError: a bad cluster, precision or size; a plan made for another model
@@ -131,6 +134,9 @@ def size_job(
 
     best, reason = _best_plan(target, order_of(micro_batch), where, step, budget, plan, optimizer)
     largest, tried = largest_fitting(peak_of, budget, max_micro_batch=max_micro_batch)
+    fits = best is not None and reason is None
+    if plan is None and fits:
+        _check_largest(min(micro_batch, max_micro_batch), largest, tried)
     return FitResult(
         model=target.name,
         parameters=sum(p.numel() for p in target.model.parameters()),
@@ -139,13 +145,22 @@ def size_job(
         micro_batch=micro_batch,
         precision=name,
         memory_budget=budget,
-        fits=best is not None and reason is None,
+        fits=fits,
         plan=best,
         largest_micro_batch=largest,
         tried=tried,
         reason=reason,
         source=dict(target.source),
         given_plan=plan is not None,
+    )
+
+
+def _check_largest(micro_batch: int, largest: int, tried: tuple[tuple[int, int], ...]) -> None:
+    """The planner fitted ``micro_batch``, so its least-memory plan, which the planner can
+    choose, fits it too: the largest micro-batch is at least ``micro_batch``."""
+    assert largest >= micro_batch, (
+        f"size_job: the planner fits micro-batch {micro_batch} but the least-memory "
+        f"plans give a largest micro-batch of {largest} (tried {tried})"
     )
 
 

@@ -1,14 +1,19 @@
 """The largest micro-batch that fits, from each size's least-memory plan.
 
 Some plan of a micro-batch fits exactly when its least-memory plan fits: every unit
-its own group, prefetch 0, every group resharded after forward, every unit fully
-checkpointed, and, where the device has host memory to offload to, CPU offload (the
-configurations the joint auto-planner keeps as its least-memory baselines:
-:mod:`execwrap.planning.auto.search`). :func:`largest_fitting` finds the largest
-size whose least-memory plan is within the budget with one simulation per size tried
-(sizes 1 and 2, the size the line through their peaks reaches the budget at and the
-next, then doubling and bisecting where the peaks are not on that line), instead of a
-full search per size
+its own group, prefetch 0, every group but the root resharded after forward (the root
+never is: FSDP2's default, and the only root setting the joint auto-planner prices),
+every unit fully checkpointed, and, where the device has host memory to offload to, CPU
+offload (the configurations the joint auto-planner keeps as its least-memory baselines:
+:mod:`execwrap.planning.auto.search`, :mod:`execwrap.planning.auto.mesh`). Resharding the
+root too is no plan the planner can choose, and it is not always less memory: the root
+is then gathered again in backward, and that all-gather's buffers can land at the peak
+(0.44 GB more for a Llama-3.1-8B with CPU offload).
+
+:func:`largest_fitting` finds the largest size whose least-memory plan is within the
+budget with one simulation per size tried (sizes 1 and 2, the size the line through
+their peaks reaches the budget at and the next, then doubling and bisecting where the
+peaks are not on that line), instead of a full search per size
 (:func:`execwrap.largest_micro_batch`, which also returns the fastest plan at that
 size). The peak of the least-memory plan only grows with the micro-batch.
 """
@@ -44,7 +49,10 @@ def least_memory_peak(
     docstring): the smaller of the peaks without and, where the device has host
     memory, with CPU offload."""
     plan = plan_wrap_unwatched(model, order, init_policy)
-    step = dataclasses.replace(training, checkpointing="full", checkpoint_every=1)
+    step = dataclasses.replace(
+        training, checkpointing="full", checkpoint_every=1, unit_checkpointing={}
+    )
+    reshard = [not u.is_root for u in plan.units]  # as the planner's unit_flags
     steps = [step]
     if cost_model.device_type != "cpu" and cost_model.host is not None:
         steps.append(dataclasses.replace(step, offload="cpu"))
@@ -55,7 +63,7 @@ def least_memory_peak(
                 cost_model,
                 world_size=world_size,
                 prefetch=0,
-                reshard_after_forward=True,
+                reshard_after_forward=reshard,
                 optimizer=optimizer,
                 training=s,
             ).peak_memory_bytes

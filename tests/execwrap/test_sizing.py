@@ -129,6 +129,22 @@ def test_largest_micro_batch_is_the_joint_planners(
     assert result.largest_micro_batch == joint.micro_batch == 860
 
 
+def test_a_fitting_micro_batch_is_at_most_the_largest(model: torch.nn.Module, monkeypatch) -> None:
+    """The invariant size_job checks: a searched plan that fits micro-batch m means a
+    largest micro-batch >= m (tests/integrations/test_fit.py pins it on the 8B Llama,
+    where the root's resharding once broke it). Least-memory peaks over every budget
+    would break it, and size_job refuses to answer."""
+    import execwrap.sizing.job as job
+
+    monkeypatch.setattr(job, "least_memory_peak", lambda *args, **kwargs: 10 * BUDGET)
+    with pytest.raises(
+        AssertionError,
+        match=r"size_job: the planner fits micro-batch 4 but the least-memory plans give a "
+        r"largest micro-batch of 0 \(tried \(\(1, 2000000000\),\)\)",
+    ):
+        size_job(module_target(model), sequence_length=SEQ, micro_batch=4, memory_budget=BUDGET)
+
+
 def test_nothing_fits(model: torch.nn.Module) -> None:
     r = size_job(module_target(model), sequence_length=SEQ, micro_batch=1, memory_budget=100_000)
     assert (r.fits, r.plan, r.largest_micro_batch, r.tried) == (False, None, 0, ((1, 847_492),))

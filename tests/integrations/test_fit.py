@@ -1,5 +1,6 @@
 """``execwrap fit`` on a transformers config: the answer, the files, the recipes that
-train, and bad input (exit status 2, one error line).
+train, a step that does not fit (exit status 1), and bad input (exit status 2, one
+error line).
 
 The plain-FSDP2 and transformers recipes are run as written, by ``torchrun`` on 2 gloo
 ranks on CPU, from the files ``execwrap fit --out`` wrote for a tiny Llama.
@@ -83,6 +84,63 @@ def test_recipe_trains_on_two_ranks(out: tuple[Path, dict], framework: str) -> N
     losses = [float(x) for x in re.findall(r"^step \d: loss (\S+)$", done.stdout, re.M)]
     assert len(losses) == 3, done.stdout
     assert losses[2] < losses[1] < losses[0]  # the same batch three times: it trains
+
+
+#: The Llama-3.1-8B-shaped config of docs/guide/fit.md (the model's own numbers).
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "hidden_act": "silu",
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llama_8b(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("llama-8b") / "config.json"
+    path.write_text(json.dumps(LLAMA_8B))
+    return path
+
+
+def _status(argv: list[str], capsys) -> tuple[int, str]:
+    status = main(argv)
+    return status, capsys.readouterr().out
+
+
+def test_fit_at_the_least_memory_plan_reports_its_micro_batch(llama_8b: Path, capsys) -> None:
+    """In 10 GiB the planner fits micro-batch 1 only with its least-memory plan (per-unit,
+    prefetch 0, full checkpointing, CPU offload, the root not resharded after forward, as
+    FSDP2 leaves it); the largest micro-batch is priced from that same plan, so it is 1,
+    not "none" (it was when the root was priced as resharded too: 11100373012 bytes)."""
+    status, out = _status(["fit", str(llama_8b), "--memory-budget", "10GiB", "--json"], capsys)
+    data = json.loads(out)
+    assert status == 0
+    assert (data["micro_batch"], data["fits"], data["peak_memory_bytes"]) == (1, True, 10664116244)
+    plan = data["plan"]
+    assert (plan["label"], plan["prefetch"], plan["reshard_after_forward"]) == (
+        "per-unit, prefetch 0, full checkpointing; CPU offload",
+        0,
+        [False] + [True] * 32,
+    )  # the root, then the 32 layers
+    assert data["largest_micro_batch"] == 1
+    assert data["tried"] == [[1, 10664116244], [2, 18176196620]]
+    assert data["largest_micro_batch"] >= data["micro_batch"]  # fits at m: largest >= m
+
+
+def test_a_step_that_does_not_fit_exits_1(llama_8b: Path, capsys) -> None:
+    """A finding, as ``execwrap diff``'s: the answer as usual, exit status 1."""
+    status, out = _status(["fit", str(llama_8b), "--memory-budget", "5GiB"], capsys)
+    assert status == 1
+    lines = out.splitlines()
+    assert "  fits                 no: no plan within 5.00 GiB per GPU" in lines
+    assert "  largest micro-batch  none: not even 1 fits" in lines
+    assert lines[-1].startswith(
+        "why: no plan fits the memory budget of 5.00 GiB (5368709120 bytes) per rank: the "
+        "smallest peak any candidate reaches is 9.93 GiB (10664116244 bytes)"
+    )
 
 
 def _free_port() -> int:
