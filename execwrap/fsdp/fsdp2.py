@@ -183,7 +183,7 @@ def _plan_and_step(
     checkpointing, every = _checkpointing(policy_or_plan, checkpointing, checkpoint_every)
     _check_step_kwargs(kwargs, mesh, model, checkpointing, every)
     plan = _build_plan(model, policy_or_plan, mesh, kwargs.get("ignored_params"))
-    return (plan, *fsdp2_step(model, plan, kwargs, checkpointing, every))
+    return (plan, *fsdp2_step(model, plan, kwargs, checkpointing, every, mesh))
 
 
 def _check_arguments(model: nn.Module, prefetch: int | str) -> None:

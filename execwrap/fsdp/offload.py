@@ -8,7 +8,9 @@ On a CPU-only device the parameters already live in host memory: there is no
 accelerator to copy to. torch then fails late and without saying why: FSDP2 in
 ``fully_shard`` itself, halfway through the plan's groups, when it pins the shard
 ("Cannot access accelerator device when none is available."); FSDP1 at the first
-forward. :func:`check_offload` refuses it before anything is wrapped, saying why.
+forward. :func:`check_offload` refuses it before anything is wrapped, saying why;
+:func:`check_plan_offload` does the same for a plan's CPU offload (``plan.training``),
+naming the plan as where it came from.
 
 The device is the one FSDP would shard onto: the mesh's ``device_type`` (FSDP2),
 ``device_id`` (FSDP1), else the current accelerator (``torch.accelerator``), else the
@@ -22,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["check_offload", "offload_device_type"]
+__all__ = ["check_offload", "check_plan_offload", "offload_device_type"]
 
 
 def offload_device_type(mesh: DeviceMesh | None = None, device_id: Any = None) -> str:
@@ -100,16 +102,61 @@ def check_offload(
         if api == "fully_shard"
         else "cpu_offload=CPUOffload(offload_params=True)"
     )
+    raise ValueError(
+        f"{where}: {setting} keeps the sharded parameters, gradients and optimizer state in "
+        f"host memory and copies them to an accelerator for each all-gather, but "
+        f"{_nothing_to_copy_to(mesh)}; nothing has been wrapped. Leave {kwarg} out on a "
+        "CPU-only device, or shard onto an accelerator"
+        + (' (init_device_mesh("cuda", ...))' if api == "fully_shard" else " (device_id=...)")
+    )
+
+
+def check_plan_offload(
+    offload: str,
+    *,
+    mesh: DeviceMesh | None = None,
+    planned_for: str | None = None,
+    where: str = "apply_fully_shard",
+) -> None:
+    """Refuse a plan's CPU offload (``plan.training.offload``, applied when no
+    ``offload_policy`` is given) where FSDP2 shards onto the CPU, naming the plan as its source.
+
+    Args:
+        offload: the plan's training step's offload, ``"none"`` or ``"cpu"``.
+        mesh: FSDP2's mesh (``None``: the device ``fully_shard`` defaults to).
+        planned_for: the cost model the plan was made with (``plan.search.cost_model``),
+            named in the message; ``None`` when the plan does not record it.
+        where: the caller, first in the message.
+
+    Raises:
+        ValueError: ``offload`` is ``"cpu"`` and the device is the CPU; the message says
+            where the offload came from, that nothing has been wrapped, and the two fixes
+            (``offload_policy=OffloadPolicy()``, or planning with a cost model of this device).
+
+    Example:
+        >>> check_plan_offload("none")
+    """
+    if offload != "cpu" or offload_device_type(mesh) != "cpu":
+        return
+    planned = "" if planned_for is None else f", planned for {planned_for}"
+    raise ValueError(
+        f"{where}: the plan's training step chose CPU offload (plan.training.offload='cpu'"
+        f"{planned}), which keeps the sharded parameters, gradients and optimizer state in "
+        f"host memory and copies them to an accelerator for each all-gather, but "
+        f"{_nothing_to_copy_to(mesh)}; nothing has been wrapped. Pass "
+        "offload_policy=OffloadPolicy() (torch.distributed.fsdp) to apply the plan without "
+        "offload, or plan again with a cost model of this device (CostModel.calibrate() on it)"
+    )
+
+
+def _nothing_to_copy_to(mesh: DeviceMesh | None) -> str:
+    """Why offload cannot work on a CPU device, as the end of a sentence."""
     on = "the mesh is on 'cpu'" if mesh is not None else "the device is the CPU"
     accelerator = (
         "" if torch.accelerator.is_available() else " (torch.accelerator.is_available() is False)"
     )
-    raise ValueError(
-        f"{where}: {setting} keeps the sharded parameters, gradients and optimizer state in "
-        "host memory and copies them to an accelerator for each all-gather, but "
+    return (
         f"{on}{accelerator}: the parameters already live in host memory and there is no "
         'accelerator to copy them to (torch would fail later with "Cannot access '
-        'accelerator device when none is available."); nothing has been wrapped. Leave '
-        f"{kwarg} out on a CPU-only device, or shard onto an accelerator"
-        + (' (init_device_mesh("cuda", ...))' if api == "fully_shard" else " (device_id=...)")
+        'accelerator device when none is available.")'
     )

@@ -9,7 +9,10 @@ FSDP sets up is applied without being repeated:
   ``offload_policy=CPUOffloadPolicy()``, its checkpointing per unit as
   ``checkpointing={module FQN: mode}``; a keyword given explicitly is applied instead,
   with one WARNING when it differs from the plan's (the plan's predicted step and the
-  memory budget it was planned under then no longer describe what runs);
+  memory budget it was planned under then no longer describe what runs). The plan's CPU
+  offload on a CPU mesh is refused before anything is wrapped, naming the plan
+  (:func:`~execwrap.fsdp.offload.check_plan_offload`); ``offload_policy=OffloadPolicy()``
+  applies the plan without it (one INFO line: on a CPU device that is the right call);
 * FSDP1 (:func:`fsdp1_step`, for :class:`execwrap.ParamExecOrderWrapPolicy`): its
   checkpointing per unit likewise. FSDP1 sets the root's ``mixed_precision`` and
   ``cpu_offload`` from ``FullyShardedDataParallel``'s own arguments, which a policy
@@ -28,9 +31,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from execwrap.fsdp.checkpointing import Checkpointing, checkpoint_targets
-from execwrap.fsdp.offload import check_offload
+from execwrap.fsdp.offload import check_offload, check_plan_offload, offload_device_type
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.plan.training_step import Precision, TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
@@ -49,12 +53,18 @@ def fsdp2_step(
     fully_shard_kwargs: Mapping[str, Any],
     checkpointing: Checkpointing,
     every: int,
+    mesh: DeviceMesh | None = None,
 ) -> tuple[dict[str, Any], Checkpointing, int]:
     """``fully_shard_kwargs`` and the checkpointing to apply, the plan's step filled in
-    where not given (module docstring); a given setting that differs: one WARNING each.
+    where not given (module docstring); a given setting that differs: one WARNING each
+    (an ``offload_policy`` without offload on a CPU ``mesh``: one INFO line).
 
     Returns:
         ``(fully_shard_kwargs, checkpointing, every)``.
+
+    Raises:
+        ValueError: the plan's CPU offload, not overridden, on a CPU ``mesh``
+            (:func:`~execwrap.fsdp.offload.check_plan_offload`).
     """
     kwargs = dict(fully_shard_kwargs)
     step = plan.training
@@ -70,10 +80,16 @@ def fsdp2_step(
         if step.offload == "cpu":
             from torch.distributed.fsdp import CPUOffloadPolicy
 
+            planned_for = plan.search.cost_model if plan.search is not None else None
+            check_plan_offload(step.offload, mesh=mesh, planned_for=planned_for, where=where)
+
             kwargs["offload_policy"] = CPUOffloadPolicy()
     else:
         given = "cpu" if type(kwargs["offload_policy"]).__name__ == "CPUOffloadPolicy" else "none"
-        _warn_offload(given, step, where, "offload_policy")
+        if given == "none" and step.offload == "cpu" and offload_device_type(mesh) == "cpu":
+            _info_no_offload_on_cpu(type(kwargs["offload_policy"]).__name__, where)
+        else:
+            _warn_offload(given, step, where, "offload_policy")
     mine = step.checkpoint_targets(plan)
     if checkpointing is None and every == 1:
         return kwargs, cast(Checkpointing, mine or None), 1
@@ -166,6 +182,17 @@ def _warn_offload(given: str, step: TrainingStep, where: str, name: str) -> None
             _STALE,
             name,
         )
+
+
+def _info_no_offload_on_cpu(policy: str, where: str) -> None:
+    logger.info(
+        "%s: offload_policy=%s() given on a CPU device: the plan is applied without its "
+        "training step's CPU offload (plan.training.offload='cpu'), which needs an "
+        "accelerator to copy to; plan.estimate and the memory budget it was planned under "
+        "describe the step with offload",
+        where,
+        policy,
+    )
 
 
 def _warn_checkpointing(given: Mapping[str, str], mine: Mapping[str, str], where: str) -> None:

@@ -16,6 +16,8 @@ plans, simulates or applies.
   and of the order that plans are built and checked against;
 * :mod:`~execwrap.plan.prefetch`: :func:`prefetch_schedule`, the explicit prefetch lists
   (applied by FSDP2 and priced by the simulator);
+* :mod:`~execwrap.plan.training_step` and :mod:`~execwrap.plan.precision`: the step around a
+  plan (:class:`TrainingStep`, :class:`Precision` and the precisions by name);
 * :mod:`~execwrap.plan.estimate`: :class:`StepEstimate`, the predicted step a plan carries;
 * :mod:`~execwrap.plan.search_record`: :class:`PlanSearch`, what the auto-planner compared;
 * :mod:`~execwrap.plan.compare`: :func:`compare_plans`.

@@ -6,7 +6,7 @@ what applies it (``MixedPrecisionPolicy``, checkpointing, ``CPUOffloadPolicy``,
 ``set_requires_gradient_sync``), what searches it (the auto-planner) and the plan
 that carries it (:attr:`execwrap.WrapPlan.training`, saved with the plan):
 
-* :class:`Precision`: FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``,
+* :class:`Precision` (:mod:`execwrap.plan.precision`): FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``,
   ``reduce_dtype``, ``output_dtype``, ``cast_forward_inputs``) and
   ``torch.autocast``'s dtype;
 * activation checkpointing per plan unit: ``"none"``, ``"full"`` (the unit's
@@ -39,6 +39,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
+from execwrap.plan.precision import (
+    DTYPES,
+    PRECISIONS,
+    DType,
+    Precision,
+    dtype_itemsize,
+    named_precision,
+)
 from execwrap.plan.unit import WrapUnit, enclosing_units
 
 __all__ = [
@@ -66,8 +74,6 @@ class _Plan(Protocol):
     def root_index(self) -> int: ...
 
 
-#: Floating-point dtypes a step can compute, gather or reduce in (torch names).
-DType = Literal["float32", "bfloat16", "float16"]
 #: Activation checkpointing of one unit.
 CheckpointMode = Literal["none", "full", "selective"]
 #: Where sharded state lives: on the device, or in host memory (``CPUOffloadPolicy``).
@@ -76,179 +82,9 @@ Offload = Literal["none", "cpu"]
 #: micro-batch, or after the last (the values of :func:`execwrap.accumulate_gradients`' ``sync``).
 GradientSync = Literal["every", "last"]
 
-DTYPES: tuple[str, ...] = get_args(DType)
 CHECKPOINT_MODES: tuple[str, ...] = get_args(CheckpointMode)
 OFFLOAD_MODES: tuple[str, ...] = get_args(Offload)
 GRADIENT_SYNCS: tuple[str, ...] = get_args(GradientSync)
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-
-
-def dtype_itemsize(name: str) -> int:
-    """Bytes per element of a dtype name (``"bfloat16"`` -> 2).
-
-    Raises:
-        ValueError: a dtype this module does not size.
-    """
-    try:
-        return _ITEMSIZE[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_ITEMSIZE)}") from None
-
-
-def _dtype_name(value: Any, where: str) -> str | None:
-    """``value`` (a dtype name, a ``torch.dtype`` or ``None``) as a name of :data:`DTYPES`."""
-    if value is None:
-        return None
-    name = value if isinstance(value, str) else str(value).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ValueError(
-            f"{where} must be None or one of {list(DTYPES)} (a name or the torch.dtype), "
-            f"got {value!r}"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class Precision:
-    """The dtypes of a step: FSDP2's ``MixedPrecisionPolicy`` and ``torch.autocast``.
-
-    Each dtype is a name of :data:`DTYPES` or the ``torch.dtype`` (stored as
-    the name). ``None`` everywhere (the default) is float32 throughout.
-
-    Attributes:
-        param_dtype: the dtype FSDP all-gathers parameters in and the forward
-            and backward compute in (``None``: the parameters' own).
-        reduce_dtype: the dtype gradients are reduce-scattered in (``None``:
-            ``param_dtype``'s, as FSDP2 does).
-        output_dtype: the dtype FSDP2 casts a unit's forward outputs to
-            (applied, not simulated: capture the loss as it will run).
-        cast_forward_inputs: FSDP2 casts floating-point forward inputs to
-            ``param_dtype`` (the default, as FSDP2's).
-        autocast_dtype: ``torch.autocast``'s dtype (``None``: no autocast); the
-            parameters stay in their dtype and are all-gathered in it.
-
-    Example:
-        >>> p = Precision(param_dtype="bfloat16", reduce_dtype="float32")
-        >>> p.compute_dtype, p.gather_dtype("float32"), p.reduce_dtype_for("float32")
-        ('bfloat16', 'bfloat16', 'float32')
-        >>> Precision(param_dtype="int8")
-        Traceback (most recent call last):
-        ...
-        ValueError: Precision.param_dtype must be None or one of ['float32', 'bfloat16', 'float16'] (a name or the torch.dtype), got 'int8'
-    """
-
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    output_dtype: str | None = None
-    cast_forward_inputs: bool = True
-    autocast_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("param_dtype", "reduce_dtype", "output_dtype", "autocast_dtype"):
-            object.__setattr__(self, name, _dtype_name(getattr(self, name), f"Precision.{name}"))
-        if not isinstance(self.cast_forward_inputs, bool):
-            raise TypeError(
-                f"Precision.cast_forward_inputs must be a bool, got {self.cast_forward_inputs!r}"
-            )
-
-    @property
-    def compute_dtype(self) -> str:
-        """The dtype matmuls and activations are in (autocast's, else ``param_dtype``,
-        else float32)."""
-        return self.autocast_dtype or self.param_dtype or "float32"
-
-    def gather_dtype(self, own: str) -> str:
-        """The dtype a parameter of dtype ``own`` is all-gathered (and unsharded) in."""
-        return self.param_dtype or own
-
-    def reduce_dtype_for(self, own: str) -> str:
-        """The dtype the gradient of a parameter of dtype ``own`` is reduce-scattered in."""
-        return self.reduce_dtype or self.param_dtype or own
-
-    def fsdp_policy(self) -> Any:
-        """FSDP2's ``MixedPrecisionPolicy`` of these dtypes (autocast is not FSDP's: apply
-        it around the forward yourself), for ``apply_fully_shard(..., mp_policy=...)``."""
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        def dtype(name: str | None) -> Any:
-            return None if name is None else getattr(torch, name)
-
-        return MixedPrecisionPolicy(
-            param_dtype=dtype(self.param_dtype),
-            reduce_dtype=dtype(self.reduce_dtype),
-            output_dtype=dtype(self.output_dtype),
-            cast_forward_inputs=self.cast_forward_inputs,
-        )
-
-    def fsdp1_policy(self) -> Any:
-        """FSDP1's ``MixedPrecision`` of these dtypes (``param_dtype``, ``reduce_dtype``,
-        ``cast_forward_inputs``), for ``FullyShardedDataParallel(..., mixed_precision=...)``."""
-        import torch
-        from torch.distributed.fsdp import MixedPrecision
-
-        def dtype(name: str | None) -> Any:
-            return None if name is None else getattr(torch, name)
-
-        return MixedPrecision(
-            param_dtype=dtype(self.param_dtype),
-            reduce_dtype=dtype(self.reduce_dtype),
-            cast_forward_inputs=self.cast_forward_inputs,
-        )
-
-    @classmethod
-    def of_policy(cls, policy: Any) -> Precision:
-        """The :class:`Precision` of FSDP2's ``MixedPrecisionPolicy`` or FSDP1's
-        ``MixedPrecision`` (``None``: float32 throughout); fields the object lacks
-        keep their defaults.
-
-        Raises:
-            ValueError: a dtype other than those of :data:`DTYPES`.
-        """
-        if policy is None:
-            return cls()
-        return cls(
-            param_dtype=getattr(policy, "param_dtype", None),
-            reduce_dtype=getattr(policy, "reduce_dtype", None),
-            output_dtype=getattr(policy, "output_dtype", None),
-            cast_forward_inputs=bool(getattr(policy, "cast_forward_inputs", True)),
-        )
-
-    def describe(self) -> str:
-        """One phrase: ``"float32"``, ``"bfloat16 parameters, float32 reduction"``."""
-        if self.is_default:
-            return "float32" if self.output_dtype is None else f"output in {self.output_dtype}"
-        parts = []
-        if self.autocast_dtype is not None:
-            parts.append(f"autocast to {self.autocast_dtype}")
-        if self.param_dtype is not None:
-            parts.append(f"{self.param_dtype} parameters")
-        if self.reduce_dtype is not None:
-            parts.append(f"{self.reduce_dtype} reduction")
-        return ", ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (dtype names, ``None`` where unset)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Precision:
-        """Inverse of :meth:`to_dict` (checked as the constructor checks).
-
-        Raises:
-            ValueError, TypeError: an unknown key, dtype or a non-bool ``cast_forward_inputs``.
-        """
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"Precision: unknown field(s) {unknown}")
-        return cls(**data)
-
-    @property
-    def is_default(self) -> bool:
-        """Whether every dtype is the parameters' own (no cast anywhere)."""
-        return (
-            self.param_dtype is None and self.reduce_dtype is None and (self.autocast_dtype is None)
-        )
 
 
 @dataclass(frozen=True)
@@ -256,7 +92,10 @@ class TrainingStep:
     """How one optimizer step runs around a plan (see the module docstring).
 
     Attributes:
-        precision: the step's dtypes (:class:`Precision`).
+        precision: the step's dtypes (:class:`Precision`); a name of
+            :data:`~execwrap.plan.precision.PRECISIONS` (``"bf16"``, ``"bf16-reduce"``,
+            ``"fp32"``, as the command line takes them) is converted to its
+            ``Precision`` when the step is made, so the field is always a ``Precision``.
         checkpointing: the mode of every outermost unit but the root (``"none"``,
             ``"full"``, ``"selective"``; a unit inside another non-root unit is
             left to it), subject to ``checkpoint_every``: the units
@@ -296,9 +135,15 @@ class TrainingStep:
     reshard_after_backward: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.precision, str):
+            object.__setattr__(
+                self, "precision", named_precision(self.precision, "TrainingStep.precision")
+            )
         if not isinstance(self.precision, Precision):
             raise TypeError(
-                f"TrainingStep.precision must be a Precision, got {type(self.precision).__name__}"
+                "TrainingStep.precision must be a Precision (e.g. Precision(param_dtype="
+                f'"bfloat16", reduce_dtype="float32")) or one of {sorted(PRECISIONS)}, got '
+                f"{type(self.precision).__name__}"
             )
         _choice("checkpointing", self.checkpointing, CHECKPOINT_MODES)
         _choice("offload", self.offload, OFFLOAD_MODES)

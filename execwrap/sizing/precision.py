@@ -4,21 +4,21 @@
 bfloat16 parameters all-gathered and computed in, float32 master weights (the shards,
 the optimizer) and gradients reduced in float32 (torchtitan's
 ``mixed_precision_reduce = "float32"``). ``bf16-reduce`` also reduces in bfloat16
-(half the reduce-scatter bytes); ``fp32`` is no mixed precision.
+(half the reduce-scatter bytes); ``fp32`` is no mixed precision. The table lives with
+the plan data (:mod:`execwrap.plan.precision`), so ``TrainingStep(precision="bf16")``
+takes the same names.
 """
 
 from __future__ import annotations
 
-from execwrap.plan.training_step import Precision
+from execwrap.plan import precision as _plan_precision
+from execwrap.plan.precision import Precision
 
 __all__ = ["PRECISIONS", "precision_of"]
 
-#: Name -> the :class:`~execwrap.Precision` the step is planned and applied with.
-PRECISIONS: dict[str, Precision] = {
-    "bf16": Precision(param_dtype="bfloat16", reduce_dtype="float32"),
-    "bf16-reduce": Precision(param_dtype="bfloat16", reduce_dtype="bfloat16"),
-    "fp32": Precision(),
-}
+#: Name -> the :class:`~execwrap.Precision` the step is planned and applied with (the
+#: table of :mod:`execwrap.plan.precision`, which ``TrainingStep(precision=...)`` takes too).
+PRECISIONS: dict[str, Precision] = _plan_precision.PRECISIONS
 
 
 def precision_of(precision: str | Precision) -> tuple[str, Precision]:

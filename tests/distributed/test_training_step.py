@@ -14,6 +14,7 @@ every step are equal exactly (``==`` on floats), on each rank.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -30,15 +31,18 @@ from torch.distributed.fsdp import (
     FSDPModule,
     MixedPrecision,
     MixedPrecisionPolicy,
+    OffloadPolicy,
     fully_shard,
 )
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from execwrap import (
+    CostModel,
     ModuleWrapPolicy,
     ParamExecOrderWrapPolicy,
     TracingConfig,
+    TrainingStep,
     WrapPlan,
     accumulate_gradients,
     apply_fully_shard,
@@ -363,3 +367,89 @@ def test_every_knob_trains_like_the_setup_by_hand() -> None:
         assert out["offload_left_alone"]
     # the ranks train on different halves of the batches
     assert results[0]["full"][0] != results[1]["full"][0]
+
+
+# ------------------------------------------------------------------ the plan's offload on a CPU mesh
+class _Lines(logging.Handler):
+    """The INFO-and-above messages of ``execwrap.fsdp.plan_step`` (to return from a rank)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        self._logger = logging.getLogger("execwrap.fsdp.plan_step")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.levelname}: {record.getMessage()}")
+
+    def __enter__(self) -> _Lines:
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+
+def _offloading_plan(model: nn.Module) -> WrapPlan:
+    """A joint plan for 8 H100s that chose CPU offload: the budget is 1 byte under the
+    smallest peak of any candidate without offload."""
+    order = capture_execution_order(model, tracing_config=TracingConfig())
+    kwargs: dict[str, Any] = {
+        "bucket_numel": "auto",
+        "cost_model": CostModel.preset("h100-nvlink-8"),
+        "training": TrainingStep(),
+    }
+    policy = ModuleWrapPolicy({LlamaBlock})
+    search = plan_wrap(model, order, policy, **kwargs).search
+    assert search is not None
+    budget = min(c.peak_memory_bytes for c in search.candidates if c.offload == "none") - 1
+    return plan_wrap(model, order, policy, memory_budget=budget, **kwargs)
+
+
+def _plan_offload_worker(rank: int, world_size: int) -> dict[str, Any]:
+    warnings.filterwarnings("ignore", category=UserWarning)
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = _model()
+    plan = _offloading_plan(model)
+    assert plan.training is not None and plan.search is not None
+    out: dict[str, Any] = {"offload": plan.training.offload, "planned_for": plan.search.cost_model}
+    with pytest.raises(ValueError) as refused:
+        apply_fully_shard(model, plan, mesh=mesh, prefetch="auto")
+    out["refused"] = str(refused.value)
+    out["left_alone"] = not any(isinstance(m, FSDPModule) for m in model.modules())
+    with _Lines() as lines:
+        apply_fully_shard(model, plan, mesh=mesh, prefetch="auto", offload_policy=OffloadPolicy())
+    out["lines"] = lines.messages
+    out["sharded"] = isinstance(model, FSDPModule)
+    out["losses"] = _train(model, rank, world_size)
+    return out
+
+
+def test_the_plans_cpu_offload_on_a_cpu_mesh_is_refused_naming_the_plan() -> None:
+    for out in run_ranks(_plan_offload_worker, world_size=2, timeout_s=120):
+        assert out["offload"] == "cpu"
+        assert out["planned_for"].startswith("preset h100-nvlink-8: ")
+        assert out["refused"] == (
+            "apply_fully_shard: the plan's training step chose CPU offload "
+            f"(plan.training.offload='cpu', planned for {out['planned_for']}), which keeps the "
+            "sharded parameters, gradients and optimizer state in host memory and copies them "
+            "to an accelerator for each all-gather, but the mesh is on 'cpu'"
+            f"{_no_accelerator()}: the parameters already live in host memory and there is no "
+            'accelerator to copy them to (torch would fail later with "Cannot access '
+            'accelerator device when none is available."); nothing has been wrapped. Pass '
+            "offload_policy=OffloadPolicy() (torch.distributed.fsdp) to apply the plan without "
+            "offload, or plan again with a cost model of this device (CostModel.calibrate() on "
+            "it)"
+        )
+        assert out["left_alone"]
+        assert out["lines"] == [
+            "INFO: apply_fully_shard: offload_policy=OffloadPolicy() given on a CPU device: the "
+            "plan is applied without its training step's CPU offload "
+            "(plan.training.offload='cpu'), which needs an accelerator to copy to; "
+            "plan.estimate and the memory budget it was planned under describe the step with "
+            "offload"
+        ]
+        assert out["sharded"]
+        assert len(out["losses"]) == STEPS and out["losses"][-1] < out["losses"][0]

@@ -95,12 +95,37 @@ def test_bad_training_step_is_refused(kwargs: dict, message: str) -> None:
 
 
 def test_type_errors_name_the_field() -> None:
-    with pytest.raises(TypeError, match="TrainingStep.precision must be a Precision, got str"):
-        TrainingStep(precision="bf16")  # type: ignore[arg-type]
+    with pytest.raises(TypeError) as info:
+        TrainingStep(precision=torch.bfloat16)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        'TrainingStep.precision must be a Precision (e.g. Precision(param_dtype="bfloat16", '
+        "reduce_dtype=\"float32\")) or one of ['bf16', 'bf16-reduce', 'fp32'], got dtype"
+    )
     with pytest.raises(TypeError, match="reshard_after_backward must be a bool, got 'no'"):
         TrainingStep(reshard_after_backward="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"keys must be unit indices \(int\) or module FQNs"):
         TrainingStep(unit_checkpointing={1.5: "full"})  # type: ignore[dict-item]
+
+
+def test_precision_by_the_names_the_command_line_takes() -> None:
+    bf16 = Precision(param_dtype="bfloat16", reduce_dtype="float32")
+    step = TrainingStep(precision="bf16", micro_batches=2)  # type: ignore[arg-type]
+    assert step.precision == bf16 and type(step.precision) is Precision
+    assert step == TrainingStep(precision=bf16, micro_batches=2)
+    assert hash(step) == hash(TrainingStep(precision=bf16, micro_batches=2))
+    assert step.to_dict() == TrainingStep(precision=bf16, micro_batches=2).to_dict()
+    assert TrainingStep.from_dict(step.to_dict()) == step
+    assert TrainingStep(precision="bf16-reduce").precision == Precision(  # type: ignore[arg-type]
+        param_dtype="bfloat16", reduce_dtype="bfloat16"
+    )
+    assert TrainingStep(precision="fp32") == TrainingStep()  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        TrainingStep(precision="bfloat16")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "TrainingStep.precision 'bfloat16' is not a precision name; choose one of ['bf16', "
+        "'bf16-reduce', 'fp32'] or pass a Precision (e.g. Precision(param_dtype=\"bfloat16\", "
+        'reduce_dtype="float32"))'
+    )
 
 
 def test_checkpoint_modes_per_unit() -> None:

@@ -8,6 +8,7 @@ Sharding itself and the losses on two ranks: tests/distributed/test_training_ste
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from typing import Any
 
@@ -31,6 +32,7 @@ from execwrap import (
     ModuleWrapPolicy,
     ParamExecOrderWrapPolicy,
     TracingConfig,
+    TrainingStep,
     WrapPlan,
     accumulate_gradients,
     always_wrap_policy,
@@ -40,6 +42,7 @@ from execwrap import (
 )
 from execwrap.demo_models import Llama, LlamaBlock, LlamaConfig
 from execwrap.fsdp import CheckpointedForward, check_mixed_precision, check_offload
+from execwrap.fsdp.offload import check_plan_offload
 from tracing import capture_execution_order
 
 CONFIG = LlamaConfig(vocab_size=32, dim=16, n_heads=2, n_layers=4, mlp_hidden=24)
@@ -200,6 +203,27 @@ def test_apply_fully_shard_refuses_offload_on_a_cpu_only_device() -> None:
         '(init_device_mesh("cuda", ...))'
     )
     assert _untouched(model)
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the default device is an accelerator")
+def test_apply_fully_shard_refuses_the_plans_offload_on_a_cpu_only_device_naming_the_plan() -> None:
+    model = _model()
+    plan = dataclasses.replace(_plan(model), training=TrainingStep(offload="cpu"))
+    with pytest.raises(ValueError) as refused:
+        apply_fully_shard(model, plan)
+    assert str(refused.value) == (
+        "apply_fully_shard: the plan's training step chose CPU offload "
+        "(plan.training.offload='cpu'), which keeps the sharded parameters, gradients and "
+        "optimizer state in host memory and copies them to an accelerator for each all-gather, "
+        "but the device is the CPU (torch.accelerator.is_available() is False): the parameters "
+        "already live in host memory and there is no accelerator to copy them to (torch would "
+        'fail later with "Cannot access accelerator device when none is available."); nothing '
+        "has been wrapped. Pass offload_policy=OffloadPolicy() (torch.distributed.fsdp) to "
+        "apply the plan without offload, or plan again with a cost model of this device "
+        "(CostModel.calibrate() on it)"
+    )
+    assert _untouched(model)
+    check_plan_offload("none", mesh=None)
 
 
 # ------------------------------------------------------------------ checkpointing: refused
