@@ -11,14 +11,14 @@ takes the same names.
 
 from __future__ import annotations
 
-from execwrap.plan import precision as _plan_precision
+from execwrap.plan import precision as plan_precision
 from execwrap.plan.precision import Precision
 
 __all__ = ["PRECISIONS", "precision_of"]
 
 #: Name -> the :class:`~execwrap.Precision` the step is planned and applied with (the
 #: table of :mod:`execwrap.plan.precision`, which ``TrainingStep(precision=...)`` takes too).
-PRECISIONS: dict[str, Precision] = _plan_precision.PRECISIONS
+PRECISIONS: dict[str, Precision] = plan_precision.PRECISIONS
 
 
 def precision_of(precision: str | Precision) -> tuple[str, Precision]:
