@@ -1,15 +1,14 @@
 """FSDP2's step as a program of ops: what ``apply_fully_shard`` sets up, hook by hook.
 
-:class:`StepProgram` turns a plan, its :class:`~execwrap.simulate.compute.UnitCompute`
-and a :class:`~execwrap.cost.CostModel` into the ops of
-:mod:`execwrap.simulate.engine`, following torch 2.13's
-``torch/distributed/fsdp/_fully_shard`` (``FSDPParamGroup.unshard`` /
-``wait_for_unshard`` / ``reshard`` / ``pre_backward`` / ``post_backward``,
-``FSDPState._pre_forward`` / ``_pre_backward`` and the root's final callback,
-``foreach_all_gather`` / ``foreach_reduce``), as :func:`execwrap.simulate.simulate_step`'s
-docstring writes out; prefetch lists from :func:`~execwrap.simulate.facts.prefetch_lists`,
-sizes from :mod:`~execwrap.simulate.unit_spec`, checkpointing and transient memory from
-:mod:`~execwrap.simulate.unit_work`.
+:class:`StepProgram` turns a plan, its :class:`~execwrap.simulate.compute.UnitCompute` and a
+:class:`~execwrap.cost.CostModel` into the ops of :mod:`execwrap.simulate.engine`, following torch
+2.13's ``torch/distributed/fsdp/_fully_shard`` (``FSDPParamGroup.unshard`` / ``wait_for_unshard`` /
+``reshard`` / ``pre_backward`` / ``post_backward``, ``FSDPState._pre_forward`` / ``_pre_backward``
+and the root's final callback, ``foreach_all_gather`` / ``foreach_reduce``), as
+:func:`execwrap.simulate.simulate_step`'s docstring writes out; prefetch lists from
+:func:`~execwrap.simulate.facts.prefetch_lists`, sizes from :mod:`~execwrap.simulate.unit_spec`,
+each unit's prices from :mod:`~execwrap.simulate.unit_costs`, checkpointing and transient memory
+from :mod:`~execwrap.simulate.unit_work`.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from execwrap.cost.model import CostModel
 from execwrap.simulate.compute import UnitCompute
 from execwrap.simulate.engine import MemEvent, Op
 from execwrap.simulate.facts import prefetch_lists
+from execwrap.simulate.unit_costs import UnitCosts
 from execwrap.simulate.unit_spec import UnitSpec
 from execwrap.simulate.unit_work import UnitWork
 
@@ -75,6 +75,7 @@ class StepProgram:
         self.specs = specs
         self.compute = compute
         self.cm = cost_model
+        self.costs = UnitCosts.of(specs, cost_model)
         self.world_size = world_size
         self.root = root
         self.forward_order = list(forward_order)
@@ -124,8 +125,9 @@ class StepProgram:
         on_start: tuple[MemEvent, ...] = (),
         on_end: tuple[MemEvent, ...] = (),
     ) -> int:
-        self._since_collective += max(0.0, seconds)
-        return self._add(Op(COMPUTE, label, max(0.0, seconds), kind, deps, phase, on_start, on_end))
+        seconds = seconds if seconds > 0.0 else 0.0
+        self._since_collective += seconds
+        return self._add(Op(COMPUTE, label, seconds, kind, deps, phase, on_start, on_end))
 
     def _collective(
         self,
@@ -160,11 +162,11 @@ class StepProgram:
             return
         self.all_gathers += 1
         label = spec.label
-        overhead = self.cm.collective_overhead(spec.tensors)
+        overhead = self.costs.gather_overhead_s[i]
         if overhead > 0:
             self._on_compute(f"FSDP overhead {label}", overhead, phase, "overhead")
         buffer = (MemEvent("all_gather_buffers", label, spec.nbytes),)
-        copy_s = self.cm.copy_time(spec.copy_in_bytes)
+        copy_s = self.costs.copy_in_s[i]
         if self.sync:
             copy = self._on_compute(f"copy-in {label}", copy_s, phase, "copy", on_start=buffer)
         else:
@@ -176,7 +178,7 @@ class StepProgram:
                 Op(ALL_GATHER, f"copy-in {label}", copy_s, "copy", deps, phase, buffer)
             )
         ag = self._collective(
-            ALL_GATHER, f"all-gather {label}", self.cm.all_gather_time(spec.nbytes), (copy,), phase
+            ALL_GATHER, f"all-gather {label}", self.costs.all_gather_s[i], (copy,), phase
         )
         self._pending[i] = ag
 
@@ -203,10 +205,9 @@ class StepProgram:
             self._deferred = None
         elif phase != "forward":
             freed = (MemEvent("all_gather_buffers", label),)
-        spec = self.specs[i]
         copy = self._on_compute(
             f"copy-out {label}",
-            self.cm.copy_out_time(spec.param_bytes),
+            self.costs.copy_out_s[i],
             phase,
             "copy",
             deps=(ag,),
@@ -255,7 +256,7 @@ class StepProgram:
                 on_start=(MemEvent("reduce_scatter_buffers", self.specs[prev].label),),
             )
         self.reduce_scatters += 1
-        overhead = self.cm.collective_overhead(spec.grad_tensors)
+        overhead = self.costs.reduce_overhead_s[i]
         if overhead > 0:
             self._on_compute(f"FSDP overhead {label}", overhead, "backward", "overhead")
         # FSDP2's post_backward holds the unsharded gradients in a list until
@@ -270,7 +271,7 @@ class StepProgram:
             grads_freed = (*grads_freed, MemEvent("unsharded_grads", f"{label} (accumulated)"))
         copy = self._on_compute(
             f"reduce-scatter copy-in {label}",
-            self.cm.copy_time(spec.reduce_copy_bytes),
+            self.costs.reduce_copy_s[i],
             "backward",
             "copy",
             on_start=(MemEvent("reduce_scatter_buffers", label, spec.grad_bytes),),
@@ -283,7 +284,7 @@ class StepProgram:
         rs = self._collective(
             REDUCE_SCATTER,
             f"reduce-scatter {label}",
-            self.cm.reduce_scatter_time(spec.grad_bytes),
+            self.costs.reduce_scatter_s[i],
             (copy,),
             "backward",
             on_end=grads_freed if self.sync else shard,
@@ -325,7 +326,7 @@ class StepProgram:
         self._accumulated.add(i)
         self._on_compute(
             f"accumulate gradients {label}",
-            self.cm.copy_time(spec.reduce_copy_bytes) if (cast or not first) else 0.0,
+            self.costs.reduce_copy_s[i] if (cast or not first) else 0.0,
             "backward",
             "copy",
             on_start=(MemEvent(grads, f"{label} (accumulated)", spec.grad_bytes),),

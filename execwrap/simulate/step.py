@@ -119,6 +119,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -255,10 +256,13 @@ def step_estimate(
     micro_batches: int | None = None,
     gradient_sync: str | None = None,
     mesh: Any = None,
+    detail: bool = True,
 ) -> StepEstimate:
     """:func:`simulate_step` without the WARNING of a peak over the device's memory:
     for the auto-planner's candidates, most of which may not fit, and for callers
-    that say so in their own words."""
+    that say so in their own words. ``detail=False`` leaves the estimate's
+    ``timeline`` and ``memory_timeline`` empty (every other field is the same): what a
+    search that keeps many estimates and shows one needs."""
     world_size = check_integral(world_size, "simulate_step: world_size", minimum=1, unit="ranks")
     prefetch, reshard_after_forward = own_choices(plan, prefetch, reshard_after_forward)
     check_int(prefetch, "simulate_step: prefetch", minimum=0, unit="groups ahead")
@@ -271,7 +275,7 @@ def step_estimate(
     compute = checked_compute(plan, cost_model, compute)
     facts = checked_facts(plan, world_size, facts)
     reshard = reshard_flags(plan, reshard_after_forward)
-    return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step)
+    return _simulate(plan, cost_model, facts, compute, prefetch, reshard, optimizer, step, detail)
 
 
 def _check_optimizer(optimizer: str) -> None:
@@ -307,8 +311,10 @@ def _simulate(
     reshard: list[bool],
     optimizer: str,
     step: TrainingStep,
+    detail: bool = True,
 ) -> StepEstimate:
-    """The checked inputs' program, run (see :func:`simulate_step`)."""
+    """The checked inputs' program, run (see :func:`simulate_step`; ``detail``: see
+    :func:`step_estimate`)."""
     world_size = facts.world_size
     kept = facts.plan(plan)
     specs = kept.unit_specs(reshard, step.precision, world_size)
@@ -330,8 +336,10 @@ def _simulate(
         else OPTIMIZERS[optimizer][0] * sum(kept.trainable_shards),
     }
     pools = None if cost_model.synchronous_collectives else _POOLS
-    result = run_ops(program.ops, overlap=cost_model.overlap, base_memory=base, pools=pools)
-    estimate = _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step)
+    result = run_ops(
+        program.ops, overlap=cost_model.overlap, base_memory=base, pools=pools, timeline=detail
+    )
+    estimate = _estimate(program, result, prefetch, reshard, world_size, optimizer_s, step, detail)
     if cost_model.mesh is None:
         return estimate
     mesh = cost_model.mesh
@@ -415,35 +423,38 @@ def _estimate(
     world_size: int,
     optimizer_s: float,
     step: TrainingStep,
+    detail: bool = True,
 ) -> StepEstimate:
     ops = program.ops
-    compute_s = sum(op.work_s for op in ops if op.kind in ("compute", "optimizer"))
-    overhead_s = sum(
-        op.work_s for op in ops if op.stream == "compute" and op.kind in ("copy", "overhead")
-    )
-    comm_s = sum(op.work_s for op in ops if op.kind == "comm")
-    timeline = tuple(
-        sorted(
-            (
-                StreamEvent(op.stream, op.label, result.start[i], result.end[i])
-                for i, op in enumerate(ops)
-                if result.end[i] > result.start[i]
-            ),
-            key=lambda e: (e.start_s, e.end_s),
+    compute_s = overhead_s = comm_s = 0.0
+    forward_end = backward_end = -math.inf
+    for i, op in enumerate(ops):
+        kind = op.kind
+        if kind == "compute" or kind == "optimizer":
+            compute_s += op.work_s
+        elif kind == "comm":
+            comm_s += op.work_s
+        elif op.stream == "compute" and (kind == "copy" or kind == "overhead"):
+            overhead_s += op.work_s
+        if op.phase == "forward" and op.stream == "compute":
+            forward_end = max(forward_end, result.end[i])
+        elif op.phase == "backward":
+            backward_end = max(backward_end, result.end[i])
+    forward_end = 0.0 if forward_end == -math.inf else forward_end
+    backward_end = forward_end if backward_end == -math.inf else backward_end
+    timeline: tuple[StreamEvent, ...] = ()
+    if detail:
+        timeline = tuple(
+            sorted(
+                (
+                    StreamEvent(op.stream, op.label, result.start[i], result.end[i])
+                    for i, op in enumerate(ops)
+                    if result.end[i] > result.start[i]
+                ),
+                key=lambda e: (e.start_s, e.end_s),
+            )
         )
-    )
     memory = MemoryBreakdown(**{k: int(v) for k, v in result.peak_breakdown.items()})
-    forward_end = max(
-        (
-            result.end[i]
-            for i, op in enumerate(ops)
-            if op.phase == "forward" and op.stream == "compute"
-        ),
-        default=0.0,
-    )
-    backward_end = max(
-        (result.end[i] for i, op in enumerate(ops) if op.phase == "backward"), default=forward_end
-    )
     return StepEstimate(
         step_time_s=result.makespan,
         compute_time_s=compute_s,
@@ -461,7 +472,7 @@ def _estimate(
         prefetch=prefetch,
         reshard_after_forward=tuple(reshard),
         world_size=world_size,
-        memory_timeline=tuple(result.memory_timeline),
+        memory_timeline=tuple(result.memory_timeline) if detail else (),
         forward_end_s=forward_end,
         backward_end_s=max(forward_end, backward_end),
         reserved_memory_bytes=sum(result.pool_peaks.values()) or result.peak_bytes,

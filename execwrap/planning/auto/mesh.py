@@ -50,6 +50,7 @@ from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.auto.options import AutoOptions
 from execwrap.planning.auto.search import search_checked
 from execwrap.util.formatting import format_bytes
+from execwrap.util.gc_pause import gc_paused
 from execwrap.util.mesh import MeshShape, divisors
 
 if TYPE_CHECKING:
@@ -82,9 +83,10 @@ def search_mesh(
     kwargs: dict[str, Any] = {"trainable_dtypes": trainable_dtypes, "compute": compute}
     if options.mesh is None:
         return search_checked(plan, options, **kwargs)
-    if isinstance(options.mesh, MeshShape):
-        return _search_shape(plan, options, options.mesh, kwargs)
-    return _MeshSearch(plan, options, kwargs).run()
+    with gc_paused():  # as search_checked's (execwrap.util.gc_pause)
+        if isinstance(options.mesh, MeshShape):
+            return _search_shape(plan, options, options.mesh, kwargs)
+        return _MeshSearch(plan, options, kwargs).run()
 
 
 def _search_shape(

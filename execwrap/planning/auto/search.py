@@ -102,6 +102,7 @@ from execwrap.planning.auto.variants import (
     fastest_fit,
     other_variants,
 )
+from execwrap.util.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from execwrap.cost import CostModel
@@ -220,6 +221,18 @@ def search_checked(
             capture cannot price.
         MemoryBudgetError: no candidate fits ``options.memory_budget``.
     """
+    with gc_paused():  # the simulator's garbage has almost no cycles (execwrap.util.gc_pause)
+        return _search(plan, options, trainable_dtypes, compute, exhaustive_limit)
+
+
+def _search(
+    plan: WrapPlan,
+    options: AutoOptions,
+    trainable_dtypes: dict[str, frozenset[str]] | None,
+    compute: UnitCompute | None,
+    exhaustive_limit: int,
+) -> WrapPlan:
+    """:func:`search_checked`'s work."""
     from execwrap.planning.auto.space import SearchSpace  # the simulator loads only here
     from execwrap.simulate.training import check_priceable
 
@@ -401,11 +414,14 @@ def _choose(
         seconds,
     )
     training = space.step_for(groups, modes, evaluated.steps[best])
+    # the candidates were simulated without timelines; the chosen one again with them
+    # (the simulator is deterministic: every other number is the same)
+    estimate = space.simulate(groups, prefetch, flags, modes, evaluated.steps[best], detail=True)
     return dataclasses.replace(
         plan,
         prefetch=prefetch,
         reshard_after_forward=space.unit_flags(plan, groups, flags),
-        estimate=evaluated.estimates[best],
+        estimate=estimate,
         search=search,
         training=training.for_plan(plan),
     )

@@ -383,10 +383,13 @@ class SearchSpace:
         flags: tuple[bool, ...],
         modes: tuple[str, ...] | None = None,
         step: TrainingStep | None = None,
+        *,
+        detail: bool = False,
     ) -> StepEstimate:
         """The simulator's estimate of ``groups`` at ``prefetch`` with ``flags``, each
         group checkpointed as ``modes`` says (default: none), for ``step`` (default:
-        :attr:`step`)."""
+        :attr:`step`); without its timelines unless ``detail`` (a search keeps many
+        estimates and shows one: :func:`~execwrap.simulate.step.step_estimate`)."""
         plan, compute = self._planned(groups)
         return step_estimate(
             plan,
@@ -398,6 +401,7 @@ class SearchSpace:
             compute=compute,
             facts=self._facts,
             training=self.step_for(groups, modes, step),
+            detail=detail,
         )
 
     def step_for(
