@@ -30,22 +30,25 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = ["EngineResult", "MemEvent", "Op", "run_ops"]
 
 
-@dataclass(frozen=True)
-class MemEvent:
-    """Allocate (``nbytes > 0``) or free (``nbytes == 0``) the buffer ``key`` of a category."""
+class MemEvent(NamedTuple):
+    """Allocate (``nbytes > 0``) or free (``nbytes == 0``) the buffer ``key`` of a category.
+
+    (A named tuple, as :class:`Op`: a program of an 80-layer model with several
+    micro-batches makes thousands of each, and a tuple is the cheapest to create.)
+    """
 
     category: str
     key: str
     nbytes: int = 0
 
 
-@dataclass
-class Op:
-    """One span of work (see the module docstring).
+class Op(NamedTuple):
+    """One span of work (see the module docstring); immutable.
 
     Attributes:
         stream: the stream it runs on.
@@ -175,11 +178,17 @@ def run_ops(
                 stuck = [ops[q[0]].label for q in state.queues if q]
                 raise RuntimeError(f"simulator deadlock at t={t:.6f}s; waiting: {stuck}")
             break
-        rates = _rates(is_comm, links, remaining, overlap)
-        dt = min([remaining[i] / r for i, r in rates if r > 0])
-        t += dt
-        for i, r in rates:
-            remaining[i] -= r * dt
+        if any(is_comm[i] for i in remaining):
+            rates = _rates(is_comm, links, remaining, overlap)
+            dt = min([remaining[i] / r for i, r in rates if r > 0])
+            t += dt
+            for i, r in rates:
+                remaining[i] -= r * dt
+        else:  # every active op at full speed (the same arithmetic as rate 1.0)
+            dt = min(remaining.values())
+            t += dt
+            for i in remaining:
+                remaining[i] -= dt
         for i in [i for i, left in remaining.items() if left <= tolerance[i]]:
             del remaining[i]
             state.finish(i, t, memory)
@@ -216,10 +225,10 @@ class _State:
         self.stream_of = [index[op.stream] for op in ops]
         n = len(ops)
         self.waiting = [len(op.deps) for op in ops]  # unfinished deps (repeats count twice)
-        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        self.dependents: dict[int, list[int]] = {}
         for i, op in enumerate(ops):
             for d in op.deps:
-                self.dependents[d].append(i)
+                self.dependents.setdefault(d, []).append(i)
         self.busy = [False] * len(self.queues)
         self.dirty = [True] * len(self.queues)
         self.start = [math.nan] * n
@@ -270,7 +279,7 @@ class _State:
         k = self.stream_of[i]
         self.busy[k] = False
         self.dirty[k] = True
-        for j in self.dependents[i]:
+        for j in self.dependents.get(i, ()):
             self.waiting[j] -= 1
             self.dirty[self.stream_of[j]] = True
 
