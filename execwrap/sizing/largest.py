@@ -1,14 +1,13 @@
 """The largest micro-batch that fits, from each size's least-memory plan.
 
-Some plan of a micro-batch fits exactly when its least-memory plan fits: every unit
-its own group, prefetch 0, every group but the root resharded after forward (the root
-never is: FSDP2's default, and the only root setting the joint auto-planner prices),
-every unit fully checkpointed, and, where the device has host memory to offload to, CPU
-offload (the configurations the joint auto-planner keeps as its least-memory baselines:
-:mod:`execwrap.planning.auto.search`, :mod:`execwrap.planning.auto.mesh`). Resharding the
-root too is no plan the planner can choose, and it is not always less memory: the root
-is then gathered again in backward, and that all-gather's buffers can land at the peak
-(0.44 GB more for a Llama-3.1-8B with CPU offload).
+Some plan of a micro-batch fits exactly when its least-memory plan fits
+(:mod:`execwrap.planning.auto.least`, shared with the joint auto-planner's baselines and
+its mesh search): every unit its own group, prefetch 0, every group but the root
+resharded after forward, every unit fully checkpointed, and, where the device has host
+memory to offload to, CPU offload. Resharding the root too is no plan the planner can
+choose, and it is not always less memory: the root is then gathered again in backward,
+and that all-gather's buffers can land at the peak (0.44 GB more for a Llama-3.1-8B
+with CPU offload).
 
 :func:`largest_fitting` finds the largest size whose least-memory plan is within the
 budget with one simulation per size tried (sizes 1 and 2, the size the line through
@@ -20,7 +19,6 @@ size). The peak of the least-memory plan only grows with the micro-batch.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +26,12 @@ import torch.nn as nn
 
 from execwrap.cost import CostModel
 from execwrap.plan.training_step import TrainingStep
+from execwrap.planning.auto.least import (
+    LEAST_PREFETCH,
+    least_memory_step,
+    least_reshard,
+    may_offload,
+)
 from execwrap.planning.planner import plan_wrap_unwatched
 from execwrap.simulate.step import step_estimate
 from tracing.order import ExecutionOrder
@@ -49,20 +53,17 @@ def least_memory_peak(
     docstring): the smaller of the peaks without and, where the device has host
     memory, with CPU offload."""
     plan = plan_wrap_unwatched(model, order, init_policy)
-    step = dataclasses.replace(
-        training, checkpointing="full", checkpoint_every=1, unit_checkpointing={}
-    )
-    reshard = [not u.is_root for u in plan.units]  # as the planner's unit_flags
-    steps = [step]
-    if cost_model.device_type != "cpu" and cost_model.host is not None:
-        steps.append(dataclasses.replace(step, offload="cpu"))
+    steps = [least_memory_step(training, cost_model, offload=False)]
+    if may_offload(cost_model):
+        steps.append(least_memory_step(training, cost_model))
+    reshard = least_reshard(plan)
     peaks = [
         int(
             step_estimate(  # no WARNING for trials over the device's memory
                 plan,
                 cost_model,
                 world_size=world_size,
-                prefetch=0,
+                prefetch=LEAST_PREFETCH,
                 reshard_after_forward=reshard,
                 optimizer=optimizer,
                 training=s,

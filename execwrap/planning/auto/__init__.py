@@ -5,7 +5,9 @@
 * :mod:`~execwrap.planning.auto.partition`: the exact dynamic program over contiguous
   groupings;
 * :mod:`~execwrap.planning.auto.mergeable`: which units may merge, and the facts per unit the
-  search needs.
+  search needs;
+* :mod:`~execwrap.planning.auto.least`: the least-memory configuration every memory question
+  starts from (the planner's baselines, the mesh search's probes, the largest micro-batch).
 
 It prices plans with :mod:`execwrap.simulate` and :mod:`execwrap.cost` and records what it
 compared in a :class:`~execwrap.PlanSearch`.

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from execwrap.errors import MemoryBudgetError
 from execwrap.plan.search_record import MeshCandidate
 from execwrap.plan.wrap_plan import WrapPlan
+from execwrap.planning.auto.least import LEAST_PREFETCH, least_memory_step, least_reshard
 from execwrap.planning.auto.options import AutoOptions
 from execwrap.planning.auto.search import search_checked
 from execwrap.util.formatting import format_bytes
@@ -154,7 +155,7 @@ class _MeshSearch:
             )
             return False
         least = self._simulate(
-            self.plan, shape, 0, [not u.is_root for u in self.plan.units], self._least_step()
+            self.plan, shape, LEAST_PREFETCH, least_reshard(self.plan), self._least_step()
         )
         peak = int(least.peak_memory_bytes)
         if self.budget is not None and peak > self.budget:
@@ -172,16 +173,16 @@ class _MeshSearch:
         return True
 
     def _least_step(self) -> TrainingStep:
-        """The training step of the least-memory plan: the one asked for, with every
-        unit fully checkpointed and CPU offload where the planner may choose them."""
-        step, choose = self.options.training, self.options.choose
-        if "checkpointing" in choose:
-            step = dataclasses.replace(
-                step, checkpointing="full", checkpoint_every=1, unit_checkpointing={}
-            )
-        if "offload" in choose and self.cm.device_type != "cpu" and self.cm.host is not None:
-            step = dataclasses.replace(step, offload="cpu")  # as variants._may_offload
-        return step
+        """The training step of the least-memory plan (:mod:`~execwrap.planning.auto.least`):
+        the one asked for, with every unit fully checkpointed and CPU offload where the
+        planner may choose them."""
+        choose = self.options.choose
+        return least_memory_step(
+            self.options.training,
+            self.cm,
+            checkpointing="checkpointing" in choose,
+            offload="offload" in choose,
+        )
 
     def _state_bytes(self, shape: MeshShape) -> int:
         """Bytes per rank of the sharded parameters, gradients and optimizer state

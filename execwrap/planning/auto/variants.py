@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from execwrap.planning.auto.evaluations import Evaluations, rank_key, step_suffix
+from execwrap.planning.auto.least import LEAST_PREFETCH, may_offload
 
 if TYPE_CHECKING:
     from execwrap.plan.search_record import Candidate
@@ -37,8 +38,9 @@ ACCUMULATION_MODES: tuple[tuple[str, bool], ...] = (
 
 
 def _least_memory(space: SearchSpace, evaluated: Evaluations) -> Candidate:
-    """The least-memory configuration under the current variant (per-unit groups at
-    prefetch 0, resharding, every unit it may checkpoint fully checkpointed)."""
+    """The least-memory configuration under the current variant
+    (:mod:`~execwrap.planning.auto.least`: per-unit groups at prefetch 0, resharding,
+    every unit it may checkpoint fully checkpointed; offload is a variant of its own)."""
     m = space.size
     per_unit = tuple((i, i + 1) for i in range(m))
     cp = space.checkpointing
@@ -47,7 +49,7 @@ def _least_memory(space: SearchSpace, evaluated: Evaluations) -> Candidate:
     )
     label = "per-unit, prefetch 0" + (", full checkpointing" if "full" in full else "")
     label += step_suffix(evaluated.step)
-    return evaluated.add(per_unit, 0, (True,) * m, "baseline", label=label, modes=full)
+    return evaluated.add(per_unit, LEAST_PREFETCH, (True,) * m, "baseline", label=label, modes=full)
 
 
 def other_variants(space: SearchSpace, evaluated: Evaluations, options: AutoOptions) -> None:
@@ -72,7 +74,7 @@ def other_variants(space: SearchSpace, evaluated: Evaluations, options: AutoOpti
         ]
     for step in steps[1:]:
         _try_variant(space, evaluated, step, top)
-    if "offload" in options.choose and _may_offload(space) and _budget_binds(evaluated):
+    if "offload" in options.choose and may_offload(space.cost_model) and _budget_binds(evaluated):
         best = fastest_fit(evaluated)
         start = evaluated.steps[best] if best is not None else base
         _try_variant(space, evaluated, dataclasses.replace(start, offload="cpu"), top)
@@ -93,12 +95,6 @@ def _try_variant(
     for groups, p, flags in top:
         evaluated.add(groups, p, flags, "searched")
     evaluated.fill()
-
-
-def _may_offload(space: SearchSpace) -> bool:
-    """Whether the cost model's device has host memory to offload to, and its rates."""
-    cm = space.cost_model
-    return cm.device_type != "cpu" and cm.host is not None
 
 
 def fastest_fit(evaluated: Evaluations) -> int | None:
