@@ -128,3 +128,33 @@ def test_the_policy_takes_a_pinned_plan_alone(tmp_path: Path) -> None:
         ParamExecOrderWrapPolicy(pinned_plan="plan.json")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^ParamExecOrderWrapPolicy\.pinned_plan was made for "):
         ParamExecOrderWrapPolicy(pinned_plan=plan).build_plan(_model(n_blocks=2))
+
+
+def test_save_plan_never_replaces_a_file_unless_told(tmp_path: Path) -> None:
+    plan = _plan(_model())
+    written = save_plan(plan, tmp_path / "step-3")
+    before = written.read_bytes()
+    with pytest.raises(FileExistsError) as info:
+        save_plan(plan, tmp_path / "step-3")
+    assert str(info.value) == (
+        f"save_plan: {written} holds a plan saved before; save to another path, or pass "
+        "overwrite=True to replace it"
+    )
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"lr": 0.1}\n')
+    with pytest.raises(FileExistsError) as info:
+        save_plan(plan, mine)
+    assert str(info.value) == (
+        f"save_plan: {mine} exists and is not a plan execwrap saved; save to another path, or "
+        "pass overwrite=True to replace it"
+    )
+    assert mine.read_text() == '{"lr": 0.1}\n'  # untouched
+    assert save_plan(plan, mine, overwrite=True) == mine
+    assert mine.read_bytes() == before
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(IsADirectoryError) as dir_info:
+        save_plan(plan, tmp_path / "folder.json", overwrite=True)
+    assert str(dir_info.value) == (
+        f"save_plan: {tmp_path / 'folder.json'} is a folder; pass the path of a .json file or "
+        "a checkpoint folder"
+    )
