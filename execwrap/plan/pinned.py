@@ -208,14 +208,20 @@ def check_plan_fits(plan: WrapPlan, model: nn.Module, *, source: str = "the plan
         PlanError: from :meth:`WrapPlan.check`.
     """
     name = type(model).__name__
-    problem = _first_module_difference(plan.order, model, name) or _first_param_difference(
-        plan.order, model, name
-    )
+    planned = plan.order.module_classes.get("")
+    problem: str | None
+    if planned is not None and planned != name:  # another class at the root: say that first
+        problem = f"a {planned} (the root module {quoted('')}), but the model passed is a {name}"
+        head = f"{source} was made for another model: {problem}"
+    else:
+        problem = _first_module_difference(plan.order, model, name) or _first_param_difference(
+            plan.order, model, name
+        )
+        head = f"{source} was made for another model than this {name}: {problem}"
     if problem is not None:
         raise ValueError(
-            f"{source} was made for another model than this {name}: {problem}. Plan this "
-            "model again (plan_wrap(model, capture_execution_order(model, ...), ...)), or "
-            "build the model the plan was made for"
+            f"{head}. Plan this model again (plan_wrap(model, capture_execution_order(model, "
+            "...), ...)), or build the model the plan was made for"
         )
     plan.check(model)
 
@@ -231,7 +237,10 @@ def _first_module_difference(order: ExecutionOrder, model: nn.Module, name: str)
             missing, where = (b, name) if only_model else (a, "the plan's model")
             return f"the first module that differs is {quoted(missing)}, which only {where} has"
         if class_a != class_b:
-            return f"module {quoted(a)} is a {class_a} in the plan and a {class_b} in {name}"
+            return (
+                f"module {quoted(a)} is a {class_a} in the model the plan was made for, but a "
+                f"{class_b} in this {name}"
+            )
     if len(theirs) != len(mine):
         longer, owner = (theirs, "the plan's model") if len(theirs) > len(mine) else (mine, name)
         fqn = longer[min(len(theirs), len(mine))][0]
