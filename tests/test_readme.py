@@ -188,6 +188,45 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert _setup_commands()[1] in ci.splitlines()
 
 
+def _requirements() -> dict[str, str]:
+    """Package name -> its requirement in pyproject.toml (``"transformers>=5.0"``)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = re.findall(r'^\s*"([A-Za-z0-9_.-]+)([<>=!~][^";]*)[";]', text, flags=re.M)
+    return {name.lower(): name + spec for name, spec in found}
+
+
+def _install_lines() -> list[tuple[str, str]]:
+    """``(page, package as written)`` of every package named in a ``pip install`` of the
+    README and the docs (not an editable install, an extra of execwrap, or torch)."""
+    out = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for command in re.findall(r"pip install ([^`\n&]+)", text):
+            for word in command.split():
+                word = word.strip("'\"),;")
+                if word.startswith("-") or word.startswith(".") or "execwrap" in word:
+                    continue
+                out.append((page.relative_to(ROOT).as_posix(), word))
+    return out
+
+
+def test_install_lines_name_the_required_versions() -> None:
+    """``pip install transformers`` where pyproject needs ``transformers>=5.0`` installs a
+    version execwrap does not support: every install line says what pyproject says."""
+    required = _requirements()
+    assert required["transformers"] == "transformers>=5.0"
+    lines = _install_lines()
+    assert ("README.md", "transformers>=5.0") in lines
+    wrong = [
+        f"{page}: pip install {word} (pyproject.toml: {required[name]})"
+        for page, word in lines
+        if (name := re.split(r"[<>=!~\[]", word)[0].lower()) in required
+        and name != "torch"
+        and word != required[name]
+    ]
+    assert wrong == []
+
+
 def test_readme_has_runnable_examples() -> None:
     readme = [h for h in SECTIONS if h.startswith("README.md: ")]
     assert len(readme) >= 3, sorted(SECTIONS)

@@ -25,8 +25,8 @@ from typing import Any, Literal
 from execwrap.cli.budget import memory_budget_option
 from execwrap.cli.errors import CLIError
 from execwrap.cli.input_spec import InputItem, check_input_file, is_arg_name, parse_input_spec
+from execwrap.cli.report_out import check_report_out
 from execwrap.report.files import REPORT_FILES, REPORT_FORMATS
-from execwrap.report.ownership import foreign_files
 
 __all__ = [
     "DEFAULT_DEMO_BUCKET",
@@ -403,7 +403,7 @@ def _input_items(text: str) -> list[InputItem]:
 def check_out_dir(out_dir: Path, formats: Sequence[str] = ()) -> None:
     """Fail early, before capture, when ``out_dir`` cannot be a writable folder
     or a report file of ``formats`` would replace a folder there, or a file that
-    execwrap did not write (:mod:`execwrap.report.ownership`).
+    execwrap did not write or that was changed since (:mod:`execwrap.report.ownership`).
 
     Raises:
         CLIError: naming ``out_dir`` and what is in the way.
@@ -426,23 +426,8 @@ def check_out_dir(out_dir: Path, formats: Sequence[str] = ()) -> None:
                     f"cannot write its {name} there; move it away or choose another --out"
                 )
     names = [n for fmt in formats for n in REPORT_FILES.get(fmt, {}).values()]
-    if out_dir.is_dir() and (foreign := foreign_files(out_dir, names)):
-        raise CLIError(foreign_files_message(out_dir, foreign))
-
-
-def foreign_files_message(out_dir: Path, names: Sequence[str]) -> str:
-    """The refusal to write over ``names`` in ``out_dir``, with a new ``--out`` to use."""
-    new = next(
-        p
-        for k in range(1, 1000)
-        if not (p := out_dir / ("execwrap-report" if k == 1 else f"execwrap-report-{k}")).exists()
-    )
-    verb = "was" if len(names) == 1 else "were"
-    return (
-        f"--out {str(out_dir)!r}: {', '.join(names)} there {verb} not written by execwrap, and "
-        f"execwrap never replaces or deletes files it did not write: choose a new folder, e.g. "
-        f"--out {str(new)}, or move those files away"
-    )
+    if out_dir.is_dir():
+        check_report_out(out_dir, names)
 
 
 # -------------------------------------------------------------- show, diff

@@ -2,7 +2,9 @@
 did not write.
 
 ``execwrap report`` keeps its folder's files in a set of its own
-(:mod:`execwrap.report.folder`). ``execwrap fit --out FOLDER`` and
+(:mod:`execwrap.report.file_set`), with the same :data:`MANIFEST` of digests, and
+:mod:`execwrap.cli.report_out` refuses its ``--out`` by the same rule
+(:mod:`execwrap.report.ownership`). ``execwrap fit --out FOLDER`` and
 ``execwrap calibrate --out FILE`` write plain files, so:
 
 - a folder: :func:`write_owned_files` records each file it writes, with its SHA-256,
@@ -24,24 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from execwrap.cli.errors import CLIError
+from execwrap.report.ownership import MANIFEST, read_manifest
 from tracing.atomic import atomic_write_text
 
 __all__ = ["MANIFEST", "check_replaceable_file", "write_owned_files"]
 
-#: The manifest of the files execwrap wrote into a folder: ``{name: sha256 hex}``.
-MANIFEST = ".execwrap-written.json"
-
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _manifest(folder: Path) -> dict[str, str]:
-    try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def write_owned_files(folder: Path, files: Mapping[str, str], option: str = "--out") -> None:
@@ -54,7 +46,7 @@ def write_owned_files(folder: Path, files: Mapping[str, str], option: str = "--o
     """
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        owned = _manifest(folder)
+        owned = read_manifest(folder)
         for name in files:
             path = folder / name
             if path.exists() and (not path.is_file() or owned.get(name) != _digest(path)):

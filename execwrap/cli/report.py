@@ -22,7 +22,8 @@ import execwrap.planning.planner as planning  # plan_wrap is looked up at call t
 from execwrap.cli.errors import EXIT_OK, CLIError
 from execwrap.cli.inputs import build_inputs
 from execwrap.cli.loading import baseline_policies, load_model, parse_policy, tracing_config
-from execwrap.cli.options import ReportOptions, foreign_files_message
+from execwrap.cli.options import ReportOptions
+from execwrap.cli.report_out import report_refusal
 from execwrap.cli.summary import print_notes, summary_rows
 from execwrap.cli.text import echo, exc_line, print_table, shorten
 from execwrap.errors import ExecwrapError
@@ -199,7 +200,7 @@ def _write(
             title=title,
         )
     except ForeignFilesError as exc:  # written there since the options were checked
-        raise CLIError(foreign_files_message(options.out_dir, exc.names)) from exc
+        raise CLIError(report_refusal(options.out_dir, exc.names, exc.changed)) from exc
     except OSError as exc:
         raise CLIError(f"--out {str(options.out_dir)!r}: cannot write the report: {exc}") from exc
 

@@ -75,6 +75,10 @@ logger = logging.getLogger(__name__)
 CheckpointMode = Literal["none", "full", "selective"]
 #: The modes, in order of the memory they keep (most first).
 CHECKPOINT_MODES: tuple[str, ...] = get_args(CheckpointMode)
+#: The name of ``every`` in the callers that say it otherwise than ``checkpoint_every``
+#: (:func:`apply_checkpointing`'s own parameter), so that a message names the caller's own.
+_EVERY_NAMES = {"apply_checkpointing": "every"}
+
 #: What ``checkpointing=`` takes: one mode for every unit, ``{module FQN: mode}``, or ``None``.
 Checkpointing = CheckpointMode | Mapping[str, CheckpointMode] | None
 
@@ -110,14 +114,15 @@ def check_checkpointing(
         ...
         ValueError: apply_fully_shard: checkpointing['blocks.0'] = 'ful' is not a checkpointing mode; the modes are 'none', 'full' and 'selective'
     """
+    name = _EVERY_NAMES.get(where, "checkpoint_every")
     if isinstance(every, bool) or not isinstance(every, int):
         raise TypeError(
-            f"{where}: checkpoint_every must be an int (checkpoint every N-th unit); got "
+            f"{where}: {name} must be an int (checkpoint every N-th unit); got "
             f"{type(every).__name__}"
         )
     if every < 1:
         raise ValueError(
-            f"{where}: checkpoint_every={every}; it must be 1 (every unit) or more (every "
+            f"{where}: {name}={every}; it must be 1 (every unit) or more (every "
             "N-th unit, counted from 1 in the plan's order)"
         )
     if checkpointing is None:
@@ -132,7 +137,7 @@ def check_checkpointing(
         )
     if every != 1:
         raise ValueError(
-            f"{where}: checkpoint_every={every} counts the units that one mode applies to; "
+            f"{where}: {name}={every} counts the units that one mode applies to; "
             "with a mapping {module FQN: mode} leave it at 1 and list the modules to checkpoint"
         )
     for fqn, mode in checkpointing.items():

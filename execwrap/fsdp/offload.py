@@ -10,7 +10,7 @@ accelerator to copy to. torch then fails late and without saying why: FSDP2 in
 ("Cannot access accelerator device when none is available."); FSDP1 at the first
 forward. :func:`check_offload` refuses it before anything is wrapped, saying why;
 :func:`check_plan_offload` does the same for a plan's CPU offload (``plan.training``),
-naming the plan as where it came from.
+naming the plan as where it came from, for FSDP2 and FSDP1 alike.
 
 The device is the one FSDP would shard onto: the mesh's ``device_type`` (FSDP2),
 ``device_id`` (FSDP1), else the current accelerator (``torch.accelerator``), else the
@@ -115,37 +115,49 @@ def check_plan_offload(
     offload: str,
     *,
     mesh: DeviceMesh | None = None,
+    device_id: Any = None,
     planned_for: str | None = None,
+    api: Literal["fully_shard", "FSDP"] = "fully_shard",
     where: str = "apply_fully_shard",
 ) -> None:
     """Refuse a plan's CPU offload (``plan.training.offload``, applied when no
-    ``offload_policy`` is given) where FSDP2 shards onto the CPU, naming the plan as its source.
+    ``offload_policy`` / ``cpu_offload`` is given) where FSDP shards onto the CPU, naming
+    the plan as its source.
 
     Args:
         offload: the plan's training step's offload, ``"none"`` or ``"cpu"``.
         mesh: FSDP2's mesh (``None``: the device ``fully_shard`` defaults to).
+        device_id: FSDP1's ``device_id`` (``None``: the device FSDP1 defaults to).
         planned_for: the cost model the plan was made with (``plan.search.cost_model``),
             named in the message; ``None`` when the plan does not record it.
+        api: which FSDP applies the plan: the fix named is its own argument.
         where: the caller, first in the message.
 
     Raises:
         ValueError: ``offload`` is ``"cpu"`` and the device is the CPU; the message says
             where the offload came from, that nothing has been wrapped, and the two fixes
-            (``offload_policy=OffloadPolicy()``, or planning with a cost model of this device).
+            (``offload_policy=OffloadPolicy()``, FSDP1's
+            ``cpu_offload=CPUOffload(offload_params=False)``, or planning with a cost
+            model of this device).
 
     Example:
         >>> check_plan_offload("none")
     """
-    if offload != "cpu" or offload_device_type(mesh) != "cpu":
+    if offload != "cpu" or offload_device_type(mesh, device_id) != "cpu":
         return
     planned = "" if planned_for is None else f", planned for {planned_for}"
+    fix = (
+        "offload_policy=OffloadPolicy() (torch.distributed.fsdp)"
+        if api == "fully_shard"
+        else "FullyShardedDataParallel(..., cpu_offload=CPUOffload(offload_params=False))"
+    )
     raise ValueError(
         f"{where}: the plan's training step chose CPU offload (plan.training.offload='cpu'"
         f"{planned}), which keeps the sharded parameters, gradients and optimizer state in "
         f"host memory and copies them to an accelerator for each all-gather, but "
-        f"{_nothing_to_copy_to(mesh)}; nothing has been wrapped. Pass "
-        "offload_policy=OffloadPolicy() (torch.distributed.fsdp) to apply the plan without "
-        "offload, or plan again with a cost model of this device (CostModel.calibrate() on it)"
+        f"{_nothing_to_copy_to(mesh)}; nothing has been wrapped. Pass {fix} to apply the "
+        "plan without offload, or plan again with a cost model of this device "
+        "(CostModel.calibrate() on it)"
     )
 
 

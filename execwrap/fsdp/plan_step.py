@@ -18,6 +18,10 @@ FSDP sets up is applied without being repeated:
   ``cpu_offload`` from ``FullyShardedDataParallel``'s own arguments, which a policy
   cannot change, so a plan's precision or offload that FSDP1 was not given is refused
   before anything is wrapped, saying what to pass; one given that differs is a WARNING.
+  The plan's CPU offload where FSDP1 shards onto the CPU (``device_id``) is refused
+  likewise, naming the plan (:func:`~execwrap.fsdp.offload.check_plan_offload`);
+  ``cpu_offload=CPUOffload(offload_params=False)`` applies the plan without it (one
+  INFO line).
 
 The micro-batches and the gradient sync are the training loop's: pass
 ``sync=plan.training.gradient_sync`` to :func:`execwrap.accumulate_gradients`.
@@ -87,7 +91,8 @@ def fsdp2_step(
     else:
         given = "cpu" if type(kwargs["offload_policy"]).__name__ == "CPUOffloadPolicy" else "none"
         if given == "none" and step.offload == "cpu" and offload_device_type(mesh) == "cpu":
-            _info_no_offload_on_cpu(type(kwargs["offload_policy"]).__name__, where)
+            policy = type(kwargs["offload_policy"]).__name__
+            _info_no_offload_on_cpu(f"offload_policy={policy}()", where)
         else:
             _warn_offload(given, step, where, "offload_policy")
     mine = step.checkpoint_targets(plan)
@@ -111,7 +116,10 @@ def fsdp1_step(
 
     Raises:
         ValueError: the plan's step has mixed precision (or CPU offload) but FSDP1 got
-            no ``mixed_precision`` (no ``cpu_offload``): the message says what to pass.
+            no ``mixed_precision`` (no ``cpu_offload``): the message says what to pass;
+            the plan's CPU offload where FSDP1 shards onto the CPU (the message names the
+            plan and says how to apply it without offload:
+            :func:`~execwrap.fsdp.offload.check_plan_offload`).
     """
     step = plan.training
     if step is None:
@@ -130,14 +138,26 @@ def fsdp1_step(
         _warn_precision(mp, step, where, "mixed_precision")
     offload = root_kwargs.get("cpu_offload")
     offloaded = "cpu" if getattr(offload, "offload_params", False) else "none"
-    if offloaded == "none" and step.offload == "cpu":
+    device_id = root_kwargs.get("device_id")
+    if offload is None and step.offload == "cpu":
+        planned_for = plan.search.cost_model if plan.search is not None else None
+        check_plan_offload(
+            step.offload, device_id=device_id, planned_for=planned_for, api="FSDP", where=where
+        )
         raise ValueError(
             f"{where}: the plan's training step offloads to the CPU, but FSDP got no "
             "cpu_offload, and FSDP1 takes the root's offload from its own argument: pass "
             "FullyShardedDataParallel(..., cpu_offload=CPUOffload(offload_params=True)); "
             "nothing has been wrapped"
         )
-    _warn_offload(offloaded, step, where, "cpu_offload")
+    if (
+        offloaded == "none"
+        and step.offload == "cpu"
+        and offload_device_type(None, device_id) == "cpu"
+    ):
+        _info_no_offload_on_cpu("cpu_offload=CPUOffload(offload_params=False)", where)
+    else:
+        _warn_offload(offloaded, step, where, "cpu_offload")
     mine = step.checkpoint_targets(plan)
     if checkpointing is None and every == 1:
         return cast(Checkpointing, mine or None), 1
@@ -184,14 +204,14 @@ def _warn_offload(given: str, step: TrainingStep, where: str, name: str) -> None
         )
 
 
-def _info_no_offload_on_cpu(policy: str, where: str) -> None:
+def _info_no_offload_on_cpu(setting: str, where: str) -> None:
     logger.info(
-        "%s: offload_policy=%s() given on a CPU device: the plan is applied without its "
+        "%s: %s given on a CPU device: the plan is applied without its "
         "training step's CPU offload (plan.training.offload='cpu'), which needs an "
         "accelerator to copy to; plan.estimate and the memory budget it was planned under "
         "describe the step with offload",
         where,
-        policy,
+        setting,
     )
 
 

@@ -83,7 +83,8 @@ def save_checkpoint(
         optimizer: its optimizer, or ``None`` to save the model only.
         plan: the plan the model was sharded with: written to
             ``path/plan.json`` (:func:`execwrap.plan.pinned.save_plan`, atomically,
-            by rank 0) for :func:`restart_fully_shard`.
+            by rank 0, replacing the one of a folder saved into again) for
+            :func:`restart_fully_shard`.
         check_replicas: compare every tensor that is not sharded across ranks
             first (a SHA-256 of its bytes; ``False`` skips it: for a large
             model kept whole on every rank, such as DDP's).
@@ -103,7 +104,10 @@ def save_checkpoint(
     if check_replicas and is_distributed():
         _check_replicas(state, plan)
     if plan is not None and (not _initialised() or dist.get_rank() == 0):
-        save_plan(plan, path)  # before DCP's last collective: every rank returns after it
+        # a checkpoint folder saved again: its plan.json goes with its shards, which DCP replaces
+        save_plan(
+            plan, path, overwrite=True
+        )  # before DCP's last collective: every rank returns after it
     dcp.save(state, checkpoint_id=path)
     logger.debug("save_checkpoint: %d model entries to %s", len(state["model"]), path)
     return Path(path)

@@ -76,19 +76,24 @@ def plan_json(plan: WrapPlan) -> str:
     return json.dumps(document, indent=1)
 
 
-def save_plan(plan: WrapPlan, path: str | os.PathLike[str]) -> Path:
+def save_plan(plan: WrapPlan, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write ``plan`` and its order to ``path`` (a ``.json`` file, or a checkpoint
     folder: ``<folder>/plan.json``), atomically.
 
     Args:
         plan: the plan the job trains with.
         path: the file, or the folder to write ``plan.json`` in (created if needed).
+        overwrite: replace the file when it exists already (``False``: refuse, so
+            that neither a saved plan nor a file of the user's is lost silently).
 
     Returns:
         The file written.
 
     Raises:
         TypeError: ``plan`` is not a :class:`WrapPlan`.
+        FileExistsError: the file exists and ``overwrite`` is false (the message names
+            it, says whether it holds a saved plan, and the fix); nothing is written.
+        IsADirectoryError: the ``.json`` path is a folder.
         OSError: the file cannot be written.
 
     Example:
@@ -98,9 +103,35 @@ def save_plan(plan: WrapPlan, path: str | os.PathLike[str]) -> Path:
     if not isinstance(plan, WrapPlan):
         raise TypeError(f"save_plan: plan must be a WrapPlan, got {type(plan).__name__}")
     target = plan_path(path)
+    check_plan_target(target, "save_plan", overwrite, " or a checkpoint folder")
     atomic_write_text(target, plan_json(plan))
     logger.debug("save_plan: %d groups to %s", len(plan.units), target)
     return target
+
+
+def check_plan_target(target: Path, caller: str, overwrite: bool, folder_hint: str = "") -> None:
+    """Refuse ``target`` as a new plan file: a folder, or a file there already (unless
+    ``overwrite``). The messages name ``caller``, the path, what is there and the fix.
+
+    Raises:
+        IsADirectoryError: ``target`` is a folder.
+        FileExistsError: ``target`` exists and ``overwrite`` is false.
+    """
+    if target.is_dir():
+        raise IsADirectoryError(
+            f"{caller}: {target} is a folder; pass the path of a .json file{folder_hint}"
+        )
+    if overwrite or not os.path.lexists(target):
+        return
+    try:
+        data = json.loads(target.read_text(encoding="utf-8"))
+        saved = is_pinned_dict(data) or (isinstance(data, dict) and "execwrap_plan_file" in data)
+    except (OSError, ValueError):
+        saved = False
+    what = "holds a plan saved before" if saved else "exists and is not a plan execwrap saved"
+    raise FileExistsError(
+        f"{caller}: {target} {what}; save to another path, or pass overwrite=True to replace it"
+    )
 
 
 def load_plan(path: str | os.PathLike[str], model: nn.Module | None = None) -> WrapPlan:
@@ -177,14 +208,20 @@ def check_plan_fits(plan: WrapPlan, model: nn.Module, *, source: str = "the plan
         PlanError: from :meth:`WrapPlan.check`.
     """
     name = type(model).__name__
-    problem = _first_module_difference(plan.order, model, name) or _first_param_difference(
-        plan.order, model, name
-    )
+    planned = plan.order.module_classes.get("")
+    problem: str | None
+    if planned is not None and planned != name:  # another class at the root: say that first
+        problem = f"a {planned} (the root module {quoted('')}), but the model passed is a {name}"
+        head = f"{source} was made for another model: {problem}"
+    else:
+        problem = _first_module_difference(plan.order, model, name) or _first_param_difference(
+            plan.order, model, name
+        )
+        head = f"{source} was made for another model than this {name}: {problem}"
     if problem is not None:
         raise ValueError(
-            f"{source} was made for another model than this {name}: {problem}. Plan this "
-            "model again (plan_wrap(model, capture_execution_order(model, ...), ...)), or "
-            "build the model the plan was made for"
+            f"{head}. Plan this model again (plan_wrap(model, capture_execution_order(model, "
+            "...), ...)), or build the model the plan was made for"
         )
     plan.check(model)
 
@@ -200,7 +237,10 @@ def _first_module_difference(order: ExecutionOrder, model: nn.Module, name: str)
             missing, where = (b, name) if only_model else (a, "the plan's model")
             return f"the first module that differs is {quoted(missing)}, which only {where} has"
         if class_a != class_b:
-            return f"module {quoted(a)} is a {class_a} in the plan and a {class_b} in {name}"
+            return (
+                f"module {quoted(a)} is a {class_a} in the model the plan was made for, but a "
+                f"{class_b} in this {name}"
+            )
     if len(theirs) != len(mine):
         longer, owner = (theirs, "the plan's model") if len(theirs) > len(mine) else (mine, name)
         fqn = longer[min(len(theirs), len(mine))][0]

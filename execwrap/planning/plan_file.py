@@ -33,10 +33,11 @@ from typing import Any
 
 import torch.nn as nn
 
-from execwrap.plan.pinned import is_pinned_dict, plan_from_pinned_dict
+from execwrap.plan.pinned import check_plan_target, is_pinned_dict, plan_from_pinned_dict
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.planning.given_groups import plan_from_groups, tables_order
 from execwrap.planning.rules import STYLES, expand_rules, group_rules
+from tracing.atomic import atomic_write_text
 from tracing.order import ExecutionOrder
 from tracing.order_fields import parse_json
 from tracing.schema import (
@@ -118,10 +119,30 @@ def plan_file_dict(plan: WrapPlan, model: nn.Module) -> dict[str, Any]:
     }
 
 
-def save_plan_file(plan: WrapPlan, path: str | Path, model: nn.Module) -> Path:
-    """Write ``plan`` as a plan file at ``path`` (:func:`plan_file_dict`); returns the path."""
+def save_plan_file(
+    plan: WrapPlan, path: str | Path, model: nn.Module, *, overwrite: bool = False
+) -> Path:
+    """Write ``plan`` as a plan file at ``path`` (:func:`plan_file_dict`), atomically.
+
+    Args:
+        plan: the plan.
+        path: the ``.json`` file to write.
+        model: the model the plan is for (its class is recorded).
+        overwrite: replace the file when it exists already (``False``: refuse, so that
+            neither a saved plan nor a file of the user's is lost silently).
+
+    Returns:
+        ``Path(path)``.
+
+    Raises:
+        FileExistsError: the file exists and ``overwrite`` is false (the message names
+            it, says whether it holds a saved plan, and the fix); nothing is written.
+        IsADirectoryError: ``path`` is a folder.
+        OSError: the file cannot be written.
+    """
     path = Path(path)
-    path.write_text(json.dumps(plan_file_dict(plan, model), indent=2) + "\n", encoding="utf-8")
+    check_plan_target(path, "save_plan_file", overwrite)
+    atomic_write_text(path, json.dumps(plan_file_dict(plan, model), indent=2) + "\n")
     return path
 
 

@@ -19,8 +19,10 @@ The steps, under an exclusive ``flock`` on ``.execwrap-report`` (two runs
 into one folder take turns):
 
 0. refuse, before anything is touched, to write over a file execwrap did not
-   write (:func:`~execwrap.report.ownership.check_report_folder`: the links
-   of a set are the marker; plain files are recognised by their content);
+   write, or to write over or remove one changed since execwrap wrote it
+   (:func:`~execwrap.report.ownership.check_report_folder`: the links of a set
+   are the marker; plain files are recognised by their content; each set's
+   :data:`~execwrap.report.ownership.MANIFEST` holds its files' SHA-256);
 1. clean up what interrupted runs left: every entry of ``.execwrap-report``
    but ``current`` and the set it names (a half-written set, a temporary
    link), and ``.<name>.*.tmp`` files of releases that wrote files one by one;
@@ -29,7 +31,8 @@ into one folder take turns):
    replaced by its link, showing the same content at every step. Files with
    report names that are not execwrap's and are not written by this call are
    left alone;
-3. write the new set into a new ``set-<id>`` folder, each file fsynced;
+3. write the new set into a new ``set-<id>`` folder, each file fsynced, and
+   its manifest (each file's SHA-256);
 4. add the link of each new file name (it shows nothing until step 5);
 5. commit: a new ``current`` link, made under a temporary name, renamed over
    the old one;
@@ -37,14 +40,16 @@ into one folder take turns):
 
 On a file system without symbolic links (FAT, some network shares) or a
 platform without ``flock``, the files are written to temporary names and
-renamed into place one by one (:func:`write_one_by_one`): no file is ever
-half-written, but a crash between two renames can leave old and new files
-side by side. A warning says so.
+renamed into place one by one (:func:`write_one_by_one`), then their SHA-256
+is recorded in the folder's own manifest: no file is ever half-written, but a
+crash between two renames can leave old and new files side by side. A warning
+says so.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import secrets
@@ -54,8 +59,16 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO
 
-from execwrap.report.ownership import SET_FOLDER, check_report_folder, is_report_file, is_set_link
-from tracing.atomic import write_temp
+from execwrap.report.ownership import (
+    MANIFEST,
+    SET_FOLDER,
+    check_report_folder,
+    file_digest,
+    is_report_file,
+    is_set_link,
+    read_manifest,
+)
+from tracing.atomic import atomic_write_text, write_temp
 
 __all__ = ["SET_FOLDER", "write_file_set", "write_one_by_one"]
 
@@ -84,8 +97,10 @@ def write_file_set(
         IsADirectoryError: a file name is a folder in ``folder`` (before
             anything is written; ``filename`` is that path).
         execwrap.report.ownership.ForeignFilesError: a file of ``writers``
-            exists and execwrap did not write it (a ``FileExistsError``, before
-            anything is written; nothing in ``folder`` changes).
+            exists and execwrap did not write it, or a file of ``writers`` or
+            ``known_names`` was changed since execwrap wrote it (a
+            ``FileExistsError``, before anything is written; nothing in
+            ``folder`` changes).
         OSError: a folder cannot be created or a file written (naming it).
 
     If a writer raises (``KeyboardInterrupt`` included), the new set is
@@ -98,7 +113,7 @@ def write_file_set(
             raise IsADirectoryError(
                 errno.EISDIR, "a folder is in the way of a report file", str(folder / name)
             )
-    check_report_folder(folder, writers)
+    check_report_folder(folder, writers, names - set(writers))
     created = _make_folders(folder)
     try:
         _remove_old_temp_files(folder, names)
@@ -114,6 +129,7 @@ def write_file_set(
                 folder,
             )
             write_one_by_one({folder / n: w for n, w in writers.items()})
+            _record(folder, writers)
             return
         _FileSet(folder, names).write(writers, made_sets=made_sets)
     except BaseException:
@@ -165,7 +181,8 @@ class _FileSet:
         new_set: Path | None = None
         try:
             _flock(lock)
-            check_report_folder(self.folder, writers)  # again, now that no other run writes
+            # again, now that no other run writes
+            check_report_folder(self.folder, writers, set(self.names) - set(writers))
             self._clean_up()
             self._adopt()
             new_set = self._new_set_folder()
@@ -229,6 +246,7 @@ class _FileSet:
                 shutil.copy2(path, tmp)
             os.replace(tmp, kept)
             self._replace_with_link(name)
+        _record(self.sets / current, strays)
 
     def _write_set(self, new_set: Path, writers: Mapping[str, Writer]) -> None:
         """Step 3: the new set, complete and on disk."""
@@ -241,6 +259,7 @@ class _FileSet:
                     os.fsync(f.fileno())
             except OSError as exc:  # name the report file, not the set's copy
                 raise OSError(exc.errno, exc.strerror, str(self.folder / name)) from exc
+        _record(new_set, writers)
         _fsync_folder(new_set)
 
     def _link(self, writers: Mapping[str, Writer]) -> list[Path]:
@@ -296,6 +315,13 @@ def _supports_sets(sets: Path) -> bool:
         return False
     probe.unlink(missing_ok=True)
     return True
+
+
+def _record(folder: Path, names: Collection[str]) -> None:
+    """Add the SHA-256 of ``folder``'s files ``names`` to its manifest (atomically)."""
+    digests = read_manifest(folder)
+    digests.update({name: file_digest(folder / name) for name in names})
+    atomic_write_text(folder / MANIFEST, json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
 def _flock(fd: int) -> None:

@@ -73,7 +73,8 @@ def write_report(
             baseline is not a plan, or ``prefetch`` is not an int.
         ValueError: ``out_dir`` is empty (``""``: say ``"."`` for the current folder).
         execwrap.report.ownership.ForeignFilesError: a file the report would
-            write is there and execwrap did not write it (a
+            write is there and execwrap did not write it, or a report file it would
+            replace or remove was changed since execwrap wrote it (a
             ``FileExistsError``; nothing is touched: choose another folder).
         OSError: ``out_dir`` cannot be created or written; nothing is left
             behind in it.

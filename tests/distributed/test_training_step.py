@@ -424,6 +424,26 @@ def _plan_offload_worker(rank: int, world_size: int) -> dict[str, Any]:
     out["lines"] = lines.messages
     out["sharded"] = isinstance(model, FSDPModule)
     out["losses"] = _train(model, rank, world_size)
+    out.update(_plan_offload_fsdp1(plan))
+    return out
+
+
+def _plan_offload_fsdp1(plan: WrapPlan) -> dict[str, Any]:
+    """The same plan through FSDP1 on the CPU: refused, then applied without offload."""
+    model = _model()
+    with pytest.raises(ValueError) as refused:
+        FSDP(model, auto_wrap_policy=ParamExecOrderWrapPolicy(pinned_plan=plan), device_id=CPU)
+    out: dict[str, Any] = {"fsdp1_refused": str(refused.value)}
+    out["fsdp1_left_alone"] = not any(isinstance(m, FSDP) for m in model.modules())
+    with _Lines() as lines:
+        model = FSDP(
+            _model(),
+            auto_wrap_policy=ParamExecOrderWrapPolicy(pinned_plan=plan),
+            device_id=CPU,
+            cpu_offload=CPUOffload(offload_params=False),
+        )
+    out["fsdp1_lines"] = lines.messages
+    out["fsdp1_units"] = sum(isinstance(m, FSDP) for m in model.modules())
     return out
 
 
@@ -453,3 +473,23 @@ def test_the_plans_cpu_offload_on_a_cpu_mesh_is_refused_naming_the_plan() -> Non
         ]
         assert out["sharded"]
         assert len(out["losses"]) == STEPS and out["losses"][-1] < out["losses"][0]
+        assert out["fsdp1_refused"] == (
+            "ParamExecOrderWrapPolicy: the plan's training step chose CPU offload "
+            f"(plan.training.offload='cpu', planned for {out['planned_for']}), which keeps the "
+            "sharded parameters, gradients and optimizer state in host memory and copies them "
+            f"to an accelerator for each all-gather, but the device is the CPU{_no_accelerator()}"
+            ": the parameters already live in host memory and there is no accelerator to copy "
+            'them to (torch would fail later with "Cannot access accelerator device when none '
+            'is available."); nothing has been wrapped. Pass FullyShardedDataParallel(..., '
+            "cpu_offload=CPUOffload(offload_params=False)) to apply the plan without offload, "
+            "or plan again with a cost model of this device (CostModel.calibrate() on it)"
+        )
+        assert out["fsdp1_left_alone"]
+        assert out["fsdp1_lines"] == [
+            "INFO: ParamExecOrderWrapPolicy: cpu_offload=CPUOffload(offload_params=False) given "
+            "on a CPU device: the plan is applied without its training step's CPU offload "
+            "(plan.training.offload='cpu'), which needs an accelerator to copy to; "
+            "plan.estimate and the memory budget it was planned under describe the step with "
+            "offload"
+        ]
+        assert out["fsdp1_units"] == 4  # the root and the three blocks

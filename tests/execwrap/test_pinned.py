@@ -128,3 +128,64 @@ def test_the_policy_takes_a_pinned_plan_alone(tmp_path: Path) -> None:
         ParamExecOrderWrapPolicy(pinned_plan="plan.json")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^ParamExecOrderWrapPolicy\.pinned_plan was made for "):
         ParamExecOrderWrapPolicy(pinned_plan=plan).build_plan(_model(n_blocks=2))
+
+
+def test_save_plan_never_replaces_a_file_unless_told(tmp_path: Path) -> None:
+    plan = _plan(_model())
+    written = save_plan(plan, tmp_path / "step-3")
+    before = written.read_bytes()
+    with pytest.raises(FileExistsError) as info:
+        save_plan(plan, tmp_path / "step-3")
+    assert str(info.value) == (
+        f"save_plan: {written} holds a plan saved before; save to another path, or pass "
+        "overwrite=True to replace it"
+    )
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"lr": 0.1}\n')
+    with pytest.raises(FileExistsError) as info:
+        save_plan(plan, mine)
+    assert str(info.value) == (
+        f"save_plan: {mine} exists and is not a plan execwrap saved; save to another path, or "
+        "pass overwrite=True to replace it"
+    )
+    assert mine.read_text() == '{"lr": 0.1}\n'  # untouched
+    assert save_plan(plan, mine, overwrite=True) == mine
+    assert mine.read_bytes() == before
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(IsADirectoryError) as dir_info:
+        save_plan(plan, tmp_path / "folder.json", overwrite=True)
+    assert str(dir_info.value) == (
+        f"save_plan: {tmp_path / 'folder.json'} is a folder; pass the path of a .json file or "
+        "a checkpoint folder"
+    )
+
+
+class _OtherGPT(GPT):
+    """Another model class with GPT's modules (for the message about the root)."""
+
+
+class _MyNorm(torch.nn.LayerNorm):
+    """Another class at one module."""
+
+
+def test_a_plan_for_another_model_class_says_which_class_it_was_made_for(tmp_path: Path) -> None:
+    save_plan(_plan(_model()), tmp_path)
+    torch.manual_seed(0)
+    other = _OtherGPT(GPTConfig(n_blocks=3, dim=32, vocab_size=64))
+    with pytest.raises(ValueError) as info:
+        load_plan(tmp_path, other)
+    assert str(info.value) == (
+        f"{tmp_path / PLAN_FILE} was made for another model: a GPT (the root module <root>), "
+        "but the model passed is a _OtherGPT. Plan this model again (plan_wrap(model, "
+        "capture_execution_order(model, ...), ...)), or build the model the plan was made for"
+    )
+    model = _model()
+    model.ln_f = _MyNorm(32)
+    with pytest.raises(ValueError) as info:
+        load_plan(tmp_path, model)
+    assert str(info.value) == (
+        f"{tmp_path / PLAN_FILE} was made for another model than this GPT: module 'ln_f' is a "
+        "LayerNorm in the model the plan was made for, but a _MyNorm in this GPT. Plan this "
+        "model again (plan_wrap(model, capture_execution_order(model, ...), ...)), or build "
+        "the model the plan was made for"
+    )

@@ -249,6 +249,13 @@ def test_plan_file_round_trip_and_simulation(gpt: tuple[nn.Module, object], tmp_
     assert loaded.reshard_after_forward == plan.reshard_after_forward
     assert loaded.prefetch == 2 and loaded.policy_name == "plan file plan.json"
     assert simulate_step(loaded, cm, world_size=8) == simulate_step(plan, cm, world_size=8)
+    with pytest.raises(FileExistsError) as info:  # an existing file: replaced only when told
+        save_plan_file(plan, path, meta)
+    assert str(info.value) == (
+        f"save_plan_file: {path} holds a plan saved before; save to another path, or pass "
+        "overwrite=True to replace it"
+    )
+    assert save_plan_file(plan, path, meta, overwrite=True) == path
     # on the real model too, without an order (the tables only)
     real = load_plan_file(path, model)
     assert real.groups == [[""], ["wte"], ["blocks.0"], ["blocks.1"], ["ln_f", "lm_head"]]

@@ -23,6 +23,7 @@ from execwrap.demo_models import Block, build_demo_model
 from execwrap.planning.planner import plan_wrap
 from execwrap.report import file_set, write_report
 from execwrap.report.file_set import SET_FOLDER
+from execwrap.report.ownership import MANIFEST
 from execwrap.report.writer import FILE_WRITERS
 from tracing import trace_execution_order
 
@@ -74,7 +75,10 @@ def test_layout_one_link_per_file_and_one_commit_link(plan, tmp_path):
     current = os.readlink(tmp_path / SET_FOLDER / "current")
     assert current.startswith("set-")
     assert sorted(p.name for p in (tmp_path / SET_FOLDER).iterdir()) == sorted(["current", current])
-    assert sorted(p.name for p in (tmp_path / SET_FOLDER / current).iterdir()) == ALL_FILES
+    # each set records its files' SHA-256 (a file changed since is never replaced)
+    assert sorted(p.name for p in (tmp_path / SET_FOLDER / current).iterdir()) == sorted(
+        [*ALL_FILES, MANIFEST]
+    )
     assert json.loads(paths["json"].read_text())["kind"] == "execwrap-report"
 
     write_report(plan, tmp_path, prefetch=2)  # a new set; the old one is removed
@@ -171,7 +175,12 @@ def test_without_symbolic_links_files_are_replaced_one_by_one(plan, tmp_path, mo
     (tmp_path / ".calls.csv.zz.tmp").write_text("x")
     with caplog.at_level(logging.WARNING, logger="execwrap.report.file_set"):
         write_report(plan, tmp_path, formats=["json", "csv"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.csv", "params.csv", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        MANIFEST,  # the files' SHA-256: a file changed since is never replaced
+        "calls.csv",
+        "params.csv",
+        "report.json",
+    ]
     assert not (tmp_path / "report.json").is_symlink()
     assert caplog.messages == [
         f"{tmp_path}: no symbolic links or flock here; report files are replaced one by one "

@@ -333,6 +333,28 @@ def test_the_policy_checks_and_carries_its_checkpointing() -> None:
     assert _untouched(model)
 
 
+def test_apply_checkpointing_names_its_own_every_parameter() -> None:
+    """apply_checkpointing's parameter is ``every`` (apply_fully_shard's ``checkpoint_every``)."""
+    model = _model()
+    with pytest.raises(ValueError) as info:
+        apply_checkpointing(model, _plan(model), "full", every=0)
+    assert str(info.value) == (
+        "apply_checkpointing: every=0; it must be 1 (every unit) or more (every N-th unit, "
+        "counted from 1 in the plan's order)"
+    )
+    with pytest.raises(TypeError) as type_info:
+        apply_checkpointing(model, _plan(model), "full", every=2.0)  # type: ignore[arg-type]
+    assert str(type_info.value) == (
+        "apply_checkpointing: every must be an int (checkpoint every N-th unit); got float"
+    )
+    with pytest.raises(ValueError) as info:
+        apply_checkpointing(model, _plan(model), {"layers.0": "full"}, every=2)
+    assert str(info.value) == (
+        "apply_checkpointing: every=2 counts the units that one mode applies to; with a "
+        "mapping {module FQN: mode} leave it at 1 and list the modules to checkpoint"
+    )
+
+
 # ------------------------------------------------------------------ checkpointing: applied
 def test_one_mode_applies_to_the_outermost_units_and_every_nth() -> None:
     model = _model()
