@@ -33,7 +33,8 @@ class FitOptions:
         nodes: nodes of the job.
         sequence_length: tokens per sequence.
         micro_batch: sequences per rank per step.
-        precision: a name of :data:`execwrap.sizing.precision.PRECISIONS`.
+        precision: a name of :data:`execwrap.sizing.precision.PRECISIONS`, or ``None``
+            (the ``--plan``'s own precision, else bf16).
         memory_budget: bytes per rank, or ``None`` (the device's memory minus a reserve).
         plan: a plan file to price instead of searching, or ``None``.
         framework: which recipe to print (``"all"``: every one).
@@ -47,7 +48,7 @@ class FitOptions:
     nodes: int
     sequence_length: int
     micro_batch: int
-    precision: str
+    precision: str | None
     memory_budget: int | None
     plan: Path | None
     framework: str
@@ -108,9 +109,10 @@ def add_fit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     fit.add_argument(
         "--precision",
         choices=_PRECISIONS,
-        default="bf16",
+        default=None,
         help="bf16: bf16 parameters, fp32 master weights and reduction; "
-        "bf16-reduce: reduce in bf16 too; fp32 (default: bf16)",
+        "bf16-reduce: reduce in bf16 too; fp32 (default: bf16, or with --plan the plan's "
+        "own; a --plan is priced in the precision given here)",
     )
     fit.add_argument(
         "--memory-budget",

@@ -36,7 +36,7 @@ def fit(
     nodes: int = 1,
     sequence_length: int = 4096,
     micro_batch: int = 1,
-    precision: str | Precision = "bf16",
+    precision: str | Precision | None = None,
     memory_budget: int | None = None,
     plan: WrapPlan | None = None,
     optimizer: str = "adamw",
@@ -52,7 +52,9 @@ def fit(
         nodes: nodes of the job (one flat mesh over their GPUs).
         sequence_length: tokens per sequence.
         micro_batch: sequences per GPU per step.
-        precision: ``"bf16"``, ``"bf16-reduce"``, ``"fp32"`` or a :class:`~execwrap.Precision`.
+        precision: ``"bf16"``, ``"bf16-reduce"``, ``"fp32"`` or a :class:`~execwrap.Precision`;
+            ``None``: the given plan's own precision, else ``"bf16"``. A given plan is
+            priced in this precision.
         memory_budget: bytes per GPU (``None``: the device's memory minus a reserve).
         plan: a plan to price instead of searching (checked against the model).
         optimizer: the optimizer priced.

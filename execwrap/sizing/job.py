@@ -17,6 +17,7 @@ Then:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ def size_job(
     nodes: int = 1,
     sequence_length: int,
     micro_batch: int,
-    precision: str | Precision = "bf16",
+    precision: str | Precision | None = None,
     memory_budget: int | None = None,
     plan: WrapPlan | None = None,
     optimizer: str = "adamw",
@@ -96,19 +97,18 @@ def size_job(
         sequence_length: tokens per sequence (``>= 1``).
         micro_batch: sequences per rank per step (``>= 1``).
         precision: ``"bf16"``, ``"bf16-reduce"``, ``"fp32"``
-            (:data:`~execwrap.sizing.precision.PRECISIONS`) or a :class:`~execwrap.Precision`.
+            (:data:`~execwrap.sizing.precision.PRECISIONS`) or a :class:`~execwrap.Precision`;
+            ``None``: the given plan's own, else ``"bf16"`` (a plan is priced in this one).
         memory_budget: bytes per rank (``None``: the device's memory minus a reserve,
             :func:`execwrap.cost.device_memory.default_memory_budget`).
-        plan: price this plan (e.g. ``execwrap.load_plan(path)``) instead of searching:
-            checked against the model first; its own order, made at its micro-batch.
+        plan: price this plan (``load_plan(path)``, checked against the model) instead.
         optimizer: the optimizer priced (:data:`execwrap.simulate.OPTIMIZERS`).
         max_micro_batch: the largest micro-batch tried for ``largest_micro_batch``.
 
     Returns:
-        A :class:`~execwrap.sizing.result.FitResult`. When the searched plan fits,
-        its ``largest_micro_batch`` is at least ``micro_batch`` (up to
-        ``max_micro_batch``): the least-memory plan it is priced from is one the
-        planner can choose.
+        A :class:`~execwrap.sizing.result.FitResult`. When the searched plan fits, its
+        ``largest_micro_batch`` is at least ``micro_batch`` (up to ``max_micro_batch``):
+        the least-memory plan it is priced from is one the planner can choose.
 
     Raises:
         ValueError: a bad cluster, precision or size; a plan made for another model
@@ -117,7 +117,7 @@ def size_job(
     """
     check_int(sequence_length, "sequence_length", minimum=1, unit="tokens")
     check_int(micro_batch, "micro_batch", minimum=1, unit="sequences")
-    name, prec = precision_of(precision)
+    name, prec = precision_of(_precision(precision, plan))
     where = cluster if isinstance(cluster, Cluster) else cluster_of(cluster, nodes)
     cm = where.cost_model
     budget = _budget(cm, memory_budget)
@@ -153,6 +153,15 @@ def size_job(
         source=dict(target.source),
         given_plan=plan is not None,
     )
+
+
+def _precision(precision: str | Precision | None, plan: WrapPlan | None) -> str | Precision:
+    """The asked precision; else the given plan's (priced as it was made); else bf16."""
+    if precision is not None:
+        return precision
+    if plan is not None and plan.training is not None:
+        return plan.training.precision
+    return "bf16"
 
 
 def _check_largest(micro_batch: int, largest: int, tried: tuple[tuple[int, int], ...]) -> None:
@@ -212,11 +221,16 @@ def _best_plan(
     cm, world = cluster.cost_model, cluster.world_size
     if given is not None:
         # the plan's groups, prefetch, resharding and step, priced for the asked step: its
-        # own order was captured at the size it was planned for, which may be another
+        # own order was captured at the size and in the dtype it was planned for, which
+        # may be others, so it is priced on ``order`` in the asked precision
         given = copy.copy(given)  # the caller's plan stays as it was
         given.order = order
+        training = step
+        if given.training is not None:
+            training = dataclasses.replace(given.training, precision=step.precision)
+        given.training = training
         estimate = simulate_step(
-            given, cm, world_size=world, optimizer=optimizer, training=given.training or step
+            given, cm, world_size=world, optimizer=optimizer, training=training
         )
         given.estimate = estimate
         over = int(estimate.peak_memory_bytes) > budget

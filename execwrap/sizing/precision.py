@@ -22,7 +22,8 @@ PRECISIONS: dict[str, Precision] = plan_precision.PRECISIONS
 
 
 def precision_of(precision: str | Precision) -> tuple[str, Precision]:
-    """``(name, Precision)`` of a name in :data:`PRECISIONS` or a :class:`~execwrap.Precision`.
+    """``(name, Precision)`` of a name in :data:`PRECISIONS` or a :class:`~execwrap.Precision`
+    (named as in :data:`PRECISIONS` when it is one of them, else by its description).
 
     Raises:
         ValueError: an unknown name (the message lists the names).
@@ -30,9 +31,12 @@ def precision_of(precision: str | Precision) -> tuple[str, Precision]:
 
     >>> precision_of("bf16")[1].describe()
     'bfloat16 parameters, float32 reduction'
+    >>> precision_of(Precision(param_dtype="bfloat16", reduce_dtype="float32"))[0]
+    'bf16'
     """
     if isinstance(precision, Precision):
-        return precision.describe(), precision
+        names = [name for name, known in PRECISIONS.items() if known == precision]
+        return (names[0] if names else precision.describe()), precision
     if not isinstance(precision, str):
         raise TypeError(
             f"precision must be one of {sorted(PRECISIONS)} or an execwrap.Precision; got "

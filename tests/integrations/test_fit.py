@@ -105,6 +105,32 @@ def llama_8b(tmp_path_factory) -> Path:
     return path
 
 
+def test_a_plan_is_priced_in_the_asked_precision(
+    folder: Path, out: tuple[Path, dict], tmp_path: Path, capsys
+) -> None:
+    """``--plan`` made in bf16 with ``--precision fp32``: the plan's groups and step, its
+    order recorded and priced in fp32 (as the plan searched in fp32 is); without
+    ``--precision`` a plan is priced in its own precision."""
+    config = str(folder / "config.json")
+    argv = ["fit", config, "--sequence-length", "16", "--micro-batch", "2", "--json"]
+    status, text = _status(
+        [*argv, "--plan", str(out[0] / "plan.json"), "--precision", "fp32"], capsys
+    )
+    priced = json.loads(text)
+    assert (status, priced["precision"], priced["given_plan"]) == (0, "fp32", True)
+    assert priced["plan"]["training"]["precision"]["param_dtype"] is None  # fp32: no casts
+    assert priced["plan"]["groups"] == out[1]["plan"]["groups"]
+    status, text = _status([*argv, "--precision", "fp32", "--out", str(tmp_path)], capsys)
+    searched = json.loads(text)
+    assert (status, searched["peak_memory_bytes"]) == (0, priced["peak_memory_bytes"])
+    assert priced["peak_memory_bytes"] > out[1]["peak_memory_bytes"]  # fp32 weighs more
+    status, text = _status([*argv, "--plan", str(tmp_path / "plan.json")], capsys)
+    again = json.loads(text)
+    assert (status, again["precision"], again["peak_memory_bytes"]) == (
+        0, "fp32", priced["peak_memory_bytes"],
+    )  # fmt: skip
+
+
 def _status(argv: list[str], capsys) -> tuple[int, str]:
     status = main(argv)
     return status, capsys.readouterr().out
