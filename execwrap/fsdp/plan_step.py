@@ -42,7 +42,7 @@ from execwrap.fsdp.offload import check_offload, check_plan_offload, offload_dev
 from execwrap.fsdp.precision import check_mixed_precision
 from execwrap.plan.training_step import Precision, TrainingStep
 from execwrap.plan.wrap_plan import WrapPlan
-from execwrap.planning.auto.options import STEP_CHOICES, check_training
+from execwrap.planning.auto.options import check_training
 
 __all__ = ["check_fsdp1_kwargs", "fsdp1_step", "fsdp2_step", "policy_choices", "policy_step"]
 
@@ -257,11 +257,11 @@ def policy_choices(
     choose: Sequence[str] | None, mode: Checkpointing, bucket_numel: Any
 ) -> tuple[str, ...] | None:
     """What the auto-planner chooses for a policy: ``choose``, without
-    ``"checkpointing"`` when the policy's ``checkpointing=`` fixes it."""
-    if mode is None or bucket_numel != "auto":
+    ``"checkpointing"`` when the policy's ``checkpointing=`` fixes it (``None``: the
+    default, which leaves out every setting the step fixes, that one included)."""
+    if choose is None or mode is None or bucket_numel != "auto":
         return None if choose is None else tuple(choose)
-    chosen = STEP_CHOICES if choose is None else tuple(choose)
-    return tuple(c for c in chosen if c != "checkpointing")
+    return tuple(c for c in choose if c != "checkpointing")
 
 
 def check_fsdp1_kwargs(root_kwargs: Mapping[str, Any]) -> None:

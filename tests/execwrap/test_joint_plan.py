@@ -131,6 +131,41 @@ def test_choose_limits_what_the_planner_chooses(llama) -> None:
         plan_wrap(model, order, POLICY, bucket_numel="auto", cost_model=cm, choose=("precision",))
 
 
+@pytest.mark.parametrize(
+    ("step", "kept"),
+    [
+        (TrainingStep(checkpointing="full"), ("offload", "accumulation")),
+        (TrainingStep(offload="cpu"), ("checkpointing", "accumulation")),
+        (TrainingStep(micro_batches=2, gradient_sync="last"), ("checkpointing", "offload")),
+    ],
+)
+def test_a_setting_training_fixes_is_kept_without_choose(llama, step, kept) -> None:
+    """``choose=`` left out: the planner chooses what ``training`` leaves at its default and
+    keeps what it fixes; an explicit ``choose=`` naming a fixed setting is refused with the
+    ``choose=`` that keeps it."""
+    model, _, order, cm, peaks = llama
+    args = (model, order, POLICY)
+    kw = dict(bucket_numel="auto", cost_model=cm, memory_budget=peaks["none"] * 2, training=step)
+    plan = plan_wrap(*args, **kw)  # type: ignore[arg-type]
+    assert plan.training is not None
+    if step.checkpointing == "full":
+        assert plan.checkpoint_modes()[1:] == ("full",) * (len(plan.groups) - 1)
+    assert (plan.training.offload, plan.training.gradient_sync) == (
+        step.offload,
+        step.gradient_sync,
+    )
+    fixed = next(n for n in ("checkpointing", "offload", "accumulation") if n not in kept)
+    with pytest.raises(ValueError) as info:
+        plan_wrap(*args, **kw, choose=("checkpointing", "offload", "accumulation"))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        f"plan_wrap: training fixes {fixed} but choose=('checkpointing', 'offload', "
+        f"'accumulation') leaves it to the planner: pass choose={kept!r} (or leave choose= "
+        "out: it defaults to ('checkpointing', 'offload', 'accumulation') less what training "
+        "fixes) to keep training's setting, or leave it at the default in training for the "
+        "planner to choose"
+    )
+
+
 def test_a_budget_nothing_meets_names_one_micro_batchs_activations(llama) -> None:
     model, _, order, cm, peaks = llama
     with pytest.raises(MemoryBudgetError) as info:

@@ -233,33 +233,23 @@ def check_training(training: Any, where: str) -> TrainingStep:
 
 
 def check_choose(choose: Any, training: TrainingStep, where: str) -> frozenset[str]:
-    """``choose`` (``None``: all of :data:`STEP_CHOICES`) as a set, each setting in it
-    left to the planner by ``training``.
+    """``choose`` as a set, each setting in it left to the planner by ``training``.
+
+    ``None`` (``choose=`` not given): :data:`STEP_CHOICES` less the settings ``training``
+    fixes (a checkpointing, offload or accumulation setting other than the default), which
+    the plan keeps as given.
 
     Raises:
         TypeError: ``choose`` is a single string or not an iterable of strings.
-        ValueError: an unknown setting, or one that ``training`` fixes (a checkpointing,
-            offload or accumulation setting other than the default): keep it out of
-            ``choose`` to keep it, or leave it at its default for the planner to choose.
+        ValueError: an unknown setting, or one that ``training`` fixes in an explicit
+            ``choose``: the message gives the ``choose=`` that keeps the setting.
 
     Example:
         >>> sorted(check_choose(("offload",), TrainingStep(), "plan_wrap"))
         ['offload']
+        >>> sorted(check_choose(None, TrainingStep(offload="cpu"), "plan_wrap"))
+        ['accumulation', 'checkpointing']
     """
-    if choose is None:
-        names: frozenset[str] = frozenset(STEP_CHOICES)
-    else:
-        if isinstance(choose, str) or not isinstance(choose, Iterable):
-            raise TypeError(
-                f"{where}: choose must be an iterable of {list(STEP_CHOICES)} (e.g. "
-                f"('checkpointing',)), got {choose!r}"
-            )
-        names = frozenset(choose)
-        unknown = sorted(str(n) for n in names - set(STEP_CHOICES))
-        if unknown:
-            raise ValueError(
-                f"{where}: choose names {unknown}; the planner chooses among {list(STEP_CHOICES)}"
-            )
     fixed = {
         "checkpointing": training.checkpointing != "none"
         or training.checkpoint_every != 1
@@ -267,12 +257,28 @@ def check_choose(choose: Any, training: TrainingStep, where: str) -> frozenset[s
         "offload": training.offload != "none",
         "accumulation": training.gradient_sync != "every" or not training.reshard_after_backward,
     }
+    if choose is None:
+        return frozenset(n for n in STEP_CHOICES if not fixed[n])
+    if isinstance(choose, str) or not isinstance(choose, Iterable):
+        raise TypeError(
+            f"{where}: choose must be an iterable of {list(STEP_CHOICES)} (e.g. "
+            f"('checkpointing',)), got {choose!r}"
+        )
+    names = frozenset(choose)
+    unknown = sorted(str(n) for n in names - set(STEP_CHOICES))
+    if unknown:
+        raise ValueError(
+            f"{where}: choose names {unknown}; the planner chooses among {list(STEP_CHOICES)}"
+        )
     clash = [n for n in STEP_CHOICES if n in names and fixed[n]]
     if clash:
+        keep = tuple(n for n in STEP_CHOICES if n in names and not fixed[n])
         raise ValueError(
-            f"{where}: training fixes {', '.join(clash)} but choose= leaves "
-            f"{'it' if len(clash) == 1 else 'them'} to the planner; drop "
-            f"{', '.join(repr(c) for c in clash)} from choose to keep the setting, or leave "
-            "it at its default for the planner to choose"
+            f"{where}: training fixes {', '.join(clash)} but choose={tuple(sorted(names, key=STEP_CHOICES.index))!r} "
+            f"leaves {'it' if len(clash) == 1 else 'them'} to the planner: pass "
+            f"choose={keep!r} (or leave choose= out: it defaults to {STEP_CHOICES!r} less "
+            "what training fixes) to keep training's setting, or leave "
+            f"{'it' if len(clash) == 1 else 'them'} at the default in training for the "
+            "planner to choose"
         )
     return names
