@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[verbose],
         help="print a saved order and its plan",
         description="Print the order and plan of a saved report.json (or a bare saved "
-        "ExecutionOrder JSON, or a report folder).",
+        "ExecutionOrder JSON, a report folder, or a plan.json of execwrap.save_plan or "
+        "execwrap fit --out).",
     )
     show.add_argument("file", metavar="ORDER.json")
 

@@ -1,8 +1,9 @@
 """Saved reports and orders, as ``show`` and ``diff`` read them: :func:`load_saved`.
 
 A saved file is a ``report.json`` (``schema_version`` of the report, an
-``"order"`` and a ``"plan"``, see :mod:`execwrap.report`) or a bare order
-(:meth:`tracing.ExecutionOrder.save`). The order is rebuilt with
+``"order"`` and a ``"plan"``, see :mod:`execwrap.report`), a bare order
+(:meth:`tracing.ExecutionOrder.save`) or a plan file (:func:`execwrap.save_plan`,
+``execwrap fit --out``: the plan with its order). The order is rebuilt with
 :meth:`~tracing.ExecutionOrder.from_dict`, the plan with
 :meth:`~execwrap.plan.wrap_plan.WrapPlan.from_dict`; every problem is a
 :class:`~execwrap.cli.errors.CLIError` naming the file.
@@ -17,6 +18,7 @@ from typing import Any
 from execwrap.cli.errors import CLIError
 from execwrap.cli.text import shorten, terminal_safe
 from execwrap.plan.figures import plan_figures
+from execwrap.plan.pinned import is_pinned_dict, plan_from_pinned_dict
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.files import REPORT_SCHEMA_VERSION
 from execwrap.report.json_file import REPORT_FIELDS
@@ -37,15 +39,17 @@ class SavedReport:
         order: the order.
         plan: the report's plan; ``None`` for a bare order or an order-only report.
         plan_stats: the plan's ``"stats"`` as saved (at the report's prefetch), or ``None``.
+        pinned: the file is a plan file (:func:`execwrap.save_plan`, ``execwrap fit --out``).
     """
 
     order: ExecutionOrder
     plan: WrapPlan | None
     plan_stats: dict[str, Any] | None
+    pinned: bool = False
 
 
 def load_saved(path: Path) -> SavedReport:
-    """Read a saved report or a bare order (``path`` as :func:`~execwrap.cli.options.locate_saved`
+    """Read a saved report, a bare order or a plan file (``path`` as :func:`~execwrap.cli.options.locate_saved`
     gives it), every field checked in one pass.
 
     The report's own fields are checked against
@@ -55,7 +59,7 @@ def load_saved(path: Path) -> SavedReport:
 
     Raises:
         CLIError: the file cannot be read, is not UTF-8 JSON (nested too
-            deeply included), is not an execwrap report or order, is of another
+            deeply included), is not an execwrap report, order or plan file, is of another
             schema version, or a field is malformed; one line naming the file and
             the field.
     """
@@ -67,7 +71,11 @@ def load_saved(path: Path) -> SavedReport:
         raise CLIError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     source = str(path)
     try:
-        order_data, plan_data, prefix, report = _unwrap(parse_json(text, source), path)
+        data = parse_json(text, source)
+        if is_pinned_dict(data):  # a plan file (save_plan, execwrap fit --out)
+            plan = plan_from_pinned_dict(data, source=source)
+            return SavedReport(plan.order, plan, data["plan"].get("stats"), pinned=True)
+        order_data, plan_data, prefix, report = _unwrap(data, path)
         order = ExecutionOrder.from_dict(order_data, source=source, prefix=prefix)
         if report is not None:
             _check_report(report, order, source)
@@ -85,7 +93,7 @@ def load_saved(path: Path) -> SavedReport:
 def _unwrap(data: Any, path: Path) -> tuple[Any, Any, str, dict[str, Any] | None]:
     """``(order data, plan data or None, where the order sits, the report's
     checked fields)`` of a report; ``(data, None, "", None)`` of a bare order."""
-    not_ours = f"{path} is not an execwrap report or order"
+    not_ours = f"{path} is not an execwrap report, order or plan file"
     if not isinstance(data, dict):
         raise CLIError(f"{not_ours} (a JSON {type(data).__name__}, not an object)")
     if "order" in data and "module_forward_order" not in data:  # a report

@@ -1,4 +1,5 @@
-"""``execwrap show FILE``: print a saved order and its plan."""
+"""``execwrap show FILE``: print a saved order and its plan (a report, a bare order, or a
+plan file of :func:`execwrap.save_plan` / ``execwrap fit --out``)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ __all__ = ["run_show"]
 
 def run_show(options: ShowOptions) -> int:
     """Print the order (forward calls with their units, gradient order, tied
-    parameters), then the plan (units, stats, notes). Returns 0.
+    parameters), then the plan (units, stats, notes); for a plan file, how to use it.
+    Returns 0.
 
     Raises:
-        CLIError: the file is not a readable execwrap report or order.
+        CLIError: the file is not a readable execwrap report, order or plan file.
     """
     saved = load_saved(options.path)
     _print_order(options.file, saved)
@@ -29,14 +31,22 @@ def run_show(options: ShowOptions) -> int:
         echo("no plan (a bare order)")
     else:
         _print_plan(saved.plan, saved.plan_stats)
+    if saved.pinned:
+        echo()
+        echo(
+            f"to price this plan: execwrap fit MODEL --plan {options.file}; to train with it: "
+            f"execwrap.load_plan({options.file!r}, model) (checked against the model)"
+        )
     return EXIT_OK
 
 
 def _print_order(file: str, saved: SavedReport) -> None:
     order, plan = saved.order, saved.plan
     classes = order.module_classes
+    kind = "a plan file (execwrap.save_plan, execwrap fit --out) for " if saved.pinned else ""
     echo(
-        f"{file}: {classes.get('', 'model')}, captured {order.method} (torch {order.torch_version})"
+        f"{file}: {kind}{classes.get('', 'model')}, captured {order.method} "
+        f"(torch {order.torch_version})"
     )
     if order.fallback_reason:
         echo(f"fallback reason: {one_line(order.fallback_reason)}")

@@ -542,6 +542,28 @@ def test_show_report_and_bare_order(demo_report, tmp_path, capsys):
     assert out.rstrip().endswith("no plan (a bare order)")
 
 
+def test_show_a_plan_file(demo_report, tmp_path, capsys):
+    """A plan.json of save_plan (as ``execwrap fit --out`` writes): the plan, and its use."""
+    from execwrap import save_plan
+    from execwrap.cli.saved import load_saved
+
+    path = save_plan(load_saved(demo_report).plan, tmp_path / "plan.json")
+    assert main(["show", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"{path}: a plan file (execwrap.save_plan, execwrap fit --out) for GPT, captured "
+        f"symbolic (torch {torch.__version__})"
+    )
+    assert (
+        "  unit 2: blocks.2, blocks.3  (24 parameters, 99968 elements, 390.50 KiB, calls 20..37)"
+        in lines
+    )
+    assert lines[-1] == (
+        f"to price this plan: execwrap fit MODEL --plan {path}; to train with it: "
+        f"execwrap.load_plan({str(path)!r}, model) (checked against the model)"
+    )
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -570,13 +592,16 @@ def test_show_and_diff_bad_json(content, message, demo_report, tmp_path, capsys)
     [
         (
             '{"a": 1}',
-            "{path} is not an execwrap report or order "
+            "{path} is not an execwrap report, order or plan file "
             "(no 'schema_version' / 'module_forward_order')",
         ),
-        ("[1, 2]", "{path} is not an execwrap report or order (a JSON list, not an object)"),
+        (
+            "[1, 2]",
+            "{path} is not an execwrap report, order or plan file (a JSON list, not an object)",
+        ),
         (
             '{"order": {}, "plan": null}',
-            "{path} is not an execwrap report or order (an 'order' but no 'schema_version')",
+            "{path} is not an execwrap report, order or plan file (an 'order' but no 'schema_version')",
         ),
     ],
 )
