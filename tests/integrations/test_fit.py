@@ -194,6 +194,28 @@ def test_unknown_model_id_offline(capsys, monkeypatch) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ("nosuchdir/", "it ends with '/'"),
+        ("./nosuchdir", "it starts with './'"),
+        ("../nosuchdir", "it starts with '../'"),
+        ("/no/such/dir", "it starts with '/'"),
+        ("~nosuchuser", "it starts with '~'"),
+        ("nosuch.json", "it ends in '.json'"),
+        ("a/b/c", "it has more than one '/'"),
+    ],
+)
+def test_a_path_that_does_not_exist(model: str, why: str, capsys, monkeypatch) -> None:
+    """Clearly a path: no such file or folder, never a Hub download of it as a model id."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert _error(["fit", model], capsys) == (
+        f"execwrap: error: no such file or folder: {model!r} (read as a path: {why}; a "
+        "Hugging Face model id looks like 'org/name'); pass an existing config.json or the "
+        "folder holding it"
+    )
+
+
 def test_config_transformers_cannot_build(folder: Path, tmp_path: Path, capsys) -> None:
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "no-such-act"}))

@@ -35,23 +35,32 @@ def load_config(source: str | os.PathLike[str]) -> tuple[PretrainedConfig, str]:
         ``(config, where)``: the config and the path or id it was read from.
 
     Raises:
-        ValueError: a file or folder that is not a transformers config; a model id
+        ValueError: a file or folder that is not a transformers config; a path that does
+            not exist (one that ends with a path separator, starts with ``./``, ``../``,
+            ``/`` or ``~``, ends in ``.json``, or has more than one ``/``); a model id
             whose ``config.json`` is neither in the cache nor fetchable (offline): the
             message says that only ``config.json`` is needed and how to pass it.
     """
     text = os.fspath(source)
-    path = Path(text)
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~user of no such user
+        path = Path(text)
     if path.is_file() or path.is_dir():
         try:
-            return AutoConfig.from_pretrained(text), text
+            return AutoConfig.from_pretrained(str(path)), text
         except Exception as exc:  # transformers raises many kinds for a config it cannot read
             raise ValueError(
                 f"transformers cannot read the config {text!r} ({type(exc).__name__}: "
                 f"{_first_line(exc)}); check its fields, or pass a model's config.json (with its model_type) or "
                 "the folder holding it"
             ) from exc
-    if text.endswith(".json") or os.sep in text.strip("/") and not _looks_like_id(text):
-        raise ValueError(f"config file {text!r} does not exist")
+    why = _path_sign(text)
+    if why is not None:
+        raise ValueError(
+            f"no such file or folder: {text!r} (read as a path: {why}; a Hugging Face model "
+            "id looks like 'org/name'); pass an existing config.json or the folder holding it"
+        )
     try:  # the cache first: no network, no retries
         return AutoConfig.from_pretrained(text, local_files_only=True), text
     except (OSError, ValueError):
@@ -148,6 +157,21 @@ def _meta_model(config: PretrainedConfig, model_class: Any) -> nn.Module:
 
 def _class_name(model_class: Any) -> str:
     return str(getattr(model_class, "__name__", repr(model_class)))
+
+
+def _path_sign(text: str) -> str | None:
+    """Why ``text`` is clearly a path, not a model id (``None``: it may be an id)."""
+    seps = tuple({"/", os.sep})
+    if text.endswith(seps):
+        return f"it ends with {text[-1]!r}"
+    starts = [p for p in ("./", "../", ".\\", "..\\", "~") if text.startswith(p)]
+    if text.startswith(seps) or starts:
+        return f"it starts with {(starts[0] if starts else text[0])!r}"
+    if text.endswith(".json"):
+        return "it ends in '.json'"
+    if os.sep in text.strip("/") and not _looks_like_id(text):
+        return "it has more than one '/'"
+    return None
 
 
 def _looks_like_id(text: str) -> bool:
