@@ -15,6 +15,7 @@ __all__ = [
     "OrderDivergenceError",
     "ParamMismatchError",
     "PlanError",
+    "PlanForAnotherModelError",
     "RankFailure",
     "TracingError",
 ]
@@ -47,6 +48,26 @@ class MemoryBudgetError(PlanError):
     def __init__(self, message: str, *, part: str, finding: str) -> None:
         super().__init__(message)
         self.part = part
+        self.finding = finding
+
+
+class PlanForAnotherModelError(ValueError):
+    """A saved plan was made for another model than the one given
+    (:func:`execwrap.plan.pinned.check_plan_fits`): bad input, so a ``ValueError``.
+
+    The message is ``source``, then ``finding``, then how to fix it in Python terms.
+
+    Attributes:
+        source: where the plan came from (its file, or "the given plan").
+        finding: the message after ``source``, without the remedy (``"was made for
+            another model than this GPT: ..."``, naming the first module or parameter
+            that differs), for callers that word the remedy in their own terms (the
+            command line names its file and options).
+    """
+
+    def __init__(self, message: str, *, source: str, finding: str) -> None:
+        super().__init__(message)
+        self.source = source
         self.finding = finding
 
 

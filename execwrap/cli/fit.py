@@ -21,6 +21,7 @@ from execwrap.cli.errors import EXIT_FINDING, EXIT_OK, CLIError
 from execwrap.cli.fit_args import FitOptions
 from execwrap.cli.owned_files import write_owned_files
 from execwrap.cli.text import echo, print_table
+from execwrap.errors import PlanForAnotherModelError
 from execwrap.plan.pinned import load_plan, plan_json
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.sizing.page import render_fit_page
@@ -55,6 +56,11 @@ def run_fit(options: FitOptions) -> int:
             memory_budget=options.memory_budget,
             plan=plan,
         )
+    except PlanForAnotherModelError as exc:
+        raise CLIError(
+            f"--plan {options.plan} {exc.finding}. Run execwrap fit without --plan to plan "
+            "this model, or pass the MODEL the plan was made for"
+        ) from exc
     except (ValueError, TypeError, ImportError, AttributeError) as exc:
         raise CLIError(str(exc)) from exc
     plan_path = str((options.out or Path("fit")) / "plan.json")

@@ -26,7 +26,7 @@ from execwrap.cli.options import ReportOptions
 from execwrap.cli.report_out import report_refusal
 from execwrap.cli.summary import print_notes, summary_rows
 from execwrap.cli.text import echo, exc_line, print_table, shorten
-from execwrap.errors import ExecwrapError
+from execwrap.errors import ExecwrapError, PlanForAnotherModelError
 from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.report.ownership import ForeignFilesError
 from execwrap.report.writer import write_report
@@ -174,6 +174,11 @@ def _load_plan_file(
     assert options.plan_file is not None
     try:
         return load_plan_file(options.plan_file, model, order=order)
+    except PlanForAnotherModelError as exc:
+        raise CLIError(
+            f"--plan {options.plan_file} {shorten(exc.finding, 300)}. Run execwrap report "
+            "without --plan to plan this model, or pass the --model the plan was made for"
+        ) from exc
     except ValueError as exc:  # the file's own message names it, and the rule
         raise CLIError(f"--plan: {shorten(exc, 400)}") from exc
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from execwrap.errors import PlanForAnotherModelError
 from execwrap.plan.compare import compare_plans
 from execwrap.plan.wrap_plan import WrapPlan
 from tracing.atomic import atomic_write_text
@@ -203,8 +204,8 @@ def check_plan_fits(plan: WrapPlan, model: nn.Module, *, source: str = "the plan
         source: where the plan came from, for the message.
 
     Raises:
-        ValueError: the first module or parameter that differs, named, with what
-            the plan's model and ``model`` have there.
+        PlanForAnotherModelError: a ``ValueError``: the first module or parameter that
+            differs, named, with what the plan's model and ``model`` have there.
         PlanError: from :meth:`WrapPlan.check`.
     """
     name = type(model).__name__
@@ -212,16 +213,18 @@ def check_plan_fits(plan: WrapPlan, model: nn.Module, *, source: str = "the plan
     problem: str | None
     if planned is not None and planned != name:  # another class at the root: say that first
         problem = f"a {planned} (the root module {quoted('')}), but the model passed is a {name}"
-        head = f"{source} was made for another model: {problem}"
+        finding = f"was made for another model: {problem}"
     else:
         problem = _first_module_difference(plan.order, model, name) or _first_param_difference(
             plan.order, model, name
         )
-        head = f"{source} was made for another model than this {name}: {problem}"
+        finding = f"was made for another model than this {name}: {problem}"
     if problem is not None:
-        raise ValueError(
-            f"{head}. Plan this model again (plan_wrap(model, capture_execution_order(model, "
-            "...), ...)), or build the model the plan was made for"
+        raise PlanForAnotherModelError(
+            f"{source} {finding}. Plan this model again (plan_wrap(model, "
+            "capture_execution_order(model, ...), ...)), or build the model the plan was made for",
+            source=source,
+            finding=finding,
         )
     plan.check(model)
 

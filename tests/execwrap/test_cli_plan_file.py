@@ -106,5 +106,8 @@ def test_report_of_a_pinned_plan(tmp_path: Path, capsys: pytest.CaptureFixture[s
     other = ["report", "--model", "tests.execwrap.factories:gpt2", "--plan", str(path)]
     assert main([*other, "--out", str(tmp_path / "r2"), "--format", "json"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"execwrap: error: --plan: {path} was made for another model")
-    assert err.count("\n") == 1  # one line, no traceback
+    assert err == (
+        f"execwrap: error: --plan {path} was made for another model: a GPT (the root module "
+        "<root>), but the model passed is a GPT2LMHeadModel. Run execwrap report without "
+        "--plan to plan this model, or pass the --model the plan was made for\n"
+    )  # one line, no traceback

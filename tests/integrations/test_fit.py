@@ -242,8 +242,12 @@ def test_plan_file_for_another_model(
     line = _error(
         ["fit", str(tmp_path / "config.json"), "--plan", str(out[0] / "plan.json")], capsys
     )
-    assert line.startswith("execwrap: error: the given plan was made for another model")
-    assert "model.layers.2" in line
+    assert line == (
+        f"execwrap: error: --plan {out[0] / 'plan.json'} was made for another model than this "
+        "LlamaForCausalLM: the first module that differs is 'model.layers.2', which only "
+        "LlamaForCausalLM has. Run execwrap fit without --plan to plan this model, or pass the "
+        "MODEL the plan was made for"
+    )
 
 
 def test_missing_plan_file_and_bad_counts(capsys) -> None:
