@@ -26,7 +26,7 @@ import torch.nn as nn
 
 import execwrap.planning.auto.space as search_space
 import execwrap.planning.planner as planning
-from execwrap.cli.errors import CLIError
+from execwrap.cli.errors import CLIError, CLIFinding
 from execwrap.cli.options import ReportOptions
 from execwrap.cli.text import shorten
 from execwrap.cost import PRESETS, CostModel
@@ -148,9 +148,10 @@ def plan_auto(
     """The auto plan of ``model`` (and the cost model it was planned with).
 
     Raises:
-        CLIError: the cost model cannot be loaded, does not fit the world
-            size or device, or no plan fits ``--memory-budget`` (the remedy in
-            terms of the command's options).
+        CLIError: the cost model cannot be loaded, or does not fit the world
+            size or device.
+        CLIFinding: no plan fits ``--memory-budget`` (exit 1; the remedy in terms of
+            the command's options).
     """
     assert options.cost_model is not None  # checked by report_options
     cm = load_cost_model(options.cost_model, options.world_size)
@@ -168,7 +169,7 @@ def plan_auto(
     except MemoryBudgetError as exc:
         remedy = _BUDGET_REMEDIES.get(exc.part)
         hint = f"to fit, raise --memory-budget{f', or {remedy}' if remedy else ''}"
-        raise CLIError(f"--memory-budget: {shorten(exc.finding, 400)}; {hint}") from exc
+        raise CLIFinding(f"--memory-budget: {shorten(exc.finding, 400)}; {hint}") from exc
     except PlanError as exc:
         raise CLIError(f"planning failed: {shorten(exc, 400)}") from exc
     except ValueError as exc:

@@ -18,7 +18,15 @@ from collections.abc import Callable, Sequence
 
 from execwrap.cli.budget import join_negative_values
 from execwrap.cli.calibrate_args import calibrate_options
-from execwrap.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, CLIError
+from execwrap.cli.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FINDING,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    PROG,
+    CLIError,
+    CLIFinding,
+)
 from execwrap.cli.fit_args import fit_options
 from execwrap.cli.options import diff_options, report_options, show_options
 from execwrap.cli.parser import build_parser
@@ -37,8 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 success, 1 a finding (``diff``: orders differ; ``fit``:
-        the step does not fit), 2 bad usage or input (one ``execwrap: error: ...``
-        line printed to stderr),
+        the step does not fit; ``report``: no plan within ``--memory-budget``, one
+        ``execwrap: ...`` line on stderr), 2 bad usage or input (one
+        ``execwrap: error: ...`` line printed to stderr),
         130 interrupted, 141 the output pipe was closed early (``| head``).
     """
     parser = build_parser()
@@ -64,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except CLIFinding as exc:
+        echo(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_FINDING
     except CLIError as exc:
         logger.debug("error details", exc_info=True)
         echo(f"{PROG}: error: {exc}", file=sys.stderr)

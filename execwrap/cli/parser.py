@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Execution-order FSDP wrap planning: capture, plan, report.",
         epilog="exit status: 0 success, 1 a finding (diff: orders differ; fit: the step does not "
-        "fit), 2 bad usage or input",
+        "fit; report: no plan within --memory-budget), 2 bad usage or input",
         parents=[verbose],
     )
     parser.add_argument(
@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[verbose],
         help="capture, plan and write a report (default: the built-in GPT model)",
         description=textwrap.fill(_REPORT_DESCRIPTION, width=79, break_on_hyphens=False),
-        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP + "\n\n" + DEFAULTS_HELP,
+        epilog=INPUT_SPEC_HELP + "\n\n" + POLICY_HELP + "\n\n" + DEFAULTS_HELP + "\n\n"
+        "exit status: 0 the report is written, 1 no plan within --memory-budget (a finding,\n"
+        "nothing written), 2 bad usage or input",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument(

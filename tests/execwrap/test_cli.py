@@ -461,6 +461,11 @@ def test_help(command, capsys):
     assert main([*command, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: execwrap{' ' + command[0] if command else ''}")
+    if not command:
+        assert " ".join(out.split()).endswith(
+            "exit status: 0 success, 1 a finding (diff: orders differ; fit: the step does not "
+            "fit; report: no plan within --memory-budget), 2 bad usage or input"
+        )
     if command == ["report"]:
         assert "DTYPE:SHAPE[:HIGH]" in out and "transformer:CLASS" in out
         assert "--bucket-size" in out and "--concrete-arg" in out
@@ -468,7 +473,9 @@ def test_help(command, capsys):
             "defaults:         built-in model (no --model)   other models (--model)\n"
             "  --input         long:2x16                     none (symbolic capture only)\n"
             "  --policy        transformer:Block             always\n"
-            "  --bucket-size   100K                          none"
+            "  --bucket-size   100K                          none\n\n"
+            "exit status: 0 the report is written, 1 no plan within --memory-budget (a finding,\n"
+            "nothing written), 2 bad usage or input"
         )
         assert (
             "  NAME=@FILE.pt        keyword argument NAME; FILE.pt must hold one tensor.\n" in out
