@@ -147,13 +147,18 @@ def load_plan(path: str | os.PathLike[str], model: nn.Module | None = None) -> W
         The plan, with its order (the same bytes again through :func:`save_plan`).
 
     Raises:
-        FileNotFoundError: no such file (the message names it).
+        FileNotFoundError: no such file, or no ``plan.json`` in the folder (the message
+            names it).
         ValueError: not a pinned plan, another layout version, a malformed
             field (naming the file and the field), or a plan for another model
             (naming the first module or parameter that differs).
         PlanError: the plan fails its own check against ``model``.
     """
     source = plan_path(path)
+    if not source.is_file() and source == Path(path):  # a file named, not a folder
+        raise FileNotFoundError(
+            f"load_plan: no such file: {source} (save_plan(plan, {str(source)!r}) writes one)"
+        )
     if not source.is_file():
         raise FileNotFoundError(
             f"load_plan: no pinned plan at {source} (save_checkpoint(..., plan=plan) or "

@@ -11,14 +11,26 @@ from execwrap.plan.wrap_plan import WrapPlan
 from execwrap.sizing.result import FitResult
 from execwrap.util.formatting import format_bytes
 
-__all__ = ["memory_rows", "plan_rows", "summary_rows"]
+__all__ = ["memory_rows", "parameter_count", "plan_rows", "summary_rows"]
+
+
+def parameter_count(n: int) -> str:
+    """A parameter count as people say it: ``"8.03 B"``, ``"124.44 M"``, ``"26.78 k"``, ``"512"``.
+
+    >>> parameter_count(8_030_261_248), parameter_count(26_784), parameter_count(512)
+    ('8.03 B', '26.78 k', '512')
+    """
+    for div, unit in ((10**9, "B"), (10**6, "M"), (10**3, "k")):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return str(n)
 
 
 def summary_rows(result: FitResult) -> list[tuple[str, str]]:
     """Every row of the answer: the question, the verdict, the plan, speed and memory."""
     budget = format_bytes(result.memory_budget)
     rows = [
-        ("model", f"{result.model}, {result.parameters / 1e9:.2f} B parameters"),
+        ("model", f"{result.model}, {parameter_count(result.parameters)} parameters"),
         ("cluster", f"{result.cluster.name}: {result.cluster.description}"),
         (
             "step",

@@ -85,6 +85,12 @@ def test_a_plan_for_another_model_names_the_first_difference(tmp_path: Path) -> 
 def test_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"^load_plan: no pinned plan at .*plan\.json"):
         load_plan(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        load_plan(tmp_path / "nope.json")
+    assert str(info.value) == (
+        f"load_plan: no such file: {tmp_path / 'nope.json'} (save_plan(plan, "
+        f"{str(tmp_path / 'nope.json')!r}) writes one)"
+    )
     (tmp_path / PLAN_FILE).write_text(json.dumps({"order": {}, "plan": {}}))
     with pytest.raises(ValueError, match=r"not a pinned execwrap plan"):
         load_plan(tmp_path)

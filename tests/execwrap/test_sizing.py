@@ -219,3 +219,15 @@ def test_a_given_plan_is_priced_for_the_asked_step(
     expected = simulate_step(ordered, cm, world_size=8, training=planned.training)
     assert again.peak_memory_bytes == expected.peak_memory_bytes
     assert again.step_time_s == expected.step_time_s
+
+
+def test_parameter_count_reads_at_every_size() -> None:
+    """A tiny model is not "0.00 B parameters"."""
+    from execwrap.sizing.summary import parameter_count
+
+    assert [parameter_count(n) for n in (8_030_261_248, 124_439_808, 26_784, 512)] == [
+        "8.03 B",
+        "124.44 M",
+        "26.78 k",
+        "512",
+    ]
