@@ -41,6 +41,10 @@ The calibrated cost model is written beside the result file
 can be re-predicted from it later. ``--calibrate-per-model`` calibrates again
 before each model after the first (each written as ``<result>.<model>.cost.json``
 and named under the model's table).
+``--cost-model FILE`` predicts with a saved cost model (such as an earlier run's
+``<result>.cost.json``) instead of calibrating: the same plans, steps and tables, less
+the minute of calibration (the tests' smoke run uses it), with predictions from the
+machine as it was when that model was measured.
 
 Printed per model: the table of predicted and measured step time and peak
 memory side by side, and the claims of issue 11: Spearman rank correlation of
@@ -55,6 +59,7 @@ Usage::
     python -m benchmarks.autoplan                 # CPU, 2 gloo ranks (about 14 minutes)
     python -m benchmarks.autoplan --quick         # tiny models, 2 steps (< 1 minute)
     python -m benchmarks.autoplan --calibration-repeat 4  # a 4x longer calibration
+    python -m benchmarks.autoplan --cost-model benchmarks/results/RUN.cost.json  # no calibration
     python -m benchmarks.autoplan --device cuda   # 2 GPUs, NCCL
 """
 
@@ -312,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         "drifts, the cost model then describes the minutes the model's steps run in)",
     )
     parser.add_argument(
+        "--cost-model",
+        metavar="FILE",
+        default=None,
+        help="predict with this saved cost model (CostModel.load; e.g. a run's "
+        "<result>.cost.json) instead of calibrating in this run",
+    )
+    parser.add_argument(
         "--paired",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -331,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--device cuda needs {args.world_size} GPUs (--world-size); "
             f"found {torch.cuda.device_count()}"
         )
+    saved = _saved_cost_model(parser, args)
     quick = args.quick
     job = {
         "device": args.device,
@@ -344,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_repeat": args.calibration_repeat,
         "paired": args.paired,
         "calibrate_per_model": args.calibrate_per_model,
+        "cost_model": saved,
         "timeout_s": 900,
     }
     result = spawn(job, args.world_size)
@@ -381,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         "NCCL, one GPU per rank" if cuda else f"gloo on CPU, {job['threads']} thread(s) per rank"
     )
     note = (
-        f"{args.world_size} ranks, {backend}. Cost model calibrated in this run on the same "
-        f"process group in {result['calibrate_s']:.1f} s{_repeat(job)}{_host_steal(cm)} (overlap "
+        f"{args.world_size} ranks, {backend}. {_calibration(args.cost_model, result, job)} "
+        "(overlap "
         f"{cm['overlap']:.2f}, fixed "
         f"cost per collective {cm['group_overhead_s'] * 1e6:.0f} µs per group + "
         f"{cm.get('param_overhead_s', 0.0) * 1e6:.1f} µs per parameter tensor, large copies "
@@ -418,6 +432,38 @@ def main(argv: list[str] | None = None) -> int:
             _save_cost_model(own["cost_model"], path, f".{name}")
     draw_for_result(path, args.out)  # the charts of docs/benchmarks/autoplan.md
     return 0
+
+
+def _saved_cost_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """``--cost-model``'s model as a dict (``None`` without it); a file that does not load,
+    or a model of another world size, device type or with ``--calibrate-per-model``, is an
+    argument error."""
+    if args.cost_model is None:
+        return None
+    from execwrap.cost import CostModel
+
+    if args.calibrate_per_model:
+        parser.error("--cost-model and --calibrate-per-model exclude each other")
+    try:
+        cm = CostModel.load(args.cost_model)
+    except (OSError, ValueError) as e:
+        parser.error(f"--cost-model {args.cost_model}: {e}")
+    if (cm.world_size, cm.device_type) != (args.world_size, args.device):
+        parser.error(
+            f"--cost-model {args.cost_model} describes {cm.world_size} {cm.device_type} "
+            f"ranks; this run has {args.world_size} {args.device} ranks"
+        )
+    return cm.to_dict()
+
+
+def _calibration(saved: str | None, result: dict[str, Any], job: dict[str, Any]) -> str:
+    """Where the run's cost model came from, for the note."""
+    if saved is not None:
+        return f"Cost model loaded from `{saved}` (`--cost-model`; not calibrated in this run)"
+    return (
+        "Cost model calibrated in this run on the same process group in "
+        f"{result['calibrate_s']:.1f} s{_repeat(job)}{_host_steal(result['cost_model'])}"
+    )
 
 
 def _own_calibration(own: dict[str, Any] | None) -> str:

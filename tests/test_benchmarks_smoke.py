@@ -19,6 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+#: A cost model calibrated on 2 gloo ranks by an earlier autoplan run (``--cost-model``).
+SAVED_COST_MODEL = RESULTS / "autoplan-2026-12-03_133431.cost.json"
 
 # (name, how to run it, writes a result file into --out)
 CASES = [
@@ -32,10 +34,22 @@ CASES = [
     ("report_io", ["-m", "benchmarks.report_io"], True),
     ("estimate", ["-m", "benchmarks.estimate"], True),
     ("zero_cost", ["-m", "benchmarks.zero_cost"], True),
-    ("autoplan", ["-m", "benchmarks.autoplan"], True),
+    # a saved calibration of 2 gloo ranks: the same plans, steps and tables without the
+    # calibration (1-2 minutes, 70% of this smoke's time; it runs in the slow case below)
+    ("autoplan", ["-m", "benchmarks.autoplan", "--cost-model", str(SAVED_COST_MODEL)], True),
     ("published", ["-m", "benchmarks.published"], True),
     ("architectures", ["-m", "benchmarks.architectures"], True),
     ("joint_plan", ["-m", "benchmarks.joint_plan"], True),
+    # calibrates (CostModel.calibrate on the spawned ranks, 4 MiB) before the same run as
+    # "autoplan" above, which covers the rest: slow. The calibration itself is covered by
+    # tests/distributed/test_calibrate.py
+    pytest.param(
+        "autoplan",
+        ["-m", "benchmarks.autoplan"],
+        True,
+        marks=pytest.mark.slow,
+        id="autoplan-calibrated",
+    ),
     # 2 spawned ranks over 38 training steps: minutes, so kept out of the default run
     pytest.param(
         "training_step",
@@ -196,3 +210,21 @@ def test_training_step_claims_are_the_issues() -> None:
     assert c["auto_vs_best"] == (fallback / 2) / 2.0
     assert c["spearman"] == pytest.approx(1.0)
     assert not c["all_met"]  # the auto plan is 1.25x the best fitting step, over 1.03x
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--calibrate-per-model"], "--cost-model and --calibrate-per-model exclude each other"),
+        (["--world-size", "4"], "describes 2 cpu ranks; this run has 4 cpu ranks"),
+    ],
+)
+def test_autoplan_refuses_a_saved_cost_model_it_cannot_use(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.autoplan import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--cost-model", str(SAVED_COST_MODEL), *args, "--no-write"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

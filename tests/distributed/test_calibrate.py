@@ -1,9 +1,23 @@
-"""CostModel.calibrate on 2 spawned gloo ranks: sane numbers, the same model on every rank."""
+"""``execwrap calibrate`` on 2 spawned gloo ranks: sane numbers, the same model on every
+rank, the file written and the summary and progress shown on rank 0 only.
+
+One calibration (40-90 s on 2 cores) serves both the Python API and the command
+line: each rank runs the CLI's ``main(["calibrate", ...])`` in its process (the
+group is already initialised, as under a launcher that starts it), with
+``CostModel.calibrate`` wrapped to keep the model it returns on that rank. The
+same command under a real ``torchrun`` subprocess is
+``tests/execwrap/test_cli_calibrate.py::test_calibrate_under_torchrun_writes_the_model``
+(marked ``slow``: it runs this whole calibration a second time).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -11,21 +25,69 @@ import psutil
 from tests._dist import run_ranks
 
 
-def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
+def _calibrate(rank: int, world_size: int, out_dir: str) -> dict[str, Any]:
+    from execwrap.cli import main
     from execwrap.cost import CostModel
 
-    cm = CostModel.calibrate(max_bytes=2**20)
-    return cm.to_dict()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))  # what torchrun sets
+    models: list[dict[str, Any]] = []
+    measure = CostModel.calibrate.__func__  # type: ignore[attr-defined]
+
+    def kept(cls: type[CostModel], *args: Any, **kwargs: Any) -> CostModel:
+        model = measure(cls, *args, **kwargs)
+        models.append(model.to_dict())
+        return model
+
+    CostModel.calibrate = classmethod(kept)  # type: ignore[method-assign]  # this rank only
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["calibrate", "--out", str(Path(out_dir) / "cost.json"), "--max-mib", "1"])
+    return {
+        "code": code,
+        "models": models,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+    }
 
 
-def test_calibrate_two_gloo_ranks() -> None:
-    results = run_ranks(_calibrate, world_size=2, timeout_s=120)
-    assert results[0] == results[1]  # rank 0's numbers, broadcast
-    data = results[0]
+def _check_output(results: list[dict[str, Any]]) -> None:
+    """The summary and ``wrote`` on rank 0's stdout, a progress line per phase on its
+    stderr (not a terminal); nothing of either on rank 1."""
+    out, err = results[0]["stdout"], results[0]["stderr"]
+    assert out.count("wrote ") == 1 and out.rstrip().endswith("cost.json"), out
+    assert "fixed cost per group per collective" in out
+    assert "selective checkpointing, forward / recompute" in out
+    assert "wrote " not in results[1]["stdout"]
+    assert not any(ln.startswith("calibrate: ") for ln in results[1]["stderr"].splitlines())
+    phases = [ln for ln in err.splitlines() if ln.startswith("calibrate: ")]
+    names = [
+        "the sweep of collectives and copies",
+        "compute rates",
+        "the optimizer step",
+        "activation checkpointing's host work",
+        "compute beside a collective \\(overlap\\)",
+        "FSDP2 steps of synthetic stacks \\(fixed costs, in-step factors\\)",
+        "the wait for the slowest rank",
+    ]
+    patterns = [rf"calibrate: {i}/7 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
+    patterns.append(r"calibrate: measured in \d+ s")
+    assert len(phases) == len(patterns), err[-4000:]
+    assert all(re.fullmatch(p, ln) for p, ln in zip(patterns, phases, strict=True)), phases
+
+
+def test_calibrate_two_gloo_ranks(tmp_path: Path) -> None:
+    results = run_ranks(_calibrate, world_size=2, args=(str(tmp_path),), timeout_s=180)
+    assert [r["code"] for r in results] == [0, 0]
+    assert [len(r["models"]) for r in results] == [1, 1]
+    assert results[0]["models"] == results[1]["models"]  # rank 0's numbers, broadcast
+    data = results[0]["models"][0]
     assert (data["device_type"], data["backend"], data["world_size"]) == ("cpu", "gloo", 2)
     from execwrap.cost import CostModel
 
-    cm = CostModel.from_dict(data)
+    cm = CostModel.load(tmp_path / "cost.json")  # written by rank 0 only
+    assert cm.to_dict() == data
+    _check_output(results)
+    assert cm.checkpoint_overhead.selective_forward_op_s > 0  # a dispatch mode per op
     sizes = [4096, 16384, 65536, 262144, 1048576]
     # the sweep's sizes and 8 KiB (where the in-step factors start), up to max_bytes
     assert [s["up_to_bytes"] for s in data["all_gather"]] == [

@@ -226,12 +226,23 @@ def _worker(rank: int, world_size: int, root: str) -> dict[str, Any]:
         out[name] = _restart(a, b, f"{root}/pair{i}", reference)
     out["pinned"] = _pinned_restart(f"{root}/pinned")
     out["refusals"] = _refusals(f"{root}/refusals")
+    out["saved on 2"] = _save_on(rank, world_size, f"{root}/{_WORLD_FOLDER}")
     return out
 
 
+#: The folder (under the module's temp dir) of the checkpoint that 1 rank loads.
+_WORLD_FOLDER = "world"
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return run_ranks(_worker, world_size=2, args=(str(tmp_path_factory.mktemp("ckpt")),))
+def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(ckpt_root: Path) -> list[dict[str, Any]]:
+    """Every 2-rank case in one spawn (the checkpoint for 1 rank saved last)."""
+    return run_ranks(_worker, world_size=2, args=(str(ckpt_root),))
 
 
 @pytest.mark.parametrize("pair", list(PAIRS))
@@ -296,10 +307,14 @@ def _load_on(rank: int, world_size: int, folder: str) -> list[float]:
     return _train(model, opt, range(STEPS, 2 * STEPS))
 
 
-def test_a_checkpoint_of_2_ranks_trains_on_on_1(tmp_path: Path) -> None:
-    folder = str(tmp_path / "ckpt")
-    uninterrupted = run_ranks(_save_on, world_size=2, args=(folder,))[0]
+def test_a_checkpoint_of_2_ranks_trains_on_on_1(
+    two_ranks: list[dict[str, Any]], ckpt_root: Path
+) -> None:
+    folder = str(ckpt_root / _WORLD_FOLDER)  # saved by _save_on in the 2-rank spawn
+    uninterrupted = two_ranks[0]["saved on 2"]
     restarted = run_ranks(_load_on, world_size=1, args=(folder,))[0]
     assert restarted == pytest.approx(uninterrupted[STEPS:], rel=RTOL)
-    assert json.loads((tmp_path / "ckpt" / PLAN_FILE).read_text())["kind"] == "execwrap-pinned-plan"
+    assert json.loads((ckpt_root / _WORLD_FOLDER / PLAN_FILE).read_text())["kind"] == (
+        "execwrap-pinned-plan"
+    )
     assert load_plan(folder).groups == [[""], ["blocks.0"], ["blocks.1"], ["blocks.2"]]

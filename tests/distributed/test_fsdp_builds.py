@@ -17,6 +17,9 @@ one name breaks too. Units *inside* the shared module work under both (the
 wrapper is set on the shared module itself). So the plan keeps the shared
 module out of the units, drops the units that enclose some but not all of
 its names, and its parameters go to the innermost unit enclosing every name.
+
+One spawn of 2 ranks runs both workers (the scalar refusals first), and each test
+checks one's results.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -107,8 +111,22 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_shared_modules_build_and_train_like_the_unwrapped_model() -> None:
-    r0, r1 = run_ranks(_worker, world_size=2, timeout_s=60)
+def _both_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    scalar = _scalar_worker(rank, world_size)
+    return {"scalar": scalar, "shared": _worker(rank, world_size)}
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, list[dict[str, Any]]]:
+    """Worker -> ``[rank 0's result, rank 1's]``, from one spawn of 2 ranks."""
+    results = run_ranks(_both_worker, world_size=2, timeout_s=120)
+    return {name: [r[name] for r in results] for name in results[0]}
+
+
+def test_shared_modules_build_and_train_like_the_unwrapped_model(
+    built: dict[str, list[dict[str, Any]]],
+) -> None:
+    r0, r1 = (dict(r) for r in built["shared"])
     control = r0.pop("control")
     assert control == r1.pop("control") and control.endswith("out of bounds for storage of size 0")
     groups = {key: value["groups"] for key, value in r0.items()}
@@ -186,8 +204,10 @@ def _scalar_worker(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_scalar_parameters_are_refused_before_wrapping() -> None:
-    r0, r1 = run_ranks(_scalar_worker, world_size=2, timeout_s=60)
+def test_scalar_parameters_are_refused_before_wrapping(
+    built: dict[str, list[dict[str, Any]]],
+) -> None:
+    r0, r1 = built["scalar"]
     for r in (r0, r1):
         assert r["fsdp1"] == (
             "ParamExecOrderWrapPolicy: ClipHead has 1 0-dim (scalar) parameter, 'logit_scale', "

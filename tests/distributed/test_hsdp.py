@@ -135,7 +135,10 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     # each mesh dimension's group measured (what CostModel.calibrate(mesh=...) adds)
     from execwrap.cost.mesh_sweep import measure_mesh_groups
 
-    groups = measure_mesh_groups(mesh, torch.device("cpu"), 64 * 1024)
+    # the smallest sweep (4 and 16 KiB): every run flushes the CPU caches first (a write of
+    # twice the last-level cache: 600 MiB per run per rank where a VM reports a 300 MiB L3),
+    # so each size costs seconds on 4 ranks of 2 cores; only the groups' shapes are checked
+    groups = measure_mesh_groups(mesh, torch.device("cpu"), 4096)
     out["measured"] = [
         (g.dim, g.size, g.stride, g.all_gather is not None, g.all_reduce is not None)
         for g in groups

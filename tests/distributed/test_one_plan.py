@@ -15,11 +15,14 @@ and applies the plan with ``apply_fully_shard`` (whose cross-rank check raises
 ``PlanError`` when the plans differ), under a budget that binds. Planned apart
 (``across_ranks=False``), the same rounds gave the two ranks different groupings
 in 3 of 8 rounds on the (loaded) development machine.
+
+Both run in one spawn of 2 ranks (entry points, then rounds); each test checks its part.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from typing import Any
 
 import pytest
@@ -145,11 +148,33 @@ def _entry_points(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+#: The frameworks ``_entry_points`` needs (torchtitan's apply_fsdp imports triton).
+_FRAMEWORKS = ("triton", "torchtitan")
+
+
+def _both(rank: int, world_size: int, entry_points: bool) -> dict[str, Any]:
+    return {
+        "entry_points": _entry_points(rank, world_size) if entry_points else None,
+        "rounds": _rounds(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def one_plan() -> dict[str, list[Any]]:
+    """Worker -> ``[rank 0's result, rank 1's]``, from one spawn of 2 ranks (the entry
+    points only where their frameworks are installed)."""
+    available = all(importlib.util.find_spec(name) is not None for name in _FRAMEWORKS)
+    results = run_ranks(_both, world_size=2, args=(available,))
+    return {name: [r[name] for r in results] for name in results[0]}
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_every_entry_point_gives_the_slowest_ranks_plan_on_every_rank() -> None:
-    pytest.importorskip("triton")
-    pytest.importorskip("torchtitan")
-    ranks = run_ranks(_entry_points, world_size=2)
+def test_every_entry_point_gives_the_slowest_ranks_plan_on_every_rank(
+    one_plan: dict[str, list[Any]],
+) -> None:
+    for name in _FRAMEWORKS:
+        pytest.importorskip(name)
+    ranks = one_plan["entry_points"]
     apart = ranks[0]["apart"]
     assert apart[0][0] != apart[1][0], "premise: the injected timings give different groupings"
     expected = apart[1]  # rank 1's timing: its step is the slower one
@@ -200,7 +225,7 @@ def _rounds(rank: int, world_size: int) -> list[Any]:
     return chosen
 
 
-def test_twenty_rounds_of_real_timing_give_one_plan() -> None:
-    ranks = run_ranks(_rounds, world_size=2)
+def test_twenty_rounds_of_real_timing_give_one_plan(one_plan: dict[str, list[Any]]) -> None:
+    ranks = one_plan["rounds"]
     assert len(ranks[0]) == ROUNDS
     assert ranks[0] == ranks[1]

@@ -1,4 +1,10 @@
-"""``check_order_across_ranks`` on 2 gloo ranks: agreement, divergence, no hang."""
+"""``check_order_across_ranks`` on 2 gloo ranks: agreement, divergence, no hang.
+
+One spawn of 2 ranks runs the three workers in turn (each error case ends with the
+ranks still in step, which the later workers' collectives rely on), and each test
+checks one worker's results; ``timeout_s`` bounds every collective, so a hang fails
+the tests instead of stalling them.
+"""
 
 from __future__ import annotations
 
@@ -145,8 +151,23 @@ def _plan_cases(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_check_order_across_ranks() -> None:
-    r0, r1 = run_ranks(_ranks_worker, world_size=2, timeout_s=60)
+def _all_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    return {
+        "ranks": _ranks_worker(rank, world_size),
+        "shapes": _shapes_worker(rank, world_size),
+        "missing": _missing_worker(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def ranks_results() -> dict[str, list[dict[str, Any]]]:
+    """Worker -> ``[rank 0's result, rank 1's]``, from one spawn of 2 ranks."""
+    results = run_ranks(_all_worker, world_size=2, timeout_s=60)
+    return {name: [r[name] for r in results] for name in results[0]}
+
+
+def test_check_order_across_ranks(ranks_results: dict[str, list[dict[str, Any]]]) -> None:
+    r0, r1 = ranks_results["ranks"]
     assert r0["same"] is None and r1["same"] is None
 
     for r in (r0, r1):
@@ -250,9 +271,10 @@ def _shapes_worker(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_ranks_whose_parameters_differ_in_shape_fail_before_wrapping() -> None:
-    # timeout_s bounds every collective: a hang would fail the test, not stall it
-    r0, r1 = run_ranks(_shapes_worker, world_size=2, timeout_s=30)
+def test_ranks_whose_parameters_differ_in_shape_fail_before_wrapping(
+    ranks_results: dict[str, list[dict[str, Any]]],
+) -> None:
+    r0, r1 = ranks_results["shapes"]
     expected = (
         "Ranks 0 and 1 hold different parameters (ranks differing from rank 0: [1]). First "
         "difference at parameter 0 in named_parameters() order: rank 0 has 'scale' of shape "
@@ -317,8 +339,10 @@ def _missing_worker(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_a_parameter_one_rank_lacks_is_named_with_the_rank_that_has_it() -> None:
-    r0, r1 = run_ranks(_missing_worker, world_size=2, timeout_s=30)
+def test_a_parameter_one_rank_lacks_is_named_with_the_rank_that_has_it(
+    ranks_results: dict[str, list[dict[str, Any]]],
+) -> None:
+    r0, r1 = ranks_results["missing"]
     expected = (
         "Ranks 0 and 1 hold different parameters (ranks differing from rank 0: [1]). Parameter "
         "'b1.a.bias' of shape (4,) (4 elements), float32, requires_grad=True (parameter 5 in "

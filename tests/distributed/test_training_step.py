@@ -319,8 +319,25 @@ def _no_accelerator() -> str:
     )
 
 
-def test_every_knob_trains_like_the_setup_by_hand() -> None:
-    results = run_ranks(_worker, world_size=2, timeout_s=120)
+def _both_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    return {
+        "knobs": _worker(rank, world_size),
+        "plan_offload": _plan_offload_worker(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[dict[str, Any]]]:
+    """Worker -> ``[rank 0's result, rank 1's]``: every knob, then the plan's CPU offload,
+    in one spawn of 2 ranks."""
+    results = run_ranks(_both_worker, world_size=2, timeout_s=120)
+    return {name: [r[name] for r in results] for name in results[0]}
+
+
+def test_every_knob_trains_like_the_setup_by_hand(
+    two_ranks: dict[str, list[dict[str, Any]]],
+) -> None:
+    results = two_ranks["knobs"]
     for rank, out in enumerate(results):
         assert out["groups"] == [[""], ["layers.0"], ["layers.1"], ["layers.2"]]
         assert out["names"] == {"params": True, "modules": True, "state_dict": True}
@@ -447,8 +464,10 @@ def _plan_offload_fsdp1(plan: WrapPlan) -> dict[str, Any]:
     return out
 
 
-def test_the_plans_cpu_offload_on_a_cpu_mesh_is_refused_naming_the_plan() -> None:
-    for out in run_ranks(_plan_offload_worker, world_size=2, timeout_s=120):
+def test_the_plans_cpu_offload_on_a_cpu_mesh_is_refused_naming_the_plan(
+    two_ranks: dict[str, list[dict[str, Any]]],
+) -> None:
+    for out in two_ranks["plan_offload"]:
         assert out["offload"] == "cpu"
         assert out["planned_for"].startswith("preset h100-nvlink-8: ")
         assert out["refused"] == (

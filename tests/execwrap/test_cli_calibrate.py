@@ -68,7 +68,16 @@ def test_help_mentions_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
+    """The real launch: ``torchrun ... -m execwrap calibrate`` in a subprocess.
+
+    Slow (a whole calibration, 90-165 s on 2 loaded cores); the default run covers the same
+    command, its file, summary and progress lines, and its model on both ranks, in one
+    calibration: ``tests/distributed/test_calibrate.py::test_calibrate_two_gloo_ranks``
+    (the CLI's ``main`` on 2 spawned ranks). What only this test adds: the group started
+    by the command itself from torchrun's environment (``env://``) and destroyed at the end.
+    """
     environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     environ.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run(

@@ -4,7 +4,8 @@ Symbolic tracing would run the wrapper's forward with Proxies and leave it
 unusable (FSDP1: ``'Sequential' object has no attribute '_unshard_stream'``;
 FSDP2: ``FSDP state has already been lazily initialized``). Capture must
 refuse before anything changes, or record a real step with the original FQNs;
-either way the model trains afterwards exactly like an untouched copy.
+either way the model trains afterwards exactly like an untouched copy. One spawn
+of 2 ranks runs both wrappers in turn (each on its own model).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import copy
 import warnings
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -85,8 +87,19 @@ def _worker(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     }
 
 
-def _check(kind: str, label: str) -> None:
-    for result in run_ranks(_worker, world_size=2, args=(kind,)):
+def _both_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    return {kind: _worker(rank, world_size, kind) for kind in ("fsdp1", "fsdp2")}
+
+
+@pytest.fixture(scope="module")
+def wrapped_results() -> dict[str, list[dict[str, Any]]]:
+    """Wrapper -> ``[rank 0's result, rank 1's]``, from one spawn of 2 ranks."""
+    results = run_ranks(_both_worker, world_size=2)
+    return {kind: [r[kind] for r in results] for kind in results[0]}
+
+
+def _check(results: list[dict[str, Any]], label: str) -> None:
+    for result in results:
         assert result["refused"].startswith(
             f"symbolic tracing refused: the root module <root> (GPT) is wrapped by {label}. "
             "Tracing runs the wrapper's forward with Proxies"
@@ -106,9 +119,13 @@ def _check(kind: str, label: str) -> None:
         assert captured == untouched  # the wrapped model trains as if never captured
 
 
-def test_fsdp1_wrapped_model_is_refused_or_recorded_and_still_trains() -> None:
-    _check("fsdp1", "FSDP1 (FullyShardedDataParallel)")
+def test_fsdp1_wrapped_model_is_refused_or_recorded_and_still_trains(
+    wrapped_results: dict[str, list[dict[str, Any]]],
+) -> None:
+    _check(wrapped_results["fsdp1"], "FSDP1 (FullyShardedDataParallel)")
 
 
-def test_fsdp2_wrapped_model_is_refused_or_recorded_and_still_trains() -> None:
-    _check("fsdp2", "FSDP2 (fully_shard)")
+def test_fsdp2_wrapped_model_is_refused_or_recorded_and_still_trains(
+    wrapped_results: dict[str, list[dict[str, Any]]],
+) -> None:
+    _check(wrapped_results["fsdp2"], "FSDP2 (fully_shard)")

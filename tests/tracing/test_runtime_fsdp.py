@@ -1,7 +1,8 @@
 """RuntimeRecorder on models already wrapped by FSDP1 / FSDP2 (2 gloo ranks, CPU).
 
 The recorder must report the original model's FQNs: the same orders as on the
-unwrapped model.
+unwrapped model. One spawn of 2 ranks records all four wrappings in turn (each on
+its own model), and each test checks one of them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import copy
 import warnings
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -98,6 +100,22 @@ def _fsdp2_worker(rank: int, world_size: int, checkpoint: bool) -> dict[str, Any
     return {"reference": _summary(reference), "wrapped": _summary(order)}
 
 
+def _all_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    return {
+        "fsdp1_orig": _fsdp1_worker(rank, world_size, True),
+        "fsdp1_flat": _fsdp1_worker(rank, world_size, False),
+        "fsdp2": _fsdp2_worker(rank, world_size, False),
+        "fsdp2_checkpoint": _fsdp2_worker(rank, world_size, True),
+    }
+
+
+@pytest.fixture(scope="module")
+def wrapped_results() -> dict[str, list[dict[str, Any]]]:
+    """Case -> ``[rank 0's result, rank 1's]``, from one spawn of 2 ranks."""
+    results = run_ranks(_all_worker, world_size=2)
+    return {case: [r[case] for r in results] for case in results[0]}
+
+
 def _assert_same(result: dict[str, Any], *, skip: tuple[str, ...] = ()) -> None:
     ref, got = result["reference"], result["wrapped"]
     for key in ref:
@@ -114,8 +132,8 @@ def _unit_completion(param_order: list[str]) -> list[str]:
     return sorted(last, key=last.__getitem__)
 
 
-def test_fsdp1_use_orig_params() -> None:
-    results = run_ranks(_fsdp1_worker, world_size=2, args=(True,))
+def test_fsdp1_use_orig_params(wrapped_results: dict[str, list[dict[str, Any]]]) -> None:
+    results = wrapped_results["fsdp1_orig"]
     for result in results:
         # FSDP1 runs forward on views of its FlatParameter: the recorder hooks
         # each view's gradient, whose timing autograd schedules by the view's
@@ -129,9 +147,9 @@ def test_fsdp1_use_orig_params() -> None:
     assert results[0]["wrapped"] == results[1]["wrapped"]
 
 
-def test_fsdp1_flat_params() -> None:
+def test_fsdp1_flat_params(wrapped_results: dict[str, list[dict[str, Any]]]) -> None:
     """use_orig_params=False: modules by original FQN, parameters as FlatParameters."""
-    results = run_ranks(_fsdp1_worker, world_size=2, args=(False,))
+    results = wrapped_results["fsdp1_flat"]
     for result in results:
         ref, got = result["reference"], result["wrapped"]
         assert got["module_forward_order"] == ref["module_forward_order"]
@@ -145,13 +163,13 @@ def test_fsdp1_flat_params() -> None:
         assert sorted(got["param_backward_order"]) == sorted(got["params"])
 
 
-def test_fsdp2() -> None:
-    for result in run_ranks(_fsdp2_worker, world_size=2, args=(False,)):
+def test_fsdp2(wrapped_results: dict[str, list[dict[str, Any]]]) -> None:
+    for result in wrapped_results["fsdp2"]:
         _assert_same(result)
 
 
-def test_fsdp2_with_checkpoint_wrapper() -> None:
-    for result in run_ranks(_fsdp2_worker, world_size=2, args=(True,)):
+def test_fsdp2_with_checkpoint_wrapper(wrapped_results: dict[str, list[dict[str, Any]]]) -> None:
+    for result in wrapped_results["fsdp2_checkpoint"]:
         ref, got = result["reference"], result["wrapped"]
         _assert_same(result, skip=("recompute_order",))
         # recomputation runs in backward order: block 1's calls, then block 0's
