@@ -87,7 +87,9 @@ def test_calibrate_two_gloo_ranks(tmp_path: Path) -> None:
     cm = CostModel.load(tmp_path / "cost.json")  # written by rank 0 only
     assert cm.to_dict() == data
     _check_output(results)
-    assert cm.checkpoint_overhead.selective_forward_op_s > 0  # a dispatch mode per op
+    # measured (a dispatch mode per op, fitted from timings): the fit clamps at 0 where a
+    # loaded machine's noise swamps it, so only its range is a promise here
+    assert 0.0 <= cm.checkpoint_overhead.selective_forward_op_s < 1e-2
     sizes = [4096, 16384, 65536, 262144, 1048576]
     # the sweep's sizes and 8 KiB (where the in-step factors start), up to max_bytes
     assert [s["up_to_bytes"] for s in data["all_gather"]] == [

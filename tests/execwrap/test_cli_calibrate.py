@@ -105,7 +105,7 @@ def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
     assert (cm.world_size, cm.backend, cm.device_type) == (2, "gloo", "cpu")
     assert proc.stdout.count("wrote cost.json") == 1  # rank 0 only
     assert "fixed cost per group per collective" in proc.stdout
-    assert cm.checkpoint_overhead.selective_forward_op_s > 0  # a dispatch mode per op
+    assert 0.0 <= cm.checkpoint_overhead.selective_forward_op_s < 1e-2  # measured: may clamp to 0
     assert "selective checkpointing, forward / recompute" in proc.stdout
     # progress on stderr, a line per phase (not a terminal), from rank 0 only
     phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("calibrate: ")]
