@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from tests._calibrate_phases import assert_phase_lines
 from tests._dist import run_ranks
 
 
@@ -59,20 +60,7 @@ def _check_output(results: list[dict[str, Any]]) -> None:
     assert "selective checkpointing, forward / recompute" in out
     assert "wrote " not in results[1]["stdout"]
     assert not any(ln.startswith("calibrate: ") for ln in results[1]["stderr"].splitlines())
-    phases = [ln for ln in err.splitlines() if ln.startswith("calibrate: ")]
-    names = [
-        "the sweep of collectives and copies",
-        "compute rates",
-        "the optimizer step",
-        "activation checkpointing's host work",
-        "compute beside a collective \\(overlap\\)",
-        "FSDP2 steps of synthetic stacks \\(fixed costs, in-step factors\\)",
-        "the wait for the slowest rank",
-    ]
-    patterns = [rf"calibrate: {i}/7 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
-    patterns.append(r"calibrate: measured in \d+ s")
-    assert len(phases) == len(patterns), err[-4000:]
-    assert all(re.fullmatch(p, ln) for p, ln in zip(patterns, phases, strict=True)), phases
+    assert_phase_lines(err)
 
 
 def test_calibrate_two_gloo_ranks(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from execwrap.cli import main
 from execwrap.cli.calibrate_args import LAUNCH_HINT
 from execwrap.cost import CostModel
+from tests._calibrate_phases import assert_phase_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,20 +108,7 @@ def test_calibrate_under_torchrun_writes_the_model(tmp_path: Path) -> None:
     assert 0.0 <= cm.checkpoint_overhead.selective_forward_op_s < 1e-2  # measured: may clamp to 0
     assert "selective checkpointing, forward / recompute" in proc.stdout
     # progress on stderr, a line per phase (not a terminal), from rank 0 only
-    phases = [ln for ln in proc.stderr.splitlines() if ln.startswith("calibrate: ")]
-    names = [
-        "the sweep of collectives and copies",
-        "compute rates",
-        "the optimizer step",
-        "activation checkpointing's host work",
-        "compute beside a collective \\(overlap\\)",
-        "FSDP2 steps of synthetic stacks \\(fixed costs, in-step factors\\)",
-        "the wait for the slowest rank",
-    ]
-    patterns = [rf"calibrate: {i}/7 {n} \(\d+ s\)" for i, n in enumerate(names, 1)]
-    patterns.append(r"calibrate: measured in \d+ s")
-    assert len(phases) == len(patterns), proc.stderr[-4000:]
-    assert all(re.fullmatch(p, ln) for p, ln in zip(patterns, phases, strict=True)), phases
+    assert_phase_lines(proc.stderr)
 
 
 def test_summary_shows_the_optimizer_curve() -> None:
