@@ -1,20 +1,24 @@
 """The rank side of ``benchmarks/training_step.py``: calibrate, capture, plan, time, track memory.
 
 :func:`spawn` runs the whole job on fresh rank processes and returns rank 0's result.
-Per model: the order of the unsharded model in each precision, with measured compute
-(``record_execution_order(..., timing=True, param_dtype=...)`` after warm-up steps, the
-precisions taking turns :data:`ORDER_ROUNDS` times on every rank, the median of all
-kept), each step of :func:`benchmarks._training_step_grid.grid` predicted
-(``simulate_step`` with its :class:`~execwrap.simulate.TrainingStep`; the auto plan:
-its own estimate), applied to its own copy of the model (``apply_fully_shard`` with the
-step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken from
-``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in an
-order shuffled per round, each turn an untimed step then a timed one of the same
-plan), and its peak tracked over one optimizer step.
+Per model: the orders the plans are made from (the unsharded model's, with measured
+compute, ``record_execution_order(..., timing=True, param_dtype=...)`` after warm-up
+steps, the precisions taking turns :data:`ORDER_ROUNDS` times on every rank, the median
+of all kept); each step of :func:`benchmarks._training_step_grid.grid` (the auto plan
+chosen on those orders) applied to its own copy of the model (``apply_fully_shard`` with
+the step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken
+from ``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in
+an order shuffled per round, each turn an untimed step then a timed one of the same
+plan; two more turns of each timed round record the unsharded model's order again, one
+per precision), predicted with ``simulate_step`` on the median of the orders recorded
+between the timed steps (so the compute the prediction is built from was measured while
+the machine ran as fast as during the steps; the prediction from the orders recorded
+before is kept as ``predicted_upfront_s``), and its peak tracked over one optimizer step.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import random
 import time
@@ -60,36 +64,47 @@ def _loss(spec: ModelSpec, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 ORDER_ROUNDS = 9
 
 
-def _orders(
-    spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rounds: int
-) -> dict[str, Any]:
-    """The order with measured compute per precision, recorded side by side (the
-    precisions take turns, ``rounds`` times, the first alternating); per precision the
-    median of every rank's recordings by step time, on every rank."""
-    from tracing import ExecutionOrder, record_execution_order
+def _record(spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+            precision: str) -> Any:  # fmt: skip
+    """One order of the unsharded ``model`` with measured compute in ``precision``."""
+    from tracing import record_execution_order
 
-    recorded: dict[str, list[Any]] = {"fp32": [], "bf16": []}
-    for r in range(rounds):
-        for p in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
-            dtype = torch.bfloat16 if p == "bf16" else None
-            recorded[p].append(
-                record_execution_order(
-                    model,
-                    x,
-                    timing=True,
-                    param_dtype=dtype,
-                    loss_fn=lambda out: _loss(spec, out, y),
-                )
-            )
+    return record_execution_order(
+        model,
+        x,
+        timing=True,
+        param_dtype=torch.bfloat16 if precision == "bf16" else None,
+        loss_fn=lambda out: _loss(spec, out, y),
+    )
+
+
+def _median_orders(recorded: dict[str, list[Any]]) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """Per precision, of every rank's recordings the one with the median step time (on
+    every rank), and all the recordings' step times (seconds, every rank's)."""
+    from tracing import ExecutionOrder
+
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {p: [o.to_dict() for o in got] for p, got in recorded.items()})
-    orders = {}
+    orders, seconds = {}, {}
     for p in recorded:
         every = sorted(
             (d for g in gathered for d in g[p]), key=lambda d: d["backward_end_s"] or 0.0
         )
         orders[p] = ExecutionOrder.from_dict(every[len(every) // 2])
-    return orders
+        seconds[p] = [float(d["backward_end_s"] or 0.0) for d in every]
+    return orders, seconds
+
+
+def _orders(
+    spec: ModelSpec, model: nn.Module, x: torch.Tensor, y: torch.Tensor, rounds: int
+) -> dict[str, Any]:
+    """The orders the plans are made from: per precision, ``rounds`` recordings side by
+    side (the precisions take turns, the first alternating), the median of every rank's."""
+    recorded: dict[str, list[Any]] = {"fp32": [], "bf16": []}
+    for r in range(rounds):
+        for p in ("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"):
+            recorded[p].append(_record(spec, model, x, y, p))
+    return _median_orders(recorded)[0]
 
 
 class _Trainer:
@@ -164,20 +179,43 @@ def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
     return max(int(v.get("Total", 0)) for v in peak.values())
 
 
-def _time_interleaved(trainers: dict[str, _Trainer], job: dict[str, Any]) -> dict[str, list[float]]:
-    """Seconds of each step's timed optimizer steps (see the module docstring)."""
-    names = list(trainers)
-    times: dict[str, list[float]] = {n: [] for n in names}
+#: The extra turns of each timed round that record an order of the unsharded model.
+_RECORD = {"fp32": "record fp32", "bf16": "record bf16"}
+
+
+def _time_interleaved(
+    trainers: dict[str, _Trainer], job: dict[str, Any], record: Any
+) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
+    """Seconds of each step's timed optimizer steps, and the orders recorded between
+    them (see the module docstring): ``record(precision)`` is one more turn of every
+    timed round, per precision, in the round's shuffled order."""
+    names = list(trainers) + list(_RECORD.values())
+    times: dict[str, list[float]] = {n: [] for n in trainers}
+    recorded: dict[str, list[Any]] = {p: [] for p in _RECORD}
     device = torch.device("cpu")
     for r in range(job["warmup"] + job["steps"]):
         for n in random.Random(r).sample(names, len(names)):
+            if n in _RECORD.values():
+                if r >= job["warmup"]:
+                    p = next(k for k, v in _RECORD.items() if v == n)
+                    recorded[p].append(record(p))
+                continue
             trainers[n].step()  # untimed: the timed step follows one of its own plan
             barrier(device)
             start = time.perf_counter()
             trainers[n].step()
             if r >= job["warmup"]:
                 times[n].append(time.perf_counter() - start)
-    return times
+    return times, recorded
+
+
+def _priced(plan: Any, order: Any, cm: Any, world: int, training: Any) -> Any:
+    """``plan`` (groups, prefetch, resharding, step kept) predicted on ``order``."""
+    from execwrap import simulate_step
+
+    plan = copy.copy(plan)  # the plan that was applied stays as it was
+    plan.order = order
+    return simulate_step(plan, cm, world_size=world, training=training)
 
 
 def _plans(
@@ -225,11 +263,23 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
         _loss(model_spec, base(x), y).backward()
         base.zero_grad(set_to_none=True)
     orders = _orders(model_spec, base, x, y, 1 if job["quick"] else ORDER_ROUNDS)
-    plans, predicted, budget = _plans(model_spec, base, orders, cm, world)
-    del base
+    plans, upfront, budget = _plans(model_spec, base, orders, cm, world)
     specs = grid()
     trainers = {s.name: _Trainer(model_spec, size, plans[s.name], s, (x, y), mesh) for s in specs}
-    times = _time_interleaved(trainers, job)
+    times, recorded = _time_interleaved(
+        trainers, job, lambda p: _record(model_spec, base, x, y, p)
+    )
+    # predicted on the orders recorded between the timed steps, i.e. with the compute
+    # measured while the machine ran at the speed the steps were measured at
+    timed_orders, recording_s = _median_orders(recorded)
+    predicted = {
+        s.name: _priced(
+            plans[s.name], timed_orders[s.precision], cm, world,
+            plans[s.name].training if s.auto else _step(s),
+        )
+        for s in specs
+    }  # fmt: skip
+    del base
     peaks = {
         n: _tracked_peak(t, any(len(u.module_fqns) > 1 for u in plans[n].units))
         for n, t in trainers.items()
@@ -248,8 +298,10 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
             {
                 "name": s.name,
                 "predicted_s": float(est.step_time_s),
+                "predicted_upfront_s": float(upfront[s.name].step_time_s),
                 "measured_s": median(slowest),
                 "steps_s": slowest,
+                "rank_steps_s": [g["times"][s.name] for g in gathered],
                 "predicted_peak": int(est.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][s.name] for g in gathered),
                 "loss": trainers[s.name].loss,
@@ -257,7 +309,7 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
                 "step": plan.training.describe() if s.auto and plan.training else "",
             }
         )
-    return {"rows": rows, "budget": budget}
+    return {"rows": rows, "budget": budget, "recording_s": recording_s}
 
 
 def _body(rank: int, device: torch.device, mesh: Any, job: dict[str, Any]) -> dict[str, Any]:
