@@ -9,7 +9,8 @@ chosen on those orders) applied to its own copy of the model (``apply_fully_shar
 the step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken
 from ``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in
 an order shuffled per round, each turn an untimed step then a timed one of the same
-plan; two more turns of each timed round record the unsharded model's order again, one
+plan; the baseline takes :data:`TURNS` turns per round, the fallback and the auto plan
+two, each other step one; two more turns of each timed round record the unsharded model's order again, one
 per precision), predicted with ``simulate_step`` on the median of the orders recorded
 between the timed steps (so the compute the prediction is built from was measured while
 the machine ran as fast as during the steps; the prediction from the orders recorded
@@ -31,7 +32,7 @@ import torch.nn as nn
 from benchmarks._autoplan_models import MODELS, ModelSpec
 from benchmarks._bench import median
 from benchmarks._ranks import barrier, rank_main, spawn_ranks
-from benchmarks._training_step_grid import AUTO, FALLBACK, StepSpec, grid
+from benchmarks._training_step_grid import AUTO, BASELINE, FALLBACK, StepSpec, grid
 
 __all__ = ["spawn"]
 
@@ -182,6 +183,12 @@ def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
 #: The extra turns of each timed round that record an order of the unsharded model.
 _RECORD = {"fp32": "record fp32", "bf16": "record bf16"}
 
+#: Turns per round of the steps the claims divide by (every other step takes one): every
+#: ratio is to the baseline, so its median's noise moves all 18 ratios of a model at once
+#: (a run's first and second halves put the same steps' ratios up to 15% apart, mostly
+#: through the baseline's median); the auto plan is compared with the fallback.
+TURNS = {BASELINE: 3, FALLBACK: 2, AUTO: 2}
+
 
 def _time_interleaved(
     trainers: dict[str, _Trainer], job: dict[str, Any], record: Any
@@ -189,7 +196,7 @@ def _time_interleaved(
     """Seconds of each step's timed optimizer steps, and the orders recorded between
     them (see the module docstring): ``record(precision)`` is one more turn of every
     timed round, per precision, in the round's shuffled order."""
-    names = list(trainers) + list(_RECORD.values())
+    names = [n for n in trainers for _ in range(TURNS.get(n, 1))] + list(_RECORD.values())
     times: dict[str, list[float]] = {n: [] for n in trainers}
     recorded: dict[str, list[Any]] = {p: [] for p in _RECORD}
     device = torch.device("cpu")
@@ -290,7 +297,7 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
         return None
     rows = []
     for s in specs:
-        steps = range(job["steps"])
+        steps = range(len(times[s.name]))
         slowest = [max(g["times"][s.name][i] for g in gathered) for i in steps]
         est = predicted[s.name]
         plan = plans[s.name]
