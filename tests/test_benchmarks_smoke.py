@@ -9,6 +9,7 @@ smoke runs never touch ``benchmarks/results/``. No wall time is asserted.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -92,6 +93,10 @@ def test_benchmark_quick(name: str, command: list[str], writes: bool, tmp_path: 
         text = written[0].read_text(encoding="utf-8")
         assert "- torch:" in text and "- cpu:" in text and "- cores:" in text
         assert "Mode: quick" in text
+        if name == "training_step":  # its raw per-rank step times beside the table
+            raw = json.loads(written[0].with_suffix(".json").read_text(encoding="utf-8"))
+            rows = raw["models"]["gpt"]["rows"]
+            assert [len(r["rank_steps_s"]) for r in rows] == [2] * 19
     assert _results_listing() == before, f"{name} --quick wrote into {RESULTS}"
 
 
