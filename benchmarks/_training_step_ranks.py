@@ -9,8 +9,8 @@ chosen on those orders) applied to its own copy of the model (``apply_fully_shar
 the step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step taken
 from ``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in
 an order shuffled per round, each turn an untimed step then a timed one of the same
-plan; the baseline takes :data:`TURNS` turns per round, the fallback and the auto plan
-two, each other step one; two more turns of each timed round record the unsharded model's order again, one
+plan; the baseline has three copies (:data:`COPIES`), the fallback and the auto plan
+two, each taking one turn per round, each other step one; two more turns of each timed round record the unsharded model's order again, one
 per precision), predicted with ``simulate_step`` on the median of the orders recorded
 between the timed steps (so the compute the prediction is built from was measured while
 the machine ran as fast as during the steps; the prediction from the orders recorded
@@ -183,34 +183,39 @@ def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
 #: The extra turns of each timed round that record an order of the unsharded model.
 _RECORD = {"fp32": "record fp32", "bf16": "record bf16"}
 
-#: Turns per round of the steps the claims divide by (every other step takes one): every
-#: ratio is to the baseline, so its median's noise moves all 18 ratios of a model at once
-#: (a run's first and second halves put the same steps' ratios up to 15% apart, mostly
-#: through the baseline's median); the auto plan is compared with the fallback.
-TURNS = {BASELINE: 3, FALLBACK: 2, AUTO: 2}
+#: Copies of the steps the claims divide by, each taking one turn per round (every other
+#: step has one copy): every ratio is to the baseline, so its median's noise moves all 18
+#: ratios of a model at once (a run's first and second halves put the same steps' ratios
+#: up to 15% apart, mostly through the baseline's median); the auto plan is compared with
+#: the fallback. Copies, not more turns of one model, so that every model takes as many
+#: optimizer steps and the steps' last losses stay comparable.
+COPIES = {BASELINE: 3, FALLBACK: 2, AUTO: 2}
 
 
 def _time_interleaved(
-    trainers: dict[str, _Trainer], job: dict[str, Any], record: Any
+    trainers: dict[str, list[_Trainer]], job: dict[str, Any], record: Any
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
-    """Seconds of each step's timed optimizer steps, and the orders recorded between
-    them (see the module docstring): ``record(precision)`` is one more turn of every
-    timed round, per precision, in the round's shuffled order."""
-    names = [n for n in trainers for _ in range(TURNS.get(n, 1))] + list(_RECORD.values())
+    """Seconds of each step's timed optimizer steps (all its copies'), and the orders
+    recorded between them (see the module docstring): ``record(precision)`` is one more
+    turn of every timed round, per precision, in the round's shuffled order."""
+    turns: list[tuple[str, int]] = [(n, k) for n, copies in trainers.items()
+                                    for k in range(len(copies))]  # fmt: skip
+    turns += [(name, -1) for name in _RECORD.values()]
     times: dict[str, list[float]] = {n: [] for n in trainers}
     recorded: dict[str, list[Any]] = {p: [] for p in _RECORD}
     device = torch.device("cpu")
     for r in range(job["warmup"] + job["steps"]):
-        for n in random.Random(r).sample(names, len(names)):
-            if n in _RECORD.values():
+        for n, k in random.Random(r).sample(turns, len(turns)):
+            if k < 0:
                 if r >= job["warmup"]:
-                    p = next(k for k, v in _RECORD.items() if v == n)
+                    p = next(key for key, v in _RECORD.items() if v == n)
                     recorded[p].append(record(p))
                 continue
-            trainers[n].step()  # untimed: the timed step follows one of its own plan
+            trainer = trainers[n][k]
+            trainer.step()  # untimed: the timed step follows one of its own plan
             barrier(device)
             start = time.perf_counter()
-            trainers[n].step()
+            trainer.step()
             if r >= job["warmup"]:
                 times[n].append(time.perf_counter() - start)
     return times, recorded
@@ -272,7 +277,13 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
     orders = _orders(model_spec, base, x, y, 1 if job["quick"] else ORDER_ROUNDS)
     plans, upfront, budget = _plans(model_spec, base, orders, cm, world)
     specs = grid()
-    trainers = {s.name: _Trainer(model_spec, size, plans[s.name], s, (x, y), mesh) for s in specs}
+    trainers = {
+        s.name: [
+            _Trainer(model_spec, size, plans[s.name], s, (x, y), mesh)
+            for _ in range(COPIES.get(s.name, 1))
+        ]
+        for s in specs
+    }
     times, recorded = _time_interleaved(
         trainers, job, lambda p: _record(model_spec, base, x, y, p)
     )
@@ -288,7 +299,7 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
     }  # fmt: skip
     del base
     peaks = {
-        n: _tracked_peak(t, any(len(u.module_fqns) > 1 for u in plans[n].units))
+        n: _tracked_peak(t[0], any(len(u.module_fqns) > 1 for u in plans[n].units))
         for n, t in trainers.items()
     }
     gathered: list[Any] = [None] * world
@@ -311,7 +322,8 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
                 "rank_steps_s": [g["times"][s.name] for g in gathered],
                 "predicted_peak": int(est.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][s.name] for g in gathered),
-                "loss": trainers[s.name].loss,
+                "loss": trainers[s.name][0].loss,
+                "copies_losses": [t.loss for t in trainers[s.name]],
                 "label": plan.search.best.label if plan.search is not None else "",
                 "step": plan.training.describe() if s.auto and plan.training else "",
             }

@@ -20,9 +20,10 @@ Spawns 2 gloo ranks (one intra-op thread each). In the same rank processes:
    ``apply_fully_shard(model, plan, prefetch="auto")``, which takes its checkpointing
    from ``plan.training``), AdamW, the micro-batches through
    ``execwrap.accumulate_gradients``; the steps take turns (in an order shuffled per
-   round), each turn an untimed optimizer step then a timed one; the baseline takes 3
-   turns per round (every ratio divides by it), the full-checkpointing fallback and the
-   auto plan 2, every other step 1; a step's time is the slowest rank's; medians over
+   round), each turn an untimed optimizer step then a timed one; the baseline runs on 3
+   copies of its model (every ratio divides by it), the full-checkpointing fallback and
+   the auto plan on 2, every other step on 1, each copy one turn per round (so every
+   copy takes as many optimizer steps); a step's time is the slowest rank's; medians over
    its timed steps in ``--steps`` rounds after ``--warmup`` rounds;
    two more turns of every timed round record the unsharded model's order again, one
    per precision, and each step is predicted with ``simulate_step(plan, cm,
@@ -230,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         f"warm-up steps, the precisions taking turns, {1 if job['quick'] else ORDER_ROUNDS} "
         "recordings each on every rank, the median of all kept. Steps take turns (order "
         "shuffled per round; each turn an untimed optimizer step, then the timed one; the "
-        "baseline takes 3 turns per round, the full-checkpointing fallback and the auto "
-        "plan 2, every other step 1; two more turns per timed round record the orders "
+        "baseline on 3 copies of its model, the full-checkpointing fallback and the auto "
+        "plan on 2, every other step on 1, each copy one turn per round; two more turns per timed round record the orders "
         "again, one per precision); step time = slowest rank, median of the step's timed "
         f"optimizer steps in {job['steps']} rounds after {job['warmup']} warm-up rounds; "
         "AdamW. Baseline of the ratios: the float32 "
