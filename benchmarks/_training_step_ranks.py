@@ -323,6 +323,7 @@ def _bench_model(name: str, job: dict[str, Any], cm: Any, mesh: Any) -> dict[str
                 "predicted_peak": int(est.peak_memory_bytes),
                 "measured_peak": max(g["peaks"][s.name] for g in gathered),
                 "loss": trainers[s.name][0].loss,
+                # the first copy's after one more step: the one its peak was tracked over
                 "copies_losses": [t.loss for t in trainers[s.name]],
                 "label": plan.search.best.label if plan.search is not None else "",
                 "step": plan.training.describe() if s.auto and plan.training else "",
