@@ -10,11 +10,12 @@ the step's ``mp_policy`` and ``checkpointing``; the auto plan as it is, its step
 from ``plan.training``), trained with ``accumulate_gradients``, timed interleaved (in
 an order shuffled per round, each turn an untimed step then a timed one of the same
 plan; the baseline has three copies (:data:`COPIES`), the fallback and the auto plan
-two, each taking one turn per round, each other step one; two more turns of each timed round record the unsharded model's order again, one
-per precision), predicted with ``simulate_step`` on the median of the orders recorded
-between the timed steps (so the compute the prediction is built from was measured while
-the machine ran as fast as during the steps; the prediction from the orders recorded
-before is kept as ``predicted_upfront_s``), and its peak tracked over one optimizer step.
+two, each copy taking one turn per round, every other step one; two more turns of each
+timed round record the unsharded model's order again, one per precision), predicted
+with ``simulate_step`` on the median of the orders recorded between the timed steps (so
+the compute the prediction is built from was measured while the machine ran as fast as
+during the steps; the prediction from the orders recorded before is kept as
+``predicted_upfront_s``), and its peak tracked over one optimizer step.
 """
 
 from __future__ import annotations

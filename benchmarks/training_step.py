@@ -70,11 +70,12 @@ from benchmarks._training_step_ranks import ORDER_ROUNDS, spawn
 __all__ = ["main"]
 
 #: The models measured (of ``benchmarks/_autoplan_models.py``) and their sizes here. The
-#: full sizes keep the grid within about 20 minutes on 2 cores even where bfloat16 matmuls
-#: run 14-25x slower than float32 (an AMD EPYC without bfloat16 instructions: a 192-wide,
-#: 4-block GPT's forward and backward took 55 ms in float32, 800 ms in bfloat16; half the
-#: grid computes in bfloat16); an Intel Xeon with AMX runs both about equally fast and the
-#: grid in about 10 minutes (9 timed steps).
+#: full sizes keep the grid within about 20 minutes on 2 cores at ``--steps 9`` even where
+#: bfloat16 matmuls run 14-25x slower than float32 (an AMD EPYC without bfloat16
+#: instructions: a 192-wide, 4-block GPT's forward and backward took 55 ms in float32,
+#: 800 ms in bfloat16; half the grid computes in bfloat16); an Intel Xeon with AMX runs
+#: both about equally fast and the grid in about 17 minutes (20 timed rounds, the
+#: default; 10 minutes with ``--steps 9``).
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "gpt": {
         "full": {"dim": 192, "heads": 8, "blocks": 4, "vocab": 2048, "batch": 2, "seq": 128},
@@ -191,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_output_args(parser)
     parser.add_argument("--models", default="gpt,llama", help="comma-separated subset")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 9)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed rounds (default 20; --quick: 2)"
+    )
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 1)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu",
         "models": models,
         "sizes": {m: SIZES[m][mode] for m in models},
-        "steps": args.steps or (2 if args.quick else 9),
+        "steps": args.steps or (2 if args.quick else 20),
         "warmup": args.warmup if args.warmup is not None else 1,
         "threads": 1,
         "quick": args.quick,
@@ -232,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "recordings each on every rank, the median of all kept. Steps take turns (order "
         "shuffled per round; each turn an untimed optimizer step, then the timed one; the "
         "baseline on 3 copies of its model, the full-checkpointing fallback and the auto "
-        "plan on 2, every other step on 1, each copy one turn per round; two more turns per timed round record the orders "
+        "plan on 2, every other step on 1, each copy one turn per round; two more turns "
+        "per timed round record the orders "
         "again, one per precision); step time = slowest rank, median of the step's timed "
         f"optimizer steps in {job['steps']} rounds after {job['warmup']} warm-up rounds; "
         "AdamW. Baseline of the ratios: the float32 "
