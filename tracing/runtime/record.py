@@ -28,6 +28,7 @@ from tracing.nested import default_loss, tensors_in
 from tracing.order import ExecutionOrder
 from tracing.preconditions import check_no_lazy_modules, distributed_wrapper
 from tracing.rates import ComputeRates
+from tracing.runtime.hook_cost import without_hook_cost
 from tracing.runtime.param_map import ParamMap
 from tracing.runtime.precision import as_dtype
 from tracing.runtime.recorder import RuntimeRecorder, timing_clock
@@ -72,8 +73,9 @@ def record_execution_order(
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
     :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
     their warm-up) and keeps the median one's per-call times and saved bytes
-    (``"measured"``), with the matmul/attention outputs and transient memory of the
-    recorded step's ops (:mod:`tracing.runtime.op_record`); ``timing=rates``
+    (``"measured"``; on CPU with the timer's own cost per call taken off the forward
+    times: :mod:`tracing.runtime.hook_cost`), with the matmul/attention outputs and
+    transient memory of the recorded step's ops (:mod:`tracing.runtime.op_record`); ``timing=rates``
     (:class:`~tracing.rates.ComputeRates`, e.g. ``cost_model.compute``) estimates the
     recorded step op by op (``"estimated"``): the way for meta or fake models.
 
@@ -222,10 +224,15 @@ def _timed_step(
     # accumulated it (a tied weight's until both uses' are summed), which the simulator
     # prices as FSDP's unsharded gradients already; counted again they over-predicted CPU
     # peaks against FSDP's memory tracker by 9-19% (tests/distributed/test_simulate_fsdp2.py)
+    kept = timed[len(timed) // 2]
+    if clock.device_type == "cpu":  # the timer's own cost off the forward times
+        kept, per_call = without_hook_cost(kept)
+        logger.debug("record_execution_order: the timer's cost, %.2f µs per call, taken off",
+                     per_call * 1e6)  # fmt: skip
     empty = ExecutionOrder()
     return dataclasses.replace(
         order,
-        **timed[len(timed) // 2],
+        **kept,
         backward_transient_bytes=empty.backward_transient_bytes,
     )
 
