@@ -71,13 +71,12 @@ def record_execution_order(
     Runs on the meta device too (nothing allocated), if control flow depends on shapes only.
 
     ``timing=True`` times :data:`TIMED_STEPS` more steps under a
-    :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is
-    their warm-up) and keeps the median one's per-call times and saved bytes
-    (``"measured"``; on CPU with the timer's own cost per call taken off the forward
-    times: :mod:`tracing.runtime.hook_cost`), with the matmul/attention outputs and
-    transient memory of the recorded step's ops (:mod:`tracing.runtime.op_record`); ``timing=rates``
-    (:class:`~tracing.rates.ComputeRates`, e.g. ``cost_model.compute``) estimates the
-    recorded step op by op (``"estimated"``): the way for meta or fake models.
+    :class:`~tracing.runtime.timing.CallTimer` alone (the recorded step is their warm-up)
+    and keeps the median one's per-call times (on CPU less the timer's own cost per call:
+    :mod:`tracing.runtime.hook_cost`) and saved bytes (``"measured"``), with the
+    matmul/attention outputs and transient memory of the recorded step's ops
+    (:mod:`tracing.runtime.op_record`); ``timing=rates`` (:class:`~tracing.rates.ComputeRates`,
+    e.g. ``cost_model.compute``) estimates the recorded step op by op (``"estimated"``).
 
     Args:
         model: the model; may be wrapped by FSDP1/FSDP2 (see
