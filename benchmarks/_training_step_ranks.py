@@ -181,9 +181,6 @@ def _tracked_peak(trainer: _Trainer, grouped: bool) -> int:
     return max(int(v.get("Total", 0)) for v in peak.values())
 
 
-#: The extra turns of each timed round that record an order of the unsharded model.
-_RECORD = {"fp32": "record fp32", "bf16": "record bf16"}
-
 #: Copies of the steps the claims divide by, each taking one turn per round (every other
 #: step has one copy): every ratio is to the baseline, so its median's noise moves all 18
 #: ratios of a model at once (a run's first and second halves put the same steps' ratios
@@ -201,16 +198,15 @@ def _time_interleaved(
     turn of every timed round, per precision, in the round's shuffled order."""
     turns: list[tuple[str, int]] = [(n, k) for n, copies in trainers.items()
                                     for k in range(len(copies))]  # fmt: skip
-    turns += [(name, -1) for name in _RECORD.values()]
+    recorded: dict[str, list[Any]] = {"fp32": [], "bf16": []}
+    turns += [(precision, -1) for precision in recorded]  # a recording: copy index -1
     times: dict[str, list[float]] = {n: [] for n in trainers}
-    recorded: dict[str, list[Any]] = {p: [] for p in _RECORD}
     device = torch.device("cpu")
     for r in range(job["warmup"] + job["steps"]):
         for n, k in random.Random(r).sample(turns, len(turns)):
             if k < 0:
                 if r >= job["warmup"]:
-                    p = next(key for key, v in _RECORD.items() if v == n)
-                    recorded[p].append(record(p))
+                    recorded[n].append(record(n))
                 continue
             trainer = trainers[n][k]
             trainer.step()  # untimed: the timed step follows one of its own plan
